@@ -1,0 +1,42 @@
+# Two commands do everything on a fresh clone: `make demo` and `make test`.
+# Both create the virtualenv and install the project first.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help venv demo test test-fast lint format bench clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP) ## Create the virtualenv and install the project with dev extras
+
+demo: $(STAMP) ## Run `poller demo` on embedded PostgreSQL + Redis
+	$(BIN)/poller demo
+
+test: $(STAMP) ## Run the whole test suite (real PostgreSQL, Redis and HTTP on 127.0.0.1)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
+	$(BIN)/ruff check poller tests loadtest db
+	$(BIN)/ruff format --check poller tests loadtest db
+	$(BIN)/mypy
+
+format: $(STAMP) ## Apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix poller tests loadtest db
+	$(BIN)/ruff format poller tests loadtest db
+
+bench: $(STAMP) ## Benchmarks (not tests): claim+complete rows/s vs raw psycopg
+	$(BIN)/python -m loadtest.claims
+
+clean: ## Remove the virtualenv and local data
+	rm -rf $(VENV) .poller .pytest_cache .mypy_cache .ruff_cache

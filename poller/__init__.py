@@ -1,0 +1,59 @@
+"""webhook-poller: a transactional outbox delivered as signed webhooks.
+
+The public API: enqueue inside your transaction, and the settings and errors.
+
+    from poller import enqueue
+    enqueue(session, endpoint="billing", event_type="invoice.paid",
+            payload={"invoice": 42}, idempotency_key="invoice:42:paid")
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from poller.errors import (
+    ConfigurationError,
+    EndpointDisabled,
+    EndpointExists,
+    EnqueueError,
+    IdempotencyConflict,
+    InvalidEndpoint,
+    InvalidEventType,
+    InvalidIdempotencyKey,
+    InvalidPayload,
+    NaiveDatetime,
+    PayloadTooLarge,
+    PollerError,
+    UnknownEndpoint,
+)
+from poller.outbox import Message, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from poller.settings import Settings, load_settings
+
+try:
+    __version__ = version("webhook-poller")
+except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "ConfigurationError",
+    "EndpointDisabled",
+    "EndpointExists",
+    "EnqueueError",
+    "IdempotencyConflict",
+    "InvalidEndpoint",
+    "InvalidEventType",
+    "InvalidIdempotencyKey",
+    "InvalidPayload",
+    "Message",
+    "NaiveDatetime",
+    "PayloadTooLarge",
+    "PollerError",
+    "Settings",
+    "UnknownEndpoint",
+    "__version__",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
+    "load_settings",
+]

@@ -1,0 +1,232 @@
+"""Claims: the fenced row writes that carry the at-least-once contract (SPEC §5).
+
+A poller claims due rows in one statement (``FOR UPDATE SKIP LOCKED``), which
+counts the attempt and stamps a new ``claim_token``. Every later write for that
+attempt — delivered, retry, unknown, failed, released — is conditional on
+``(id, claim_token, status = 'in_flight')``. If the claim expired and the row
+was reclaimed (and maybe claimed again by another poller), the old poller's
+write matches nothing, changes nothing, and is reported back as *stale*.
+
+Outcomes are built with the functions below (``delivered(msg, …)``,
+``retry(msg, delay, …)`` …), which decide the row's next status from the
+claimed row — e.g. a retryable failure on the last attempt becomes ``failed``.
+:meth:`Claims.complete` applies any mix of them in one statement and records
+each attempt in ``poller_delivery_attempts`` in the same transaction.
+
+::
+
+    claims = Claims(engine, poller_id="poller-1", claim_lease=60)
+    batch = await claims.claim_batch(limit=100)
+    result = await claims.complete([delivered(m, status_code=200) for m in batch])
+    assert not result.stale
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from poller import queries
+from poller.schema import BUCKETS
+
+ALL_BUCKETS: tuple[int, ...] = tuple(range(BUCKETS))
+RowStatus = Literal["pending", "delivered", "failed"]
+AttemptKind = Literal["send", "lookup"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedMessage:
+    """A row this poller holds in flight until ``claim_expires_at`` (database clock)."""
+
+    id: int
+    endpoint_id: int
+    bucket: int
+    event_type: str
+    payload: str  # the JSON body, as text
+    idempotency_key: str
+    attempts: int  # including this attempt
+    max_attempts: int
+    claim_token: int
+    claim_expires_at: datetime
+    needs_lookup: bool
+    created_at: datetime
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempts >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What to write for one claimed message. Build with the functions below."""
+
+    message_id: int
+    claim_token: int
+    attempt: int
+    status: RowStatus
+    outcome: str
+    retry_delay: float | None = None
+    needs_lookup: bool | None = None
+    refund: int = 0  # 1 hands the attempt back (graceful release)
+    kind: AttemptKind | None = "send"  # None: nothing reached the wire, no attempt row
+    status_code: int | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    started_at: datetime | None = None
+    duration_ms: float | None = None
+    response_excerpt: str | None = None
+
+
+def delivered(msg: ClaimedMessage, *, kind: AttemptKind = "send", **detail: Any) -> Outcome:
+    """The receiver accepted the message (2xx, or a lookup found it processed)."""
+    return Outcome(msg.id, msg.claim_token, msg.attempts, "delivered", "delivered",
+                   needs_lookup=False, kind=kind, **detail)  # fmt: skip
+
+
+def retry(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """A retryable failure known not to have been processed; ``failed`` on the last attempt."""
+    if msg.last_attempt:
+        return Outcome(msg.id, msg.claim_token, msg.attempts, "failed", "failed",
+                       needs_lookup=False, **detail)  # fmt: skip
+    return Outcome(msg.id, msg.claim_token, msg.attempts, "pending", "retry",
+                   retry_delay=delay, needs_lookup=False, **detail)  # fmt: skip
+
+
+def unknown(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """Sent but no answer: maybe processed. Retry with ``needs_lookup``; ``failed`` at the end."""
+    if msg.last_attempt:
+        return Outcome(msg.id, msg.claim_token, msg.attempts, "failed", "unknown",
+                       needs_lookup=False, **detail)  # fmt: skip
+    return Outcome(msg.id, msg.claim_token, msg.attempts, "pending", "unknown",
+                   retry_delay=delay, needs_lookup=True, **detail)  # fmt: skip
+
+
+def lookup_pending(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """The lookup answered neither 200 nor 404: ask again later, still ``needs_lookup``."""
+    if msg.last_attempt:
+        return Outcome(msg.id, msg.claim_token, msg.attempts, "failed", "lookup_failed",
+                       needs_lookup=False, kind="lookup", **detail)  # fmt: skip
+    return Outcome(msg.id, msg.claim_token, msg.attempts, "pending", "lookup_retry",
+                   retry_delay=delay, needs_lookup=True, kind="lookup", **detail)  # fmt: skip
+
+
+def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
+    """Final failure now, whatever attempts remain (e.g. 410 Gone, a permanent status)."""
+    return Outcome(msg.id, msg.claim_token, msg.attempts, "failed", "failed",
+                   needs_lookup=False, **detail)  # fmt: skip
+
+
+def released(msg: ClaimedMessage) -> Outcome:
+    """Hand an unstarted claim back (graceful shutdown): pending now, attempt not counted."""
+    return Outcome(msg.id, msg.claim_token, msg.attempts, "pending", "released",
+                   retry_delay=0.0, refund=1, kind=None)  # fmt: skip
+
+
+@dataclass(slots=True)
+class CompletionResult:
+    applied: list[int] = field(default_factory=list)
+    stale: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ReclaimResult:
+    pending: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+
+
+def _columns(outcomes: Sequence[Outcome]) -> dict[str, list[Any]]:
+    return {
+        "ids": [o.message_id for o in outcomes],
+        "claim_tokens": [o.claim_token for o in outcomes],
+        "attempts": [o.attempt for o in outcomes],
+        "statuses": [o.status for o in outcomes],
+        "outcomes": [o.outcome for o in outcomes],
+        "retry_delays": [o.retry_delay for o in outcomes],
+        "needs_lookup": [o.needs_lookup for o in outcomes],
+        "refunds": [o.refund for o in outcomes],
+        "status_codes": [o.status_code for o in outcomes],
+        "error_classes": [o.error_class for o in outcomes],
+        "error_messages": [o.error_message for o in outcomes],
+        "kinds": [o.kind for o in outcomes],
+        "started_ats": [o.started_at for o in outcomes],
+        "durations_ms": [o.duration_ms for o in outcomes],
+        "response_excerpts": [o.response_excerpt for o in outcomes],
+    }
+
+
+class Claims:
+    """Claim and complete rows for one poller; each call is one short transaction.
+
+    ``stale_completions`` counts writes refused by the claim-token fence.
+    """
+
+    def __init__(self, engine: AsyncEngine, *, poller_id: str, claim_lease: float) -> None:
+        self.engine = engine
+        self.poller_id = poller_id
+        self.claim_lease = claim_lease
+        self.stale_completions = 0
+
+    async def claim_batch(
+        self, limit: int, buckets: Sequence[int] | None = None
+    ) -> list[ClaimedMessage]:
+        """Claim up to ``limit`` due rows of ``buckets`` (default: all)."""
+        params = {
+            "buckets": list(ALL_BUCKETS if buckets is None else buckets),
+            "limit": limit,
+            "claimed_by": self.poller_id,
+            "claim_lease": self.claim_lease,
+        }
+        async with self.engine.begin() as conn:
+            rows = (await conn.execute(queries.CLAIM_BATCH, params)).all()
+        return [ClaimedMessage(**row._asdict()) for row in rows]
+
+    async def complete(self, outcomes: Sequence[Outcome]) -> CompletionResult:
+        """Apply outcomes (any mix) in one fenced statement; report which were stale."""
+        if not outcomes:
+            return CompletionResult()
+        params = {**_columns(outcomes), "poller_id": self.poller_id}
+        async with self.engine.begin() as conn:
+            rows = (await conn.execute(queries.COMPLETE_BATCH, params)).all()
+        applied = {row.id for row in rows}
+        result = CompletionResult(
+            applied=[o.message_id for o in outcomes if o.message_id in applied],
+            stale=[o.message_id for o in outcomes if o.message_id not in applied],
+        )
+        self.stale_completions += len(result.stale)
+        return result
+
+    # Named wrappers for a batch of one kind of outcome.
+
+    async def mark_delivered(self, messages: Sequence[ClaimedMessage]) -> CompletionResult:
+        return await self.complete([delivered(m) for m in messages])
+
+    async def schedule_retry(
+        self, messages: Sequence[ClaimedMessage], delay: float, **detail: Any
+    ) -> CompletionResult:
+        return await self.complete([retry(m, delay, **detail) for m in messages])
+
+    async def mark_unknown(
+        self, messages: Sequence[ClaimedMessage], delay: float, **detail: Any
+    ) -> CompletionResult:
+        return await self.complete([unknown(m, delay, **detail) for m in messages])
+
+    async def mark_failed(
+        self, messages: Sequence[ClaimedMessage], **detail: Any
+    ) -> CompletionResult:
+        return await self.complete([failed(m, **detail) for m in messages])
+
+    async def release(self, messages: Sequence[ClaimedMessage]) -> CompletionResult:
+        return await self.complete([released(m) for m in messages])
+
+    async def reclaim_expired(self, limit: int = 1000) -> ReclaimResult:
+        """Return expired claims to pending + needs_lookup (or failed at max attempts)."""
+        async with self.engine.begin() as conn:
+            rows = (await conn.execute(queries.RECLAIM_EXPIRED, {"limit": limit})).all()
+        result = ReclaimResult()
+        for row in rows:
+            (result.failed if row.status == "failed" else result.pending).append(row.id)
+        return result

@@ -1,0 +1,210 @@
+"""Endpoints: named webhook destinations, with their signing secrets.
+
+::
+
+    from poller.endpoints import create_endpoint
+
+    with engine.begin() as conn:
+        created = create_endpoint(conn, "billing", "https://billing.example.com/webhooks",
+                                  lookup_url="https://billing.example.com/webhooks/{idempotency_key}")
+        print(created.secret)   # whsec_…: shown once, give it to the receiver
+
+An endpoint's ``bucket`` (0–255) is a stable hash of its name: every message of
+the endpoint lands in that bucket, and shard ``s`` of ``S`` owns the buckets
+with ``bucket % S == s`` (SPEC §6).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import math
+import re
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import Connection, Row, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from poller.errors import EndpointExists, InvalidEndpoint, UnknownEndpoint
+from poller.schema import BUCKETS, endpoints
+
+SECRET_PREFIX = "whsec_"
+LOOKUP_PLACEHOLDER = "{idempotency_key}"
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+Conn = Session | Connection
+
+
+def bucket_for(name: str) -> int:
+    """The endpoint's bucket: first byte of SHA-256 of its name (stable across versions)."""
+    return hashlib.sha256(name.encode("utf-8")).digest()[0] % BUCKETS
+
+
+def new_secret() -> str:
+    """A Standard Webhooks signing secret: ``whsec_`` + base64 of 24 random bytes."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
+
+
+def is_private_host(host: str) -> bool:
+    """True for literal loopback/private/link-local/reserved addresses and localhost names.
+
+    Names are resolved again at delivery time; this check catches the obvious
+    cases when an endpoint is saved.
+    """
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return not address.is_global
+
+
+def check_url(url: object, *, what: str = "url", allow_private: bool = False) -> str:
+    """An http(s) URL with a host and no credentials, or InvalidEndpoint."""
+    if not isinstance(url, str) or not url:
+        raise InvalidEndpoint(f"{what} must be a non-empty http(s) URL")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidEndpoint(f"{what} {url!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidEndpoint(f"{what} must use http or https, not {parts.scheme or 'no scheme'!r}")
+    if not parts.hostname:
+        raise InvalidEndpoint(f"{what} {url!r} has no host")
+    if parts.username or parts.password:
+        raise InvalidEndpoint(f"{what} must not carry credentials (user:password@)")
+    if any(ch.isspace() or ord(ch) < 0x20 for ch in url):
+        raise InvalidEndpoint(f"{what} must not contain spaces or control characters")
+    if port == 0:
+        raise InvalidEndpoint(f"{what} has port 0")
+    if not allow_private and is_private_host(parts.hostname):
+        raise InvalidEndpoint(
+            f"{what} points at a private, loopback or link-local address ({parts.hostname}); "
+            "set POLLER_ALLOW_PRIVATE_TARGETS=true to allow it"
+        )
+    return url
+
+
+def check_lookup_url(url: object, *, allow_private: bool = False) -> str:
+    checked = check_url(url, what="lookup_url", allow_private=allow_private)
+    if LOOKUP_PLACEHOLDER not in checked:
+        raise InvalidEndpoint(f"lookup_url must contain {LOOKUP_PLACEHOLDER}")
+    return checked
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise InvalidEndpoint(
+            "endpoint name must be 1-64 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def _positive(value: Any, what: str, *, integer: bool) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidEndpoint(f"{what} must be a positive number")
+    if integer and (not isinstance(value, int) or value < 1):
+        raise InvalidEndpoint(f"{what} must be a positive integer")
+    if not integer and (not math.isfinite(value) or value <= 0):
+        raise InvalidEndpoint(f"{what} must be a positive number of seconds")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An endpoint as stored. Secrets are left out of ``repr`` so they never reach logs."""
+
+    id: int
+    name: str
+    url: str
+    lookup_url: str | None
+    enabled: bool
+    disabled_reason: str | None
+    max_attempts: int | None
+    timeout: float | None
+    max_in_flight: int | None
+    bucket: int
+    created_at: datetime
+    secret: str = field(repr=False)
+    previous_secret: str | None = field(repr=False, default=None)
+    previous_secret_expires_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> Endpoint:
+        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedEndpoint:
+    endpoint: Endpoint
+    secret: str = field(repr=False)
+
+
+def create_endpoint(
+    conn: Conn,
+    name: str,
+    url: str,
+    *,
+    lookup_url: str | None = None,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    max_in_flight: int | None = None,
+    secret: str | None = None,
+    allow_private: bool | None = None,
+) -> CreatedEndpoint:
+    """Create an endpoint in the caller's transaction; the generated secret is returned once.
+
+    ``allow_private`` defaults to ``POLLER_ALLOW_PRIVATE_TARGETS``.
+    """
+    if allow_private is None:
+        from poller.settings import default_settings
+
+        allow_private = default_settings().allow_private_targets
+    values = {
+        "name": _check_name(name),
+        "url": check_url(url, allow_private=allow_private),
+        "lookup_url": None
+        if lookup_url is None
+        else check_lookup_url(lookup_url, allow_private=allow_private),
+        "max_attempts": _positive(max_attempts, "max_attempts", integer=True),
+        "timeout": _positive(timeout, "timeout", integer=False),
+        "max_in_flight": _positive(max_in_flight, "max_in_flight", integer=True),
+        "secret": secret or new_secret(),
+        "bucket": bucket_for(name),
+    }
+    if not values["secret"].startswith(SECRET_PREFIX):
+        raise InvalidEndpoint(f"secret must start with {SECRET_PREFIX}")
+    try:
+        with conn.begin_nested():
+            row = conn.execute(insert(endpoints).values(**values).returning(endpoints)).one()
+    except IntegrityError as exc:
+        if "uq_poller_endpoints_name" in str(exc.orig):
+            raise EndpointExists(name) from None
+        raise
+    return CreatedEndpoint(Endpoint.from_row(row), values["secret"])
+
+
+def get_endpoint(conn: Conn, name: str) -> Endpoint:
+    """The endpoint called ``name``, or UnknownEndpoint."""
+    row = conn.execute(select(endpoints).where(endpoints.c.name == name)).one_or_none()
+    if row is None:
+        raise UnknownEndpoint(name)
+    return Endpoint.from_row(row)
+
+
+def list_endpoints(conn: Conn) -> list[Endpoint]:
+    """Every endpoint, by name."""
+    rows = conn.execute(select(endpoints).order_by(endpoints.c.name)).all()
+    return [Endpoint.from_row(row) for row in rows]

@@ -1,0 +1,93 @@
+"""Typed exceptions. Every expected failure of the public API is one of these.
+
+All derive from :class:`PollerError`; input errors also derive from
+:class:`ValueError` (or :class:`LookupError` for unknown names) so callers that
+only know the builtin hierarchy still catch them.
+"""
+
+from __future__ import annotations
+
+
+class PollerError(Exception):
+    """Base class of every error webhook-poller raises on purpose."""
+
+
+class ConfigurationError(PollerError, ValueError):
+    """A setting is invalid. The message names the environment variable."""
+
+
+class EmbeddedServerError(PollerError, RuntimeError):
+    """An embedded PostgreSQL or Redis server could not be started or stopped."""
+
+
+# --- enqueue -----------------------------------------------------------------
+
+
+class EnqueueError(PollerError, ValueError):
+    """The message was refused before anything was written."""
+
+
+class UnknownEndpoint(PollerError, LookupError):
+    """No endpoint has this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown endpoint {name!r}")
+        self.name = name
+
+
+class EndpointDisabled(EnqueueError):
+    """The endpoint exists but is disabled; enable it before enqueueing."""
+
+    def __init__(self, name: str, reason: str | None) -> None:
+        why = f": {reason}" if reason else ""
+        super().__init__(f"endpoint {name!r} is disabled{why}")
+        self.name = name
+        self.reason = reason
+
+
+class InvalidPayload(EnqueueError):
+    """The payload cannot be stored as JSON (not serialisable, NaN, NUL characters)."""
+
+
+class PayloadTooLarge(InvalidPayload):
+    """The serialised payload is over the size limit (``POLLER_MAX_PAYLOAD_BYTES``)."""
+
+
+class InvalidIdempotencyKey(EnqueueError):
+    """The idempotency key is empty, too long, or has characters a header cannot carry."""
+
+
+class InvalidEventType(EnqueueError):
+    """The event type is empty, too long, or has control characters."""
+
+
+class NaiveDatetime(EnqueueError):
+    """A datetime without a timezone was given where an instant is required."""
+
+
+class IdempotencyConflict(PollerError):
+    """The (endpoint, idempotency key) exists already with a different payload or event type."""
+
+    def __init__(self, endpoint: str, idempotency_key: str, existing_id: int) -> None:
+        super().__init__(
+            f"idempotency key {idempotency_key!r} on endpoint {endpoint!r} is already used by "
+            f"message {existing_id} with a different payload or event type"
+        )
+        self.endpoint = endpoint
+        self.idempotency_key = idempotency_key
+        self.existing_id = existing_id
+
+
+# --- endpoints ---------------------------------------------------------------
+
+
+class InvalidEndpoint(PollerError, ValueError):
+    """An endpoint's name, URL or limits are invalid."""
+
+
+class EndpointExists(PollerError):
+    """An endpoint with this name exists already."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"endpoint {name!r} exists already")
+        self.name = name

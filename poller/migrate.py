@@ -1,0 +1,59 @@
+"""Alembic, driven from Python so an installed wheel migrates on its own.
+
+The scripts live in ``db/`` at the repository root (``alembic.ini`` points
+there, for ``alembic`` commands during development); the wheel carries the same
+folder as ``poller/_migrations``. The version table is
+``poller_alembic_version`` so it never collides with the application's own
+Alembic history in a shared database.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from poller.db import sqlalchemy_url, sync_engine
+
+VERSION_TABLE = "poller_alembic_version"
+
+
+def script_location() -> Path:
+    """poller/_migrations in an installed wheel, else db/ in a source checkout."""
+    packaged = Path(__file__).parent / "_migrations"
+    if (packaged / "env.py").exists():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "db"
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    config.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    config.attributes["poller_configured"] = True
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at ``url`` to ``revision`` (default: the newest)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(
+        alembic_config("postgresql://localhost/x")
+    ).get_current_head()
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database is at; None when never migrated."""
+    engine = sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            return context.get_current_revision()
+    finally:
+        engine.dispose()

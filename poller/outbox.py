@@ -1,0 +1,390 @@
+"""The enqueue API: add messages inside the application's own transaction.
+
+::
+
+    from poller import enqueue
+
+    with Session(engine) as session, session.begin():
+        session.add(Invoice(id=42, paid=True))
+        enqueue(session, endpoint="billing", event_type="invoice.paid",
+                payload={"invoice": 42}, idempotency_key="invoice:42:paid")
+    # committed: the invoice and its webhook exist together, or neither does
+
+Nothing here commits. Pollers are woken by a NOTIFY that PostgreSQL delivers
+only if the transaction commits. Input is validated before anything is written;
+each kind of bad input raises its own exception (poller/errors.py).
+
+Idempotency: the same (endpoint, key) with the same event type and payload
+returns the existing message's id; with a different one it raises
+:class:`~poller.errors.IdempotencyConflict`. ``enqueue_many`` runs inside a
+savepoint, so a conflict leaves none of its rows behind even if the caller
+goes on to commit.
+
+The sync and async functions share one sans-I/O implementation: a generator
+that yields ``(statement, params)`` and receives the result rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row, TextClause
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from poller import queries
+from poller.errors import (
+    EndpointDisabled,
+    IdempotencyConflict,
+    InvalidEventType,
+    InvalidIdempotencyKey,
+    InvalidPayload,
+    NaiveDatetime,
+    PayloadTooLarge,
+    UnknownEndpoint,
+)
+from poller.errors import (
+    EnqueueError as _EnqueueError,
+)
+from poller.settings import default_settings
+
+MAX_KEY_LENGTH = 255
+MAX_EVENT_TYPE_LENGTH = 255
+# Keys travel in HTTP headers (webhook-id, Idempotency-Key): visible ASCII only.
+_KEY_RE = re.compile(r"[\x21-\x7e]+")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# JSON text of a NUL character, not preceded by an escaping backslash:
+# PostgreSQL's jsonb cannot store it.
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+DeliverAfter = datetime | timedelta | None
+SyncConn = Session | Connection
+AsyncConn = AsyncSession | AsyncConnection
+_Steps = Generator[tuple[TextClause, Mapping[str, Any]], list[Row[Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message for :func:`enqueue_many`; the fields mean what enqueue's arguments mean."""
+
+    endpoint: str
+    event_type: str
+    payload: Any
+    idempotency_key: str
+    deliver_after: DeliverAfter = None
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    endpoint: str
+    event_type: str
+    payload: str  # serialised JSON
+    idempotency_key: str
+    deliver_at: datetime | None
+    delay: float
+    max_attempts: int | None
+
+
+# --- validation (pure) ---------------------------------------------------------
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise InvalidIdempotencyKey(f"idempotency_key must be a string, not {type(key).__name__}")
+    if not key:
+        raise InvalidIdempotencyKey("idempotency_key must not be empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidIdempotencyKey(
+            f"idempotency_key is {len(key)} characters; at most {MAX_KEY_LENGTH} are allowed"
+        )
+    if not _KEY_RE.fullmatch(key):
+        raise InvalidIdempotencyKey(
+            "idempotency_key may hold only visible ASCII characters (no spaces or control "
+            "characters): it is sent in the webhook-id and Idempotency-Key headers"
+        )
+    return key
+
+
+def _check_event_type(event_type: object) -> str:
+    if not isinstance(event_type, str) or not event_type.strip():
+        raise InvalidEventType("event_type must be a non-empty string")
+    if len(event_type) > MAX_EVENT_TYPE_LENGTH:
+        raise InvalidEventType(f"event_type is over {MAX_EVENT_TYPE_LENGTH} characters")
+    if _CONTROL_RE.search(event_type):
+        raise InvalidEventType("event_type must not contain control characters")
+    return event_type
+
+
+def serialise_payload(payload: Any, max_bytes: int) -> str:
+    """The payload as compact JSON text, or InvalidPayload/PayloadTooLarge."""
+    try:
+        body = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+    if _JSON_NUL_RE.search(body):
+        raise InvalidPayload("payload contains a NUL character (\\u0000), which jsonb cannot store")
+    size = len(body.encode("utf-8", errors="surrogatepass"))
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"payload is {size} bytes as JSON; the limit is {max_bytes} (POLLER_MAX_PAYLOAD_BYTES)"
+        )
+    try:
+        body.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload(
+            "payload contains a lone surrogate, which is not valid UTF-8"
+        ) from None
+    return body
+
+
+def _check_schedule(deliver_after: object) -> tuple[datetime | None, float]:
+    if deliver_after is None:
+        return None, 0.0
+    if isinstance(deliver_after, datetime):
+        if deliver_after.tzinfo is None or deliver_after.utcoffset() is None:
+            raise NaiveDatetime(
+                "deliver_after must be timezone-aware (e.g. datetime.now(timezone.utc)); "
+                "a naive datetime is ambiguous"
+            )
+        return deliver_after, 0.0
+    if isinstance(deliver_after, timedelta):
+        seconds = deliver_after.total_seconds()
+        if seconds < 0 or not math.isfinite(seconds):
+            raise _EnqueueError("deliver_after must not be a negative timedelta")
+        return None, seconds
+    kind = type(deliver_after).__name__
+    raise _EnqueueError(f"deliver_after must be an aware datetime or a timedelta, not {kind}")
+
+
+def _check_max_attempts(max_attempts: object) -> int | None:
+    if max_attempts is None:
+        return None
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise _EnqueueError(f"max_attempts must be a positive integer, not {max_attempts!r}")
+    return max_attempts
+
+
+def _check_endpoint_name(endpoint: object) -> str:
+    if not isinstance(endpoint, str) or not endpoint:
+        raise UnknownEndpoint(str(endpoint))
+    return endpoint
+
+
+def check_message(message: Message, max_payload_bytes: int) -> _Checked:
+    """Validate one message completely, writing nothing; raise the specific error."""
+    deliver_at, delay = _check_schedule(message.deliver_after)
+    return _Checked(
+        endpoint=_check_endpoint_name(message.endpoint),
+        event_type=_check_event_type(message.event_type),
+        payload=serialise_payload(message.payload, max_payload_bytes),
+        idempotency_key=_check_key(message.idempotency_key),
+        deliver_at=deliver_at,
+        delay=delay,
+        max_attempts=_check_max_attempts(message.max_attempts),
+    )
+
+
+# --- the steps (sans I/O) ------------------------------------------------------
+
+
+def _enqueue_one_steps(message: _Checked) -> _Steps:
+    settings = default_settings()
+    params = {
+        "endpoint": message.endpoint,
+        "event_type": message.event_type,
+        "payload": message.payload,
+        "idempotency_key": message.idempotency_key,
+        "max_attempts": message.max_attempts,
+        "default_max_attempts": settings.max_attempts,
+        "deliver_at": message.deliver_at,
+        "delay": message.delay,
+        "notify": settings.notify,
+    }
+    inserted = yield queries.ENQUEUE_ONE, params
+    if inserted:
+        return int(inserted[0].id)
+    found = yield queries.ENQUEUE_EXPLAIN, params
+    if not found:
+        raise UnknownEndpoint(message.endpoint)
+    row = found[0]
+    if not row.enabled:
+        raise EndpointDisabled(message.endpoint, row.disabled_reason)
+    if row.existing_id is None:  # pragma: no cover - a concurrent purge of the same key
+        raise IdempotencyConflict(message.endpoint, message.idempotency_key, -1)
+    if not row.same_content:
+        raise IdempotencyConflict(message.endpoint, message.idempotency_key, row.existing_id)
+    return int(row.existing_id)
+
+
+def _dedupe_batch(checked: Sequence[_Checked]) -> list[int]:
+    """Index of the first occurrence of each (endpoint, key); conflicts raise."""
+    first: dict[tuple[str, str], int] = {}
+    owner: list[int] = []
+    for index, message in enumerate(checked):
+        ident = (message.endpoint, message.idempotency_key)
+        seen = first.setdefault(ident, index)
+        if seen != index:
+            earlier = checked[seen]
+            if (earlier.payload, earlier.event_type) != (message.payload, message.event_type):
+                raise IdempotencyConflict(message.endpoint, message.idempotency_key, -1)
+        owner.append(seen)
+    return owner
+
+
+def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
+    settings = default_settings()
+    owner = _dedupe_batch(checked)
+    unique = [m for i, m in enumerate(checked) if owner[i] == i]
+    names = sorted({m.endpoint for m in unique})
+    rows = yield queries.ENDPOINTS_BY_NAME, {"names": names}
+    endpoints = {row.name: row for row in rows}
+    for name in names:
+        if name not in endpoints:
+            raise UnknownEndpoint(name)
+        if not endpoints[name].enabled:
+            raise EndpointDisabled(name, endpoints[name].disabled_reason)
+
+    def budget(m: _Checked) -> int:
+        endpoint_max = endpoints[m.endpoint].max_attempts
+        return m.max_attempts or endpoint_max or settings.max_attempts
+
+    columns = {
+        "endpoint_ids": [endpoints[m.endpoint].id for m in unique],
+        "buckets": [endpoints[m.endpoint].bucket for m in unique],
+        "event_types": [m.event_type for m in unique],
+        "payloads": [m.payload for m in unique],
+        "idempotency_keys": [m.idempotency_key for m in unique],
+        "max_attempts": [budget(m) for m in unique],
+        "deliver_ats": [m.deliver_at for m in unique],
+        "delays": [m.delay for m in unique],
+    }
+    inserted = yield queries.ENQUEUE_MANY, columns
+    ids = {(row.endpoint_id, row.idempotency_key): int(row.id) for row in inserted}
+    if len(ids) < len(unique):
+        existing = yield queries.ENQUEUE_MANY_EXISTING, columns
+        for row in existing:
+            if (row.endpoint_id, row.idempotency_key) in ids:
+                continue
+            if not row.same_content:
+                name = next(n for n, e in endpoints.items() if e.id == row.endpoint_id)
+                raise IdempotencyConflict(name, row.idempotency_key, row.id)
+            ids[(row.endpoint_id, row.idempotency_key)] = int(row.id)
+    if inserted and settings.notify:
+        buckets = sorted({endpoints[m.endpoint].bucket for m in unique})
+        yield queries.NOTIFY_BUCKETS, {"buckets": buckets}
+    return [
+        ids[(endpoints[m.endpoint].id, m.idempotency_key)]
+        for m in (checked[owner[i]] for i in range(len(checked)))
+    ]
+
+
+def _drive(conn: SyncConn, steps: _Steps) -> Any:
+    result: list[Row[Any]] | None = None
+    try:
+        while True:
+            statement, params = steps.send(result)  # type: ignore[arg-type]
+            result = list(conn.execute(statement, params).all())
+    except StopIteration as done:
+        return done.value
+
+
+async def _drive_async(conn: AsyncConn, steps: _Steps) -> Any:
+    result: list[Row[Any]] | None = None
+    try:
+        while True:
+            statement, params = steps.send(result)  # type: ignore[arg-type]
+            result = list((await conn.execute(statement, params)).all())
+    except StopIteration as done:
+        return done.value
+
+
+def _message(
+    endpoint: str,
+    event_type: str,
+    payload: Any,
+    idempotency_key: str,
+    deliver_after: DeliverAfter,
+    max_attempts: int | None,
+) -> _Checked:
+    return check_message(
+        Message(endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts),
+        default_settings().max_payload_bytes,
+    )
+
+
+def _check_all(messages: Iterable[Message]) -> list[_Checked]:
+    limit = default_settings().max_payload_bytes
+    checked = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Message):
+            raise _EnqueueError(f"messages[{index}] must be a poller.Message")
+        checked.append(check_message(message, limit))
+    return checked
+
+
+# --- public API ----------------------------------------------------------------
+
+
+def enqueue(
+    conn: SyncConn,
+    *,
+    endpoint: str,
+    event_type: str,
+    payload: Any,
+    idempotency_key: str,
+    deliver_after: DeliverAfter = None,
+    max_attempts: int | None = None,
+) -> int:
+    """Add one webhook message in the caller's transaction; return its id.
+
+    ``conn`` is a SQLAlchemy ``Session`` or ``Connection`` whose transaction the
+    caller commits. ``deliver_after`` (aware datetime, or timedelta from the
+    database's now) delays the first attempt; ``max_attempts`` overrides the
+    endpoint's and the global attempt budget.
+    """
+    message = _message(endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts)
+    return int(_drive(conn, _enqueue_one_steps(message)))
+
+
+def enqueue_many(conn: SyncConn, messages: Iterable[Message]) -> list[int]:
+    """Add many messages in one statement; return their ids in the order given.
+
+    Validation happens for all of them before any write; an idempotency
+    conflict rolls back this call's rows (savepoint) and raises.
+    """
+    checked = _check_all(messages)
+    if not checked:
+        return []
+    with conn.begin_nested():
+        return list(_drive(conn, _enqueue_many_steps(checked)))
+
+
+async def enqueue_async(
+    conn: AsyncConn,
+    *,
+    endpoint: str,
+    event_type: str,
+    payload: Any,
+    idempotency_key: str,
+    deliver_after: DeliverAfter = None,
+    max_attempts: int | None = None,
+) -> int:
+    """:func:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``."""
+    message = _message(endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts)
+    return int(await _drive_async(conn, _enqueue_one_steps(message)))
+
+
+async def enqueue_many_async(conn: AsyncConn, messages: Iterable[Message]) -> list[int]:
+    """:func:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``."""
+    checked = _check_all(messages)
+    if not checked:
+        return []
+    async with conn.begin_nested():
+        return list(await _drive_async(conn, _enqueue_many_steps(checked)))

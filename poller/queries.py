@@ -1,0 +1,251 @@
+"""Every SQL statement the runtime issues, named, with what it guarantees.
+
+Statements use ``:name`` parameters and ``CAST(… AS …)`` (never ``::``) so the
+same text runs through SQLAlchemy's ``text()`` and, after a mechanical rewrite,
+through plain psycopg (see loadtest/claims.py, which measures the difference).
+Arrays are passed as Python lists and unnested server-side: one statement per
+batch, never one per row.
+
+``STATEMENTS`` maps each name to its SQL; tests/integration/test_queries.py
+runs every one against the migrated schema.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from poller.schema import NOTIFY_CHANNEL
+
+STATEMENTS: dict[str, str] = {}
+
+
+def _statement(name: str, sql: str) -> TextClause:
+    STATEMENTS[name] = sql
+    return text(sql)
+
+
+# --- enqueue (inside the application's transaction) --------------------------
+
+# Insert one message unless (endpoint, key) exists; an unknown or disabled
+# endpoint inserts nothing. The NOTIFY is queued in the caller's transaction and
+# so reaches listeners only if it commits (and is merged with others per bucket).
+ENQUEUE_ONE = _statement(
+    "ENQUEUE_ONE",
+    f"""
+    WITH ins AS (
+        INSERT INTO poller_outbox
+            (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts,
+             next_attempt_at)
+        SELECT e.id, e.bucket, :event_type, CAST(:payload AS jsonb), :idempotency_key,
+               coalesce(CAST(:max_attempts AS integer), e.max_attempts,
+                        CAST(:default_max_attempts AS integer)),
+               coalesce(CAST(:deliver_at AS timestamptz),
+                        now() + make_interval(secs => CAST(:delay AS double precision)))
+        FROM poller_endpoints e
+        WHERE e.name = :endpoint AND e.enabled
+        ON CONFLICT (endpoint_id, idempotency_key) DO NOTHING
+        RETURNING id, bucket
+    )
+    SELECT ins.id,
+           CASE WHEN CAST(:notify AS boolean)
+                THEN pg_notify('{NOTIFY_CHANNEL}', CAST(ins.bucket AS text)) END AS woke
+    FROM ins
+    """,
+)
+
+# Why ENQUEUE_ONE inserted nothing: unknown endpoint (no row), disabled
+# endpoint, or an existing message with this key (same content or not).
+ENQUEUE_EXPLAIN = _statement(
+    "ENQUEUE_EXPLAIN",
+    """
+    SELECT e.enabled, e.disabled_reason, o.id AS existing_id,
+           (o.payload = CAST(:payload AS jsonb) AND o.event_type = :event_type) AS same_content
+    FROM poller_endpoints e
+    LEFT JOIN poller_outbox o ON o.endpoint_id = e.id AND o.idempotency_key = :idempotency_key
+    WHERE e.name = :endpoint
+    """,
+)
+
+# Endpoint facts enqueue_many needs to validate a batch before writing.
+ENDPOINTS_BY_NAME = _statement(
+    "ENDPOINTS_BY_NAME",
+    """
+    SELECT name, id, bucket, enabled, disabled_reason, max_attempts
+    FROM poller_endpoints
+    WHERE name = ANY(CAST(:names AS text[]))
+    """,
+)
+
+# Insert a batch in one statement; rows whose (endpoint, key) exists are
+# skipped and resolved by ENQUEUE_MANY_EXISTING.
+ENQUEUE_MANY = _statement(
+    "ENQUEUE_MANY",
+    """
+    INSERT INTO poller_outbox
+        (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts, next_attempt_at)
+    SELECT m.endpoint_id, m.bucket, m.event_type, m.payload, m.idempotency_key, m.max_attempts,
+           coalesce(m.deliver_at, now() + make_interval(secs => m.delay))
+    FROM unnest(
+        CAST(:endpoint_ids AS bigint[]), CAST(:buckets AS smallint[]),
+        CAST(:event_types AS text[]), CAST(:payloads AS jsonb[]),
+        CAST(:idempotency_keys AS text[]), CAST(:max_attempts AS integer[]),
+        CAST(:deliver_ats AS timestamptz[]), CAST(:delays AS double precision[])
+    ) WITH ORDINALITY AS m(endpoint_id, bucket, event_type, payload, idempotency_key,
+                           max_attempts, deliver_at, delay, ord)
+    ORDER BY m.ord
+    ON CONFLICT (endpoint_id, idempotency_key) DO NOTHING
+    RETURNING id, endpoint_id, idempotency_key
+    """,
+)
+
+# The existing rows for keys ENQUEUE_MANY skipped, and whether their content matches.
+ENQUEUE_MANY_EXISTING = _statement(
+    "ENQUEUE_MANY_EXISTING",
+    """
+    SELECT o.id, o.endpoint_id, o.idempotency_key,
+           (o.payload = m.payload AND o.event_type = m.event_type) AS same_content
+    FROM unnest(
+        CAST(:endpoint_ids AS bigint[]), CAST(:idempotency_keys AS text[]),
+        CAST(:payloads AS jsonb[]), CAST(:event_types AS text[])
+    ) AS m(endpoint_id, idempotency_key, payload, event_type)
+    JOIN poller_outbox o ON o.endpoint_id = m.endpoint_id AND o.idempotency_key = m.idempotency_key
+    """,
+)
+
+# Wake pollers of these buckets when the caller's transaction commits.
+NOTIFY_BUCKETS = _statement(
+    "NOTIFY_BUCKETS",
+    f"""
+    SELECT pg_notify('{NOTIFY_CHANNEL}', CAST(b AS text))
+    FROM unnest(CAST(:buckets AS integer[])) AS b
+    """,
+)
+
+# --- claims (§5) --------------------------------------------------------------
+
+# Claim up to :limit due rows of the given buckets. SKIP LOCKED lets pollers
+# share a shard without waiting on each other; attempts are counted here, at
+# claim time, so a message that kills its poller still runs out of attempts.
+# One new claim_token per batch fences every later write for these attempts;
+# the lease is measured on the database clock.
+CLAIM_BATCH = _statement(
+    "CLAIM_BATCH",
+    """
+    WITH due AS (
+        SELECT id FROM poller_outbox
+        WHERE status = 'pending'
+          AND next_attempt_at <= now()
+          AND bucket = ANY(CAST(:buckets AS smallint[]))
+        ORDER BY next_attempt_at, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ), token AS (
+        SELECT nextval('poller_claim_token_seq') AS claim_token
+    )
+    UPDATE poller_outbox o
+    SET status = 'in_flight',
+        attempts = o.attempts + 1,
+        claim_token = token.claim_token,
+        claimed_by = :claimed_by,
+        claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision)),
+        updated_at = now()
+    FROM due, token
+    WHERE o.id = due.id
+    RETURNING o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
+              o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
+              o.claim_expires_at, o.needs_lookup, o.created_at
+    """,
+)
+
+# Apply a batch of outcomes, each fenced by (id, claim_token, in_flight): a
+# write from a superseded claim matches no row and changes nothing. The status,
+# retry delay and lookup flag are decided by the caller (poller/claims.py) from
+# the claimed row; this statement only applies them, and records each attempt
+# that reached the wire in poller_delivery_attempts — stale ones too, marked
+# stale, so every duplicate the receiver saw is explained.
+COMPLETE_BATCH = _statement(
+    "COMPLETE_BATCH",
+    """
+    WITH c AS (
+        SELECT * FROM unnest(
+            CAST(:ids AS bigint[]), CAST(:claim_tokens AS bigint[]),
+            CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
+            CAST(:outcomes AS text[]), CAST(:retry_delays AS double precision[]),
+            CAST(:needs_lookup AS boolean[]), CAST(:refunds AS integer[]),
+            CAST(:status_codes AS integer[]), CAST(:error_classes AS text[]),
+            CAST(:error_messages AS text[]), CAST(:kinds AS text[]),
+            CAST(:started_ats AS timestamptz[]), CAST(:durations_ms AS double precision[]),
+            CAST(:response_excerpts AS text[])
+        ) AS c(id, claim_token, attempt, status, outcome, retry_delay, needs_lookup, refund,
+               status_code, error_class, error_message, kind, started_at, duration_ms,
+               response_excerpt)
+    ), done AS (
+        UPDATE poller_outbox o
+        SET status = c.status,
+            attempts = o.attempts - c.refund,
+            needs_lookup = coalesce(c.needs_lookup, o.needs_lookup),
+            next_attempt_at = CASE WHEN c.status = 'pending'
+                THEN now() + make_interval(secs => coalesce(c.retry_delay, 0))
+                ELSE o.next_attempt_at END,
+            claim_expires_at = NULL,
+            last_status_code = CASE WHEN c.kind IS NULL THEN o.last_status_code
+                ELSE c.status_code END,
+            last_error = CASE WHEN c.kind IS NULL THEN o.last_error ELSE c.error_message END,
+            delivered_at = CASE WHEN c.status = 'delivered' THEN now() END,
+            failed_at = CASE WHEN c.status = 'failed' THEN now() END,
+            updated_at = now()
+        FROM c
+        WHERE o.id = c.id AND o.claim_token = c.claim_token AND o.status = 'in_flight'
+        RETURNING o.id
+    ), recorded AS (
+        INSERT INTO poller_delivery_attempts
+            (message_id, attempt, kind, claim_token, poller_id, started_at, duration_ms,
+             outcome, status_code, error_class, error_message, response_excerpt, stale)
+        SELECT c.id, c.attempt, c.kind, c.claim_token, :poller_id, c.started_at, c.duration_ms,
+               c.outcome, c.status_code, c.error_class, c.error_message, c.response_excerpt,
+               NOT EXISTS (SELECT 1 FROM done WHERE done.id = c.id)
+        FROM c
+        WHERE c.kind IS NOT NULL
+          AND EXISTS (SELECT 1 FROM poller_outbox x WHERE x.id = c.id)
+    )
+    SELECT id FROM done
+    """,
+)
+
+# Reclaim claims whose lease expired (their poller died or stalled): back to
+# pending with needs_lookup (the send may have happened), or failed when the
+# attempt budget is spent. SKIP LOCKED: never waits on, or deadlocks with, a
+# completion racing for the same row — that row is left for the next sweep.
+RECLAIM_EXPIRED = _statement(
+    "RECLAIM_EXPIRED",
+    """
+    WITH expired AS (
+        SELECT id FROM poller_outbox
+        WHERE status = 'in_flight' AND claim_expires_at < now()
+        ORDER BY claim_expires_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ), reclaimed AS (
+        UPDATE poller_outbox o
+        SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'failed' ELSE 'pending' END,
+            needs_lookup = o.attempts < o.max_attempts,
+            next_attempt_at = now(),
+            claim_expires_at = NULL,
+            last_error = 'claim lease expired: poller ' || coalesce(o.claimed_by, '?')
+                         || ' did not complete attempt ' || o.attempts,
+            failed_at = CASE WHEN o.attempts >= o.max_attempts THEN now() END,
+            updated_at = now()
+        FROM expired
+        WHERE o.id = expired.id
+        RETURNING o.id, o.status, o.attempts, o.claim_token, o.claimed_by
+    ), recorded AS (
+        INSERT INTO poller_delivery_attempts
+            (message_id, attempt, kind, claim_token, poller_id, outcome, error_class,
+             error_message)
+        SELECT id, attempts, 'send', claim_token, claimed_by, 'lease_expired',
+               'ClaimLeaseExpired', 'claim lease expired before the poller completed'
+        FROM reclaimed
+    )
+    SELECT id, status FROM reclaimed
+    """,
+)

@@ -1,0 +1,175 @@
+"""SQLAlchemy table definitions: the schema Alembic migrates to. No logic here.
+
+Tables carry a ``poller_`` prefix so they can live in the application's own
+database beside tables called ``outbox`` or ``endpoints``; the Alembic version
+table is ``poller_alembic_version`` for the same reason.
+
+Row state machine of ``poller_outbox.status`` (every write after a claim is
+fenced by ``claim_token``, see poller/claims.py)::
+
+    pending ──claim──▶ in_flight ──2xx──────────────────────▶ delivered
+       ▲                   │ retryable, attempts < max ─────▶ pending, next_attempt_at = now + backoff
+       │                   │ outcome unknown ───────────────▶ pending + needs_lookup
+       │                   │ retryable and attempts = max ──▶ failed
+       │                   │ 410 Gone ──────────────────────▶ failed (endpoint disabled)
+       │                   │ graceful shutdown ─────────────▶ pending, attempt not counted
+       │                   └ claim lease expired ───────────▶ pending + needs_lookup, or failed
+       └──── admin retry ◀── failed
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Sequence,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+STATUSES = ("pending", "in_flight", "delivered", "failed")
+ATTEMPT_KINDS = ("send", "lookup", "manual")
+BUCKETS = 256
+NOTIFY_CHANNEL = "poller_outbox"
+
+# One value per claim batch; strictly increasing, so a later claim always has a
+# larger token than any earlier one (useful when reading attempt history).
+claim_token_seq = Sequence("poller_claim_token_seq", metadata=metadata, start=1)
+
+
+endpoints = Table(
+    "poller_endpoints",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("url", Text, nullable=False),
+    Column("secret", Text, nullable=False),
+    # During rotation the previous secret keeps signing until it expires.
+    Column("previous_secret", Text),
+    Column("previous_secret_expires_at", DateTime(timezone=True)),
+    Column("lookup_url", Text),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("disabled_reason", Text),
+    Column("max_attempts", Integer),
+    Column("timeout", Float),
+    Column("max_in_flight", Integer),
+    Column("bucket", SmallInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint(f"bucket >= 0 AND bucket < {BUCKETS}", name="bucket_range"),
+    CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts_positive"),
+    CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout_positive"),
+    CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
+)
+
+outbox = Table(
+    "poller_outbox",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("poller_endpoints.id", ondelete="RESTRICT"),
+        nullable=False,
+    ),
+    Column("bucket", SmallInteger, nullable=False),
+    Column("event_type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("claim_token", BigInteger),
+    Column("claimed_by", Text),
+    Column("claim_expires_at", DateTime(timezone=True)),
+    Column("needs_lookup", Boolean, nullable=False, server_default=text("false")),
+    Column("last_status_code", Integer),
+    Column("last_error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("delivered_at", DateTime(timezone=True)),
+    Column("failed_at", DateTime(timezone=True)),
+    UniqueConstraint("endpoint_id", "idempotency_key", name="uq_poller_outbox_endpoint_key"),
+    CheckConstraint(
+        "status IN ('pending', 'in_flight', 'delivered', 'failed')", name="status_valid"
+    ),
+    CheckConstraint("attempts >= 0", name="attempts_not_negative"),
+    CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+    CheckConstraint(
+        "status <> 'in_flight' OR (claim_token IS NOT NULL AND claim_expires_at IS NOT NULL)",
+        name="in_flight_is_claimed",
+    ),
+    # The claim path reads only due pending rows, in due order.
+    Index(
+        "ix_poller_outbox_claim",
+        "next_attempt_at",
+        "id",
+        postgresql_where=text("status = 'pending'"),
+    ),
+    # The reclaim path reads only in-flight rows, by lease expiry.
+    Index(
+        "ix_poller_outbox_reclaim",
+        "claim_expires_at",
+        postgresql_where=text("status = 'in_flight'"),
+    ),
+    # Admin listing of failures and retention purges by age.
+    Index("ix_poller_outbox_failed", "failed_at", postgresql_where=text("status = 'failed'")),
+    Index(
+        "ix_poller_outbox_delivered", "delivered_at", postgresql_where=text("status = 'delivered'")
+    ),
+)
+
+delivery_attempts = Table(
+    "poller_delivery_attempts",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column(
+        "message_id",
+        BigInteger,
+        ForeignKey("poller_outbox.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("attempt", Integer, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("claim_token", BigInteger),
+    Column("poller_id", Text),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("duration_ms", Float),
+    # delivered | retry | unknown | failed | lease_expired | manual | lookup_* ...
+    Column("outcome", Text, nullable=False),
+    Column("status_code", Integer),
+    Column("error_class", Text),
+    Column("error_message", Text),
+    Column("response_excerpt", Text),
+    # True when the write was fenced out: the attempt happened on the wire, but
+    # its claim had been superseded, so the row was not changed by it.
+    Column("stale", Boolean, nullable=False, server_default=text("false")),
+    CheckConstraint("kind IN ('send', 'lookup', 'manual')", name="kind_valid"),
+    Index("ix_poller_delivery_attempts_message", "message_id", "id"),
+)

@@ -1,0 +1,157 @@
+"""All configuration, read from ``POLLER_*`` environment variables (and ``.env``).
+
+Durations are seconds (fractions allowed, so tests can run fast schedules).
+``load_settings()`` validates everything at start and turns pydantic's errors
+into one :class:`~poller.errors.ConfigurationError` whose message names the
+environment variable, e.g.::
+
+    POLLER_CLAIM_LEASE=5: must be at least 2 x POLLER_REQUEST_TIMEOUT + 1 s (21.0) ...
+
+Example::
+
+    >>> from poller import load_settings
+    >>> settings = load_settings(claim_lease=90, request_timeout=20)
+    >>> settings.retry_delay(1)
+    5.0
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from poller.errors import ConfigurationError
+
+DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
+"""Seconds after the previous attempt (±20 % jitter). Ten attempts in about three days."""
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+ENV_PREFIX = "POLLER_"
+
+
+class Settings(BaseSettings):
+    """webhook-poller's settings; each field is the env var ``POLLER_<NAME>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+    )
+
+    database_url: str | None = None
+    """PostgreSQL URL (``postgresql://user:pass@host/db``). Unset: embedded server in DATA_DIR."""
+    redis_url: str | None = None
+    """Redis URL for the ``redis`` election backend."""
+    data_dir: Path = Path(".poller")
+    """Where the embedded PostgreSQL/Redis keep their data when no URL is set."""
+
+    election: Literal["redis", "postgres", "none"] | None = None
+    """Election backend; default ``redis`` when REDIS_URL is set, else ``postgres``."""
+    election_fail: Literal["open", "closed"] = "open"
+    """Backend down: ``open`` claims from every shard (rows stay safe), ``closed`` stops."""
+    shards: int = Field(default=8, ge=1, le=256)
+    lease_ttl: PositiveSeconds = 10.0
+    """Election lease per shard; renewed every TTL/3."""
+
+    claim_lease: PositiveSeconds = 60.0
+    """Row claim lease; must exceed the worst delivery time (send + lookup + margin)."""
+    sweep_interval: PositiveSeconds = 5.0
+    """How often the maintenance leader reclaims expired claims."""
+    batch_size: int = Field(default=100, ge=1, le=10_000)
+    concurrency: int = Field(default=64, ge=1, le=10_000)
+    poll_interval: PositiveSeconds = 1.0
+    """Fallback poll when no NOTIFY wake-up comes."""
+    request_timeout: PositiveSeconds = 10.0
+    """Whole-request timeout for one delivery or one lookup."""
+    retry_schedule: tuple[PositiveSeconds, ...] = DEFAULT_RETRY_SCHEDULE
+    """JSON list of seconds, e.g. ``[5, 300, 1800]``; the last interval repeats."""
+    max_attempts: int = Field(default=10, ge=1, le=1000)
+    """Default attempt budget of a message (endpoint and enqueue can override)."""
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=64 * 1024 * 1024)
+    notify: bool = True
+    """LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode."""
+    allow_private_targets: bool = False
+    """Allow endpoints on private, loopback or link-local addresses (demo, tests)."""
+    metrics_addr: str | None = None
+    """``host:port`` for /metrics, /healthz, /readyz; unset: not served."""
+    log_format: Literal["auto", "json", "console"] = "auto"
+    retention_delivered: PositiveSeconds = 7 * 86400.0
+    retention_failed: PositiveSeconds = 30 * 86400.0
+    shutdown_grace: float = Field(default=10.0, ge=0)
+    """On SIGTERM, how long in-flight deliveries may finish before their claims are released."""
+
+    @field_validator("retry_schedule")
+    @classmethod
+    def _schedule_not_empty(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value:
+            raise ValueError("must list at least one interval, e.g. [5, 300, 1800]")
+        return value
+
+    @field_validator("metrics_addr")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"must be host:port, e.g. 127.0.0.1:9108 (got {value!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _claim_lease_covers_delivery(self) -> Settings:
+        needed = self.min_claim_lease(self.request_timeout)
+        if self.claim_lease < needed:
+            raise ValueError(
+                f"POLLER_CLAIM_LEASE={self.claim_lease:g}: must be at least "
+                f"2 x POLLER_REQUEST_TIMEOUT + 1 s ({needed:g}) so a lookup and a send "
+                "finish before the claim can expire"
+            )
+        return self
+
+    @staticmethod
+    def min_claim_lease(request_timeout: float) -> float:
+        """The shortest claim lease that covers a lookup and a send of ``request_timeout`` each."""
+        return 2 * request_timeout + 1.0
+
+    def retry_delay(self, attempt: int) -> float:
+        """Base delay (before jitter) after failed attempt number ``attempt`` (1-based)."""
+        schedule = self.retry_schedule
+        return float(schedule[min(attempt, len(schedule)) - 1])
+
+
+def _env_name(loc: tuple[Any, ...]) -> str:
+    field = str(loc[0]) if loc else ""
+    return ENV_PREFIX + field.upper() if field else "settings"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the settings; raise ConfigurationError naming the variable.
+
+    Keyword arguments override the environment (useful in tests and embedding).
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            message = str(error["msg"]).removeprefix("Value error, ")
+            if message.startswith(ENV_PREFIX):
+                problems.append(message)
+            else:
+                value = error.get("input")
+                shown = f"={value!r}" if isinstance(value, str | int | float) else ""
+                problems.append(f"{_env_name(error['loc'])}{shown}: {message}")
+        raise ConfigurationError("; ".join(problems)) from None
+
+
+@functools.cache
+def default_settings() -> Settings:
+    """Settings read once from the environment, for the enqueue defaults."""
+    return load_settings()

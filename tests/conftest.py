@@ -1,0 +1,144 @@
+"""Real servers for the whole suite.
+
+A session fixture starts embedded PostgreSQL and Redis (or uses
+POLLER_TEST_DATABASE_URL / POLLER_TEST_REDIS_URL), migrates a template
+database once, and every test that asks for ``db_url`` gets a fresh database
+cloned from it (CREATE DATABASE … TEMPLATE …): fast and isolated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from poller import migrate
+from poller.db import async_engine, libpq_url, sync_engine
+from poller.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.endpoints import CreatedEndpoint, create_endpoint
+from poller.settings import default_settings
+
+TEMPLATE = f"poller_template_{os.getpid()}"
+_counter = itertools.count()
+
+
+def _with_database(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    query = url.partition("?")[2]
+    return f"{base}/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a database on the test server with rights to create databases."""
+    external = os.environ.get("POLLER_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("servers"), durable=False)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_url: str) -> Iterator[str]:
+    with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    migrate.upgrade(_with_database(pg_admin_url, TEMPLATE))
+    yield TEMPLATE
+    with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+
+
+def create_database(admin_url: str, template: str | None) -> str:
+    """A new database (cloned from ``template`` if given); returns its URL."""
+    name = f"poller_test_{os.getpid()}_{next(_counter)}"
+    clause = f' TEMPLATE "{template}"' if template else ""
+    with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"{clause}')
+    return _with_database(admin_url, name)
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    name = url.rpartition("/")[2].partition("?")[0]
+    with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test."""
+    url = create_database(pg_admin_url, template_db)
+    yield url
+    drop_database(pg_admin_url, url)
+
+
+@pytest.fixture
+def empty_db_url(pg_admin_url: str) -> Iterator[str]:
+    """A fresh database with no schema at all."""
+    url = create_database(pg_admin_url, None)
+    yield url
+    drop_database(pg_admin_url, url)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = sync_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+async def aengine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = async_engine(db_url)
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("POLLER_TEST_REDIS_URL")
+    if external:
+        yield external
+        return
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests see only the POLLER_ variables they set; private targets allowed (127.0.0.1)."""
+    for name in list(os.environ):
+        if name.startswith("POLLER_") and not name.startswith("POLLER_TEST_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("POLLER_ALLOW_PRIVATE_TARGETS", "true")
+    default_settings.cache_clear()
+    yield
+    default_settings.cache_clear()
+
+
+def make_endpoint(engine: Engine, name: str = "billing", **kwargs: object) -> CreatedEndpoint:
+    url = str(kwargs.pop("url", f"http://127.0.0.1:9/{name}"))
+    with engine.begin() as conn:
+        return create_endpoint(conn, name, url, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def endpoint(engine: Engine) -> CreatedEndpoint:
+    return make_endpoint(engine)
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

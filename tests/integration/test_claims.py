@@ -1,0 +1,225 @@
+"""Claim core (SPEC §5): batch claims, fenced completions, reclaim, release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from poller.claims import (
+    Claims,
+    delivered,
+    failed,
+    lookup_pending,
+    released,
+    retry,
+    unknown,
+)
+from poller.endpoints import CreatedEndpoint
+from tests.conftest import make_endpoint
+from tests.integration.helpers import attempts_of, expire_claims, make_due, row, seed
+
+
+@pytest.fixture
+def claims(aengine: AsyncEngine) -> Claims:
+    return Claims(aengine, poller_id="p1", claim_lease=30)
+
+
+async def test_claim_counts_the_attempt_and_stamps_a_token(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    ids = seed(engine, 5)
+    batch = await claims.claim_batch(limit=3)
+    assert [m.id for m in batch] == ids[:3]  # oldest due first
+    assert {m.attempts for m in batch} == {1}
+    assert len({m.claim_token for m in batch}) == 1
+    stored = row(engine, ids[0])
+    assert (stored.status, stored.claimed_by, stored.attempts) == ("in_flight", "p1", 1)
+    assert stored.claim_expires_at > stored.updated_at
+    assert len(await claims.claim_batch(limit=10)) == 2
+    assert await claims.claim_batch(limit=10) == []
+
+
+async def test_claim_skips_rows_not_due_and_other_buckets(claims: Claims, engine: Engine) -> None:
+    a = make_endpoint(engine, "a").endpoint
+    b = make_endpoint(engine, "b").endpoint
+    assert a.bucket != b.bucket
+    seed(engine, 3, "a")
+    seed(engine, 3, "b")
+    make_endpoint(engine, "later")
+    seed(engine, 3, "later", deliver_after=timedelta(hours=1))
+    got = await claims.claim_batch(limit=100, buckets=[b.bucket])
+    assert {m.endpoint_id for m in got} == {b.id}
+    assert len(await claims.claim_batch(limit=100)) == 3  # "a" only; "later" is not due
+
+
+async def test_outcomes_apply_and_record_attempts(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    ids = seed(engine, 4)
+    m = {msg.id: msg for msg in await claims.claim_batch(limit=4)}
+    result = await claims.complete([
+        delivered(m[ids[0]], status_code=200, duration_ms=3.5),
+        retry(m[ids[1]], 60, status_code=500, error_message="HTTP 500"),
+        unknown(m[ids[2]], 5, error_class="ReadTimeout"),
+        failed(m[ids[3]], status_code=410, error_message="410 Gone"),
+    ])  # fmt: skip
+    assert sorted(result.applied) == ids and result.stale == []
+    rows = [row(engine, i) for i in ids]
+    states = [(r.status, r.needs_lookup, r.last_status_code) for r in rows]
+    assert states == [
+        ("delivered", False, 200),
+        ("pending", False, 500),
+        ("pending", True, None),
+        ("failed", False, 410),
+    ]
+    assert row(engine, ids[0]).delivered_at is not None
+    assert row(engine, ids[3]).failed_at is not None
+    attempt = attempts_of(engine, ids[2])[0]
+    assert (attempt.attempt, attempt.kind, attempt.outcome, attempt.error_class) == (
+        1, "send", "unknown", "ReadTimeout",
+    )  # fmt: skip
+    assert attempt.stale is False and attempt.poller_id == "p1"
+
+
+async def test_retry_on_the_last_attempt_fails_the_message(claims: Claims, engine: Engine) -> None:
+    make_endpoint(engine, "billing", max_attempts=2)
+    (msg_id,) = seed(engine, 1)
+    for expected in ("pending", "failed"):
+        (msg,) = await claims.claim_batch(limit=1)
+        await claims.complete([retry(msg, 0, status_code=503, error_message="HTTP 503")])
+        assert row(engine, msg_id).status == expected
+    stored = row(engine, msg_id)
+    assert (stored.attempts, stored.last_error) == (2, "HTTP 503")
+    assert [a.outcome for a in attempts_of(engine, msg_id)] == ["retry", "failed"]
+
+
+async def test_retry_delay_is_applied_on_the_database_clock(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    (msg_id,) = seed(engine, 1)
+    (msg,) = await claims.claim_batch(limit=1)
+    await claims.complete([retry(msg, 3600)])
+    assert await claims.claim_batch(limit=1) == []  # not due for an hour
+    stored = row(engine, msg_id)
+    delay = (stored.next_attempt_at - stored.updated_at).total_seconds()
+    assert 3599 <= delay <= 3601
+
+
+async def test_release_hands_back_without_counting_the_attempt(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    (msg_id,) = seed(engine, 1)
+    (msg,) = await claims.claim_batch(limit=1)
+    await claims.complete([released(msg)])
+    stored = row(engine, msg_id)
+    assert (stored.status, stored.attempts) == ("pending", 0)
+    assert attempts_of(engine, msg_id) == []  # nothing reached the wire
+    (again,) = await claims.claim_batch(limit=1)
+    assert again.attempts == 1
+
+
+async def test_lookup_retry_keeps_needs_lookup(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    (msg_id,) = seed(engine, 1)
+    (msg,) = await claims.claim_batch(limit=1)
+    await claims.complete([unknown(msg, 0)])
+    (msg,) = await claims.claim_batch(limit=1)
+    assert msg.needs_lookup
+    await claims.complete([lookup_pending(msg, 0, status_code=500)])
+    assert row(engine, msg_id).needs_lookup is True
+    assert [a.kind for a in attempts_of(engine, msg_id)] == ["send", "lookup"]
+
+
+# --- fencing -------------------------------------------------------------------
+
+
+async def test_writes_under_a_superseded_claim_change_nothing(
+    aengine: AsyncEngine, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    ids = seed(engine, 3)
+    first = Claims(aengine, poller_id="p1", claim_lease=30)
+    second = Claims(aengine, poller_id="p2", claim_lease=30)
+    old = await first.claim_batch(limit=3)
+    expire_claims(engine)
+    reclaimed = await first.reclaim_expired()
+    assert sorted(reclaimed.pending) == ids
+    new = await second.claim_batch(limit=3)
+    assert {m.claim_token for m in new} != {m.claim_token for m in old}
+
+    for outcome in (delivered, released, failed):
+        result = await first.complete([outcome(m) for m in old])
+        assert result.applied == [] and sorted(result.stale) == ids
+    result = await first.complete([retry(m, 0) for m in old] + [unknown(m, 0) for m in old])
+    assert result.applied == []
+    assert first.stale_completions == 3 * 5
+    assert {row(engine, i).status for i in ids} == {"in_flight"}
+    assert {row(engine, i).claimed_by for i in ids} == {"p2"}
+
+    assert sorted((await second.complete([delivered(m) for m in new])).applied) == ids
+    assert {row(engine, i).status for i in ids} == {"delivered"}
+    stale_rows = [a for a in attempts_of(engine, ids[0]) if a.stale]
+    assert len(stale_rows) == 4  # every stale send is on record (released sends nothing)
+
+
+async def test_a_completed_message_refuses_a_second_completion(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    (msg_id,) = seed(engine, 1)
+    (msg,) = await claims.claim_batch(limit=1)
+    assert (await claims.complete([delivered(msg)])).applied == [msg_id]
+    assert (await claims.complete([failed(msg)])).stale == [msg_id]
+    assert row(engine, msg_id).status == "delivered"
+
+
+# --- reclaim -------------------------------------------------------------------
+
+
+async def test_expired_claim_becomes_pending_with_lookup(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    (msg_id,) = seed(engine, 1)
+    await claims.claim_batch(limit=1)
+    assert (await claims.reclaim_expired()).pending == []  # lease still running
+    expire_claims(engine)
+    assert (await claims.reclaim_expired()).pending == [msg_id]
+    stored = row(engine, msg_id)
+    assert (stored.status, stored.needs_lookup, stored.attempts) == ("pending", True, 1)
+    assert "claim lease expired" in stored.last_error
+    assert [a.outcome for a in attempts_of(engine, msg_id)] == ["lease_expired"]
+
+
+async def test_expired_claim_at_max_attempts_fails_with_a_reason(
+    claims: Claims, engine: Engine
+) -> None:
+    make_endpoint(engine, "billing", max_attempts=1)
+    (msg_id,) = seed(engine, 1)
+    await claims.claim_batch(limit=1)
+    expire_claims(engine)
+    assert (await claims.reclaim_expired()).failed == [msg_id]
+    stored = row(engine, msg_id)
+    assert (stored.status, stored.needs_lookup) == ("failed", False)
+    assert stored.failed_at is not None and "did not complete attempt 1" in stored.last_error
+
+
+async def test_short_lease_expires_on_the_database_clock(
+    aengine: AsyncEngine, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    from tests.integration.helpers import wait_for
+
+    seed(engine, 1)
+    claims = Claims(aengine, poller_id="p1", claim_lease=0.2)
+    await claims.claim_batch(limit=1)
+    reclaimed: list[int] = []
+
+    async def swept() -> bool:
+        reclaimed.extend((await claims.reclaim_expired()).pending)
+        return bool(reclaimed)
+
+    await wait_for(swept, timeout=5)
+    make_due(engine)
+    (again,) = await claims.claim_batch(limit=1)
+    assert again.attempts == 2 and again.needs_lookup
