@@ -8,7 +8,7 @@ Row state machine of ``poller_outbox.status`` (every write after a claim is
 fenced by ``claim_token``, see poller/claims.py)::
 
     pending ──claim──▶ in_flight ──2xx──────────────────────▶ delivered
-       ▲                   │ retryable, attempts < max ─────▶ pending, next_attempt_at = now + backoff
+       ▲                   │ retryable, attempts < max ─────▶ pending, due after backoff
        │                   │ outcome unknown ───────────────▶ pending + needs_lookup
        │                   │ retryable and attempts = max ──▶ failed
        │                   │ 410 Gone ──────────────────────▶ failed (endpoint disabled)
