@@ -57,6 +57,8 @@ def free_port() -> int:
 
 def _port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the servers bind: a port whose old connections sit in TIME_WAIT is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -77,13 +79,18 @@ def _package_dir(name: str, extra_hint: str) -> Path:
 
 
 def _pid_alive(pid: int) -> bool:
+    """True while the process runs; an exited one awaiting its reaper (zombie) is gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust the signal check
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 @contextlib.contextmanager

@@ -18,11 +18,12 @@ Example::
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from poller.errors import ConfigurationError
 
@@ -138,6 +139,10 @@ def load_settings(**overrides: Any) -> Settings:
     """
     try:
         return Settings(**overrides)
+    except SettingsError as exc:  # a complex value (list) that is not JSON
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = _env_name((field.group(1),)) if field else "settings"
+        raise ConfigurationError(f"{name}: not valid JSON (e.g. [5, 300, 1800])") from None
     except ValidationError as exc:
         problems = []
         for error in exc.errors():

@@ -1,0 +1,95 @@
+"""`poller db …` and `poller embedded …` through the real entry point."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from poller.cli import cli
+
+
+def invoke(*args: str, **env: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_upgrade_then_current(empty_db_url: str) -> None:
+    code, out, _ = invoke("db", "current", POLLER_DATABASE_URL=empty_db_url)
+    assert code == 0 and out.startswith("not migrated")
+    code, out, _ = invoke("db", "upgrade", POLLER_DATABASE_URL=empty_db_url)
+    assert code == 0 and "database at revision" in out
+    code, out, _ = invoke("db", "current", POLLER_DATABASE_URL=empty_db_url)
+    assert code == 0 and out.strip().endswith("(head)")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"POLLER_DATABASE_URL": "mysql://x@localhost/db"}, "must be a postgresql:// URL"),
+        ({"POLLER_DATABASE_URL": "::not a url::"}, "POLLER_DATABASE_URL"),
+        ({"POLLER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
+         "cannot reach the database"),
+        ({"POLLER_SHARDS": "0"}, "POLLER_SHARDS"),
+        ({"POLLER_CLAIM_LEASE": "1"}, "POLLER_CLAIM_LEASE"),
+    ],
+)  # fmt: skip
+def test_expected_errors_are_one_line_and_exit_2(env: dict[str, str], message: str) -> None:
+    code, out, err = invoke("db", "upgrade", **env)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+    assert "Traceback" not in out + err
+
+
+def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
+    env["POLLER_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:1/x"
+    done = subprocess.run([sys.executable, "-m", "poller", "db", "current"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2
+    assert (
+        done.stderr.startswith("error: cannot reach the database")
+        and "Traceback" not in done.stderr
+    )
+
+
+@pytest.mark.slow
+def test_embedded_default_starts_once_and_stops(tmp_path: Path) -> None:
+    env = {"POLLER_DATA_DIR": str(tmp_path / "data")}
+    try:
+        code, out, _ = invoke("db", "upgrade", **env)  # no URL: the embedded server
+        assert code == 0, out
+        code, first, _ = invoke("embedded", "start", **env)
+        code, second, _ = invoke("embedded", "start", **env)
+        assert first == second  # idempotent: the same running servers
+        port = int(re.search(r"127\.0\.0\.1:(\d+)/postgres", first).group(1))  # type: ignore[union-attr]
+        code, out, _ = invoke("db", "current", **env)
+        assert out.strip().endswith("(head)")  # data survived between commands
+    finally:
+        code, out, _ = invoke("embedded", "stop", **env)
+    assert code == 0
+    code, out, _ = invoke("embedded", "status", **env)
+    assert out.count("stopped") == 2
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+@pytest.mark.slow
+def test_demo_migrates_enqueues_and_leaves_nothing_running(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
+    done = subprocess.run([sys.executable, "-m", "poller", "demo", "--messages", "500"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"pending\s*│\s*500", done.stdout), done.stdout
+    ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", done.stdout)]
+    assert len(ports) == 2
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()

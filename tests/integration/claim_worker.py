@@ -1,0 +1,38 @@
+"""A separate OS process that claims and completes until the queue is empty.
+
+Run as ``python -m tests.integration.claim_worker DB_URL OUT_FILE GO_FILE``;
+writes every id it claimed (one per line) to OUT_FILE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from poller.claims import Claims, delivered
+from poller.db import async_engine
+
+
+async def _main(url: str, out: Path, go: Path) -> None:
+    engine = async_engine(url, pool_size=1)
+    claims = Claims(engine, poller_id=f"worker-{os.getpid()}", claim_lease=60)
+    await claims.claim_batch(limit=0)  # connect before the start signal
+    deadline = time.monotonic() + 30
+    while not go.exists():  # a start line so the four processes overlap
+        if time.monotonic() > deadline:
+            raise SystemExit("no start signal")
+        await asyncio.sleep(0.005)
+    claimed: list[int] = []
+    while batch := await claims.claim_batch(limit=100):
+        claimed += [m.id for m in batch]
+        result = await claims.complete([delivered(m) for m in batch])
+        assert not result.stale
+    out.write_text("".join(f"{i}\n" for i in claimed))
+    await engine.dispose()
+
+
+if __name__ == "__main__":
+    asyncio.run(_main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))

@@ -1,0 +1,58 @@
+"""The migrations and the SQLAlchemy models agree, and migrate both ways."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect
+
+from poller import migrate
+from poller.db import sync_engine
+from poller.schema import metadata
+
+
+def test_autogenerate_finds_no_difference(db_url: str) -> None:
+    engine = sync_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn,
+                opts={
+                    "version_table": migrate.VERSION_TABLE,
+                    "compare_type": True,
+                    "include_object": lambda obj, name, type_, *_: (
+                        type_ != "table" or name.startswith("poller_")
+                    ),
+                },
+            )
+            assert compare_metadata(context, metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade_on_an_empty_database(empty_db_url: str) -> None:
+    assert migrate.current_revision(empty_db_url) is None
+    migrate.upgrade(empty_db_url)
+    assert migrate.current_revision(empty_db_url) == migrate.head_revision()
+    from alembic import command
+
+    command.downgrade(migrate.alembic_config(empty_db_url), "base")
+    engine = sync_engine(empty_db_url)
+    try:
+        assert [t for t in inspect(engine).get_table_names() if t != migrate.VERSION_TABLE] == []
+    finally:
+        engine.dispose()
+    migrate.upgrade(empty_db_url)
+    migrate.upgrade(empty_db_url)  # idempotent
+    assert migrate.current_revision(empty_db_url) == migrate.head_revision()
+
+
+def test_version_table_leaves_the_applications_alembic_alone(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url)
+    engine = sync_engine(empty_db_url)
+    try:
+        tables = set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    assert "alembic_version" not in tables
+    assert {"poller_alembic_version", "poller_outbox", "poller_endpoints"} <= tables

@@ -1,0 +1,63 @@
+"""Wake-ups: NOTIFY reaches listeners when — and only when — the enqueue commits."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from poller import Message, enqueue, enqueue_many
+from poller.db import libpq_url
+from poller.schema import NOTIFY_CHANNEL
+from poller.settings import default_settings
+from tests.conftest import make_endpoint
+
+
+def _listener(db_url: str) -> psycopg.Connection:
+    conn = psycopg.connect(libpq_url(db_url), autocommit=True)
+    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    return conn
+
+
+def _first_payloads(listener: psycopg.Connection, n: int = 1) -> list[str]:
+    return [note.payload for note in listener.notifies(timeout=5, stop_after=n)]
+
+
+def test_rolled_back_enqueue_wakes_nobody_committed_one_does(engine: Engine, db_url: str) -> None:
+    rolled = make_endpoint(engine, "rolled").endpoint
+    committed = make_endpoint(engine, "committed").endpoint
+    assert rolled.bucket != committed.bucket
+    with _listener(db_url) as listener:
+        with Session(engine) as session:
+            enqueue(session, endpoint="rolled", event_type="e", payload={}, idempotency_key="k")
+            session.rollback()
+        with Session(engine) as session, session.begin():
+            enqueue(session, endpoint="committed", event_type="e", payload={}, idempotency_key="k")
+        # The first (and only) wake-up is the committed one's.
+        assert _first_payloads(listener) == [str(committed.bucket)]
+        assert list(listener.notifies(timeout=0.2)) == []
+
+
+def test_enqueue_many_wakes_each_bucket_once(engine: Engine, db_url: str) -> None:
+    a = make_endpoint(engine, "a").endpoint
+    b = make_endpoint(engine, "b").endpoint
+    batch = [Message(name, "e", {"i": i}, f"k{i}") for i in range(50) for name in ("a", "b")]
+    with _listener(db_url) as listener:
+        with Session(engine) as session, session.begin():
+            enqueue_many(session, batch)
+        assert sorted(_first_payloads(listener, 2)) == sorted([str(a.bucket), str(b.bucket)])
+        assert list(listener.notifies(timeout=0.2)) == []
+
+
+def test_notify_off_sends_no_wake_up(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_endpoint(engine, "a")
+    monkeypatch.setenv("POLLER_NOTIFY", "off")
+    default_settings.cache_clear()
+    with _listener(db_url) as listener:
+        with Session(engine) as session, session.begin():
+            enqueue(session, endpoint="a", event_type="e", payload={}, idempotency_key="k")
+            enqueue_many(session, [Message("a", "e", {}, "k2")])
+        assert list(listener.notifies(timeout=0.3)) == []

@@ -1,0 +1,86 @@
+"""Every named statement runs against the migrated schema; the hot paths use their indexes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from loadtest.fixtures import insert_due, insert_history
+from poller import queries
+from poller.claims import ALL_BUCKETS
+from poller.endpoints import CreatedEndpoint
+
+NOW = datetime.now(UTC)
+ONE = {
+    "endpoint": "billing", "event_type": "e", "payload": "{}", "idempotency_key": "k",
+    "max_attempts": None, "default_max_attempts": 10, "deliver_at": None, "delay": 0.0,
+    "notify": True,
+}  # fmt: skip
+MANY = {
+    "endpoint_ids": [1], "buckets": [1], "event_types": ["e"], "payloads": ["{}"],
+    "idempotency_keys": ["m"], "max_attempts": [10], "deliver_ats": [None], "delays": [0.0],
+}  # fmt: skip
+COMPLETE = {
+    "ids": [1], "claim_tokens": [1], "attempts": [1], "statuses": ["delivered"],
+    "outcomes": ["delivered"], "retry_delays": [None], "needs_lookup": [False], "refunds": [0],
+    "status_codes": [200], "error_classes": [None], "error_messages": [None], "kinds": ["send"],
+    "started_ats": [NOW], "durations_ms": [1.0], "response_excerpts": ["ok"], "poller_id": "p",
+}  # fmt: skip
+
+SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
+    "ENQUEUE_ONE": ONE,
+    "ENQUEUE_EXPLAIN": ONE,
+    "ENDPOINTS_BY_NAME": {"names": ["billing"]},
+    "ENQUEUE_MANY": MANY,
+    "ENQUEUE_MANY_EXISTING": MANY,
+    "NOTIFY_BUCKETS": {"buckets": [1, 2]},
+    "CLAIM_BATCH": {
+        "buckets": list(ALL_BUCKETS),
+        "limit": 10,
+        "claimed_by": "p",
+        "claim_lease": 30.0,
+    },
+    "COMPLETE_BATCH": COMPLETE,
+    "RECLAIM_EXPIRED": {"limit": 10},
+}
+
+
+def test_every_statement_has_a_sample() -> None:
+    assert set(SAMPLE_PARAMS) == set(queries.STATEMENTS)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_PARAMS))
+def test_statement_runs_against_the_schema(
+    engine: Engine, endpoint: CreatedEndpoint, name: str
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(queries.STATEMENTS[name]), SAMPLE_PARAMS[name]).all()
+
+
+def _plan(engine: Engine, name: str) -> str:
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE poller_outbox"))
+        rows = conn.execute(
+            text("EXPLAIN (FORMAT JSON) " + queries.STATEMENTS[name]), SAMPLE_PARAMS[name]
+        ).scalar_one()
+    return json.dumps(rows)
+
+
+@pytest.mark.slow
+def test_claim_and_reclaim_use_their_partial_indexes_over_large_history(
+    engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    ep = endpoint.endpoint
+    with engine.begin() as conn:
+        insert_history(conn, ep.id, ep.bucket, 1_000_000)
+        insert_due(conn, ep.id, ep.bucket, 1_000)
+    claim_plan = _plan(engine, "CLAIM_BATCH")
+    assert "ix_poller_outbox_claim" in claim_plan
+    assert '"Seq Scan"' not in claim_plan
+    reclaim_plan = _plan(engine, "RECLAIM_EXPIRED")
+    assert "ix_poller_outbox_reclaim" in reclaim_plan
+    assert '"Seq Scan"' not in reclaim_plan

@@ -1,0 +1,69 @@
+"""Settings: defaults, parsing from the environment, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from poller import ConfigurationError, load_settings
+from poller.settings import DEFAULT_RETRY_SCHEDULE
+
+
+def test_defaults_are_valid() -> None:
+    settings = load_settings()
+    assert settings.retry_schedule == DEFAULT_RETRY_SCHEDULE
+    assert settings.max_attempts == 10 and settings.notify is True
+    assert settings.claim_lease >= 2 * settings.request_timeout + 1
+
+
+def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLLER_RETRY_SCHEDULE", "[0.1, 0.5, 2]")
+    monkeypatch.setenv("POLLER_NOTIFY", "off")
+    monkeypatch.setenv("POLLER_REQUEST_TIMEOUT", "0.25")
+    monkeypatch.setenv("POLLER_CLAIM_LEASE", "1.5")
+    monkeypatch.setenv("POLLER_METRICS_ADDR", "127.0.0.1:9108")
+    settings = load_settings()
+    assert settings.retry_schedule == (0.1, 0.5, 2.0)
+    assert settings.notify is False
+    assert (settings.request_timeout, settings.claim_lease) == (0.25, 1.5)
+    assert settings.metrics_addr == "127.0.0.1:9108"
+
+
+def test_last_interval_repeats_past_the_schedule() -> None:
+    settings = load_settings(retry_schedule=[1, 2, 3])
+    assert [settings.retry_delay(n) for n in (1, 2, 3, 4, 9)] == [1, 2, 3, 3, 3]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("POLLER_SHARDS", "0"),
+        ("POLLER_SHARDS", "many"),
+        ("POLLER_BATCH_SIZE", "-1"),
+        ("POLLER_CONCURRENCY", "0"),
+        ("POLLER_POLL_INTERVAL", "0"),
+        ("POLLER_REQUEST_TIMEOUT", "-5"),
+        ("POLLER_RETRY_SCHEDULE", "[]"),
+        ("POLLER_RETRY_SCHEDULE", "[5, -1]"),
+        ("POLLER_RETRY_SCHEDULE", "5 minutes"),
+        ("POLLER_MAX_ATTEMPTS", "0"),
+        ("POLLER_ELECTION", "zookeeper"),
+        ("POLLER_ELECTION_FAIL", "maybe"),
+        ("POLLER_METRICS_ADDR", "9108"),
+        ("POLLER_METRICS_ADDR", "localhost:99999"),
+        ("POLLER_LOG_FORMAT", "xml"),
+        ("POLLER_NOTIFY", "perhaps"),
+        ("POLLER_CLAIM_LEASE", "5"),
+    ],
+)
+def test_invalid_value_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=variable):
+        load_settings()
+
+
+def test_claim_lease_must_cover_a_lookup_and_a_send() -> None:
+    with pytest.raises(ConfigurationError, match="POLLER_CLAIM_LEASE=20: must be at least"):
+        load_settings(request_timeout=10, claim_lease=20)
+    assert load_settings(request_timeout=10, claim_lease=21).claim_lease == 21

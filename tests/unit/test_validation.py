@@ -1,0 +1,91 @@
+"""Enqueue input validation (pure: nothing touches a database)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from poller import InvalidIdempotencyKey, InvalidPayload, Message, PayloadTooLarge
+from poller.endpoints import bucket_for, check_url, is_private_host, new_secret
+from poller.errors import InvalidEndpoint
+from poller.outbox import check_message, serialise_payload
+
+visible_ascii = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1,
+                        max_size=255)  # fmt: skip
+
+
+@given(visible_ascii)
+def test_every_visible_ascii_key_up_to_255_is_accepted(key: str) -> None:
+    assert check_message(Message("e", "t", {}, key), 1024).idempotency_key == key
+
+
+@given(st.text(min_size=1, max_size=300).filter(
+    lambda k: len(k) > 255 or any(not 0x21 <= ord(c) <= 0x7E for c in k)
+))  # fmt: skip
+def test_other_keys_are_refused(key: str) -> None:
+    with pytest.raises(InvalidIdempotencyKey):
+        check_message(Message("e", "t", {}, key), 1024)
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=20,
+))  # fmt: skip
+def test_json_payloads_serialise_or_fail_with_invalid_payload(payload: object) -> None:
+    try:
+        body = serialise_payload(payload, 1 << 20)
+    except InvalidPayload:
+        return  # NUL characters or lone surrogates
+    assert "\\u0000" not in body.replace("\\\\", "")
+
+
+def test_escaped_backslash_before_u0000_text_is_fine() -> None:
+    assert serialise_payload("\\u0000", 100) == '"\\\\u0000"'
+
+
+def test_size_limit_counts_utf8_bytes() -> None:
+    serialise_payload("é" * 4, 10)  # 8 bytes + 2 quotes
+    with pytest.raises(PayloadTooLarge):
+        serialise_payload("é" * 5, 10)
+
+
+def test_buckets_are_stable_and_in_range() -> None:
+    assert bucket_for("billing") == bucket_for("billing")
+    assert bucket_for("billing") == 12  # pinned: changing it would move every shard
+    assert {bucket_for(f"e{i}") for i in range(5000)} == set(range(256))
+
+
+def test_secrets_are_standard_webhooks_secrets() -> None:
+    import base64
+
+    secret = new_secret()
+    assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:])) == 24
+    assert new_secret() != secret
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["file:///etc/passwd", "ftp://x.example", "http://", "https://user:pw@x.example/",
+     "http://x.example:0/", "http://exa mple.com/", "not a url", "http://x.example:99999/"],
+)  # fmt: skip
+def test_bad_urls_are_refused(url: str) -> None:
+    with pytest.raises(InvalidEndpoint):
+        check_url(url, allow_private=True)
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "10.1.2.3", "192.168.0.1", "169.254.169.254", "[::1]", "localhost",
+             "api.localhost", "0.0.0.0", "[fc00::1]"],
+)  # fmt: skip
+def test_private_hosts_are_refused_unless_allowed(host: str) -> None:
+    assert is_private_host(host)
+    with pytest.raises(InvalidEndpoint, match="POLLER_ALLOW_PRIVATE_TARGETS"):
+        check_url(f"http://{host}/hook")
+    assert check_url(f"http://{host}/hook", allow_private=True)
+
+
+def test_public_hosts_pass() -> None:
+    assert not is_private_host("8.8.8.8")
+    assert check_url("https://hooks.example.com/in?x=1")
