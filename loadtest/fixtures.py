@@ -20,7 +20,8 @@ _DUE = text("""
     INSERT INTO poller_outbox
         (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts, next_attempt_at)
     SELECT :endpoint_id, :bucket, 'due.event',
-           jsonb_build_object('n', g, 'pad', CAST(:pad AS text)), CAST(:prefix AS text) || g, 10, now() - interval '1 second'
+           jsonb_build_object('n', g, 'pad', CAST(:pad AS text)), CAST(:prefix AS text) || g,
+           10, now() - interval '1 second'
     FROM generate_series(1, :rows) AS g
 """)
 
