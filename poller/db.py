@@ -48,8 +48,13 @@ def database_url(settings: Settings) -> str:
 
 
 def sync_engine(url: str, **kwargs: Any) -> Engine:
-    return create_engine(sqlalchemy_url(url), pool_pre_ping=True, **kwargs)
+    """Engine for the CLI and admin paths (pre-ping: a stale pooled connection is replaced)."""
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(sqlalchemy_url(url), **kwargs)
 
 
 def async_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    return create_async_engine(sqlalchemy_url(url), pool_pre_ping=True, **kwargs)
+    """The poller's engine. No pre-ping: it would cost a round trip per transaction on the
+    hot path; the service retries a transaction that meets a dropped connection instead."""
+    kwargs.setdefault("pool_pre_ping", False)
+    return create_async_engine(sqlalchemy_url(url), **kwargs)

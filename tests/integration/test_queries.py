@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 
 from loadtest.fixtures import insert_due, insert_history
 from poller import queries
-from poller.claims import ALL_BUCKETS
+from poller.claims import ALL_BUCKETS_LITERAL, Outcome, outcomes_json
 from poller.endpoints import CreatedEndpoint
 
 NOW = datetime.now(UTC)
@@ -24,12 +24,9 @@ MANY = {
     "endpoint_ids": [1], "buckets": [1], "event_types": ["e"], "payloads": ["{}"],
     "idempotency_keys": ["m"], "max_attempts": [10], "deliver_ats": [None], "delays": [0.0],
 }  # fmt: skip
-COMPLETE = {
-    "ids": [1], "claim_tokens": [1], "attempts": [1], "statuses": ["delivered"],
-    "outcomes": ["delivered"], "retry_delays": [None], "needs_lookup": [False], "refunds": [0],
-    "status_codes": [200], "error_classes": [None], "error_messages": [None], "kinds": ["send"],
-    "started_ats": [NOW], "durations_ms": [1.0], "response_excerpts": ["ok"], "poller_id": "p",
-}  # fmt: skip
+COMPLETE = outcomes_json(
+    [Outcome(1, 1, 1, "delivered", "delivered", status_code=200, started_at=NOW)], "p"
+)
 
 SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_ONE": ONE,
@@ -39,7 +36,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_MANY_EXISTING": MANY,
     "NOTIFY_BUCKETS": {"buckets": [1, 2]},
     "CLAIM_BATCH": {
-        "buckets": list(ALL_BUCKETS),
+        "buckets": ALL_BUCKETS_LITERAL,
         "limit": 10,
         "claimed_by": "p",
         "claim_lease": 30.0,

@@ -1,0 +1,179 @@
+"""Claim + complete throughput through poller.claims, beside the raw psycopg ceiling.
+
+    python -m loadtest.claims [--rows 200000] [--batch 100] [--connections 1 4]
+
+For each connection count, the same queue (ROWS due rows) is drained in turns:
+once by processes using :class:`poller.claims.Claims` (SQLAlchemy Core, the
+production path) and once by processes sending the *same statements* through
+plain psycopg. Each process holds one connection and loops claim → complete
+(delivered) until the queue is empty. Figures are rows/s; the ratio is
+poller / raw, measured in the same run on the same server (median of
+--repeat interleaved runs each).
+
+Then the claim statement's median time is measured with no history and with
+1,000,000 delivered rows of history (1,000 due rows in both cases): the
+partial index should keep the two close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import re
+import statistics
+import time
+from typing import Any
+
+import psycopg
+from sqlalchemy import text
+
+from loadtest.bench_db import fresh_database, server_url
+from loadtest.fixtures import insert_due, insert_history
+from poller import queries
+from poller.claims import ALL_BUCKETS_LITERAL, Claims, delivered
+from poller.db import async_engine, libpq_url, sync_engine
+from poller.endpoints import create_endpoint
+
+
+def _psycopg_sql(sql: str) -> str:
+    return re.sub(r"(?<!:):(\w+)", r"%(\1)s", sql)
+
+
+RAW_CLAIM = _psycopg_sql(queries.STATEMENTS["CLAIM_BATCH"])
+RAW_COMPLETE = _psycopg_sql(queries.STATEMENTS["COMPLETE_BATCH"])
+
+
+def _seed(url: str, rows: int) -> None:
+    engine = sync_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE poller_outbox, poller_delivery_attempts"))
+        existing = conn.execute(text("SELECT id, bucket FROM poller_endpoints")).first()
+        if existing is None:
+            made = create_endpoint(conn, "bench", "http://127.0.0.1:9/", allow_private=True)
+            existing = (made.endpoint.id, made.endpoint.bucket)
+        insert_due(conn, existing[0], existing[1], rows, pad=100)
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+    engine.dispose()
+
+
+async def _drain_poller(url: str, batch: int, start: Any) -> int:
+    engine = async_engine(url, pool_size=1, max_overflow=0)
+    claims = Claims(engine, poller_id="bench", claim_lease=60)
+    await claims.claim_batch(limit=0)
+    start.wait()
+    done = 0
+    while messages := await claims.claim_batch(limit=batch):
+        await claims.complete([delivered(m, status_code=200) for m in messages])
+        done += len(messages)
+    await engine.dispose()
+    return done
+
+
+async def _drain_raw(url: str, batch: int, start: Any) -> int:
+    conn = await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=False)
+    claim = {"buckets": ALL_BUCKETS_LITERAL, "limit": batch, "claimed_by": "bench",
+             "claim_lease": 60.0}  # fmt: skip
+    start.wait()
+    done = 0
+    while True:
+        async with conn.cursor() as cur:
+            await cur.execute(RAW_CLAIM, claim)
+            rows = await cur.fetchall()
+        await conn.commit()
+        if not rows:
+            break
+        # The same JSON a hand-written client would send, built as cheaply as possible.
+        outcomes = [{"id": r[0], "claim_token": r[8], "attempt": r[6], "status": "delivered",
+                     "outcome": "delivered", "needs_lookup": False, "status_code": 200,
+                     "kind": "send"} for r in rows]  # fmt: skip
+        params = {"outcomes": json.dumps(outcomes), "poller_id": "bench"}
+        n = len(rows)
+        await conn.execute(RAW_COMPLETE, params)
+        await conn.commit()
+        done += n
+    await conn.close()
+    return done
+
+
+def _worker(mode: str, url: str, batch: int, start: Any, results: Any) -> None:
+    drain = _drain_poller if mode == "poller" else _drain_raw
+    results.put(asyncio.run(drain(url, batch, start)))
+
+
+def measure(mode: str, url: str, rows: int, batch: int, connections: int) -> float:
+    """Rows/s for ``connections`` processes draining ``rows`` due rows."""
+    _seed(url, rows)
+    ctx = mp.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(mode, url, batch, start, results))
+             for _ in range(connections)]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    time.sleep(1.5)  # let every process import and connect (not timed)
+    began = time.perf_counter()
+    start.set()
+    total = sum(results.get(timeout=600) for _ in procs)
+    elapsed = time.perf_counter() - began
+    for proc in procs:
+        proc.join(timeout=30)
+    if total != rows:
+        raise SystemExit(f"{mode}: drained {total} rows, expected {rows}")
+    return rows / elapsed
+
+
+def claim_median_ms(url: str, history: int, due: int = 1000, runs: int = 40) -> float:
+    """Median time of one CLAIM_BATCH (limit 100), rolled back so every run sees the same rows."""
+    engine = sync_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE poller_outbox, poller_delivery_attempts"))
+        ep_id, bucket = conn.execute(text("SELECT id, bucket FROM poller_endpoints")).one()
+        if history:
+            insert_history(conn, ep_id, bucket, history)
+        insert_due(conn, ep_id, bucket, due)
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+    params = {"buckets": ALL_BUCKETS_LITERAL, "limit": 100, "claimed_by": "bench",
+              "claim_lease": 60.0}  # fmt: skip
+    timings = []
+    with engine.connect() as conn:
+        for _ in range(runs):
+            began = time.perf_counter()
+            conn.execute(queries.CLAIM_BATCH, params).all()
+            timings.append((time.perf_counter() - began) * 1000)
+            conn.rollback()
+    engine.dispose()
+    return statistics.median(timings[5:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--connections", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--skip-plan", action="store_true", help="skip the history timing")
+    args = parser.parse_args()
+    with server_url() as admin:
+        url = fresh_database(admin, "poller_bench")
+        print(f"claim+complete, batch {args.batch}, {args.rows:,} due rows per run")
+        print(f"{'connections':>11} {'raw psycopg':>14} {'poller.claims':>14} {'ratio':>6}")
+        for n in args.connections:
+            # Interleaved runs, median of each: the machine is shared and noisy.
+            runs = {"raw": [], "poller": []}
+            for _ in range(args.repeat):
+                for mode, figures in runs.items():
+                    figures.append(measure(mode, url, args.rows, args.batch, n))
+            raw, ours = (statistics.median(runs[m]) for m in ("raw", "poller"))
+            print(f"{n:>11} {raw:>10,.0f} r/s {ours:>10,.0f} r/s {ours / raw:>6.2f}")
+        if not args.skip_plan:
+            empty = claim_median_ms(url, history=0)
+            full = claim_median_ms(url, history=1_000_000)
+            print(f"claim statement median: {empty:.2f} ms with no history, {full:.2f} ms with "
+                  f"1,000,000 delivered rows ({full / empty:.2f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
