@@ -74,8 +74,12 @@ async def _drain_poller(url: str, batch: int, start: Any) -> int:
 
 async def _drain_raw(url: str, batch: int, start: Any) -> int:
     conn = await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=False)
-    claim = {"buckets": ALL_BUCKETS_LITERAL, "limit": batch, "claimed_by": "bench",
-             "claim_lease": 60.0}  # fmt: skip
+    claim = {
+        "buckets": ALL_BUCKETS_LITERAL,
+        "limit": batch,
+        "claimed_by": "bench",
+        "claim_lease": 60.0,
+    }
     start.wait()
     done = 0
     while True:
@@ -86,9 +90,19 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
         if not rows:
             break
         # The same JSON a hand-written client would send, built as cheaply as possible.
-        outcomes = [{"id": r[0], "claim_token": r[8], "attempt": r[6], "status": "delivered",
-                     "outcome": "delivered", "needs_lookup": False, "status_code": 200,
-                     "kind": "send"} for r in rows]  # fmt: skip
+        outcomes = [
+            {
+                "id": r[0],
+                "claim_token": r[8],
+                "attempt": r[6],
+                "status": "delivered",
+                "outcome": "delivered",
+                "needs_lookup": False,
+                "status_code": 200,
+                "kind": "send",
+            }
+            for r in rows
+        ]
         params = {"outcomes": json.dumps(outcomes), "poller_id": "bench"}
         n = len(rows)
         await conn.execute(RAW_COMPLETE, params)
@@ -108,8 +122,10 @@ def measure(mode: str, url: str, rows: int, batch: int, connections: int) -> flo
     _seed(url, rows)
     ctx = mp.get_context("spawn")
     start, results = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(mode, url, batch, start, results))
-             for _ in range(connections)]  # fmt: skip
+    procs = [
+        ctx.Process(target=_worker, args=(mode, url, batch, start, results))
+        for _ in range(connections)
+    ]
     for proc in procs:
         proc.start()
     time.sleep(1.5)  # let every process import and connect (not timed)
@@ -135,8 +151,12 @@ def claim_median_ms(url: str, history: int, due: int = 1000, runs: int = 40) -> 
         insert_due(conn, ep_id, bucket, due)
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
-    params = {"buckets": ALL_BUCKETS_LITERAL, "limit": 100, "claimed_by": "bench",
-              "claim_lease": 60.0}  # fmt: skip
+    params = {
+        "buckets": ALL_BUCKETS_LITERAL,
+        "limit": 100,
+        "claimed_by": "bench",
+        "claim_lease": 60.0,
+    }
     timings = []
     with engine.connect() as conn:
         for _ in range(runs):
@@ -171,8 +191,10 @@ def main() -> None:
         if not args.skip_plan:
             empty = claim_median_ms(url, history=0)
             full = claim_median_ms(url, history=1_000_000)
-            print(f"claim statement median: {empty:.2f} ms with no history, {full:.2f} ms with "
-                  f"1,000,000 delivered rows ({full / empty:.2f}x)")  # fmt: skip
+            print(
+                f"claim statement median: {empty:.2f} ms with no history, {full:.2f} ms with "
+                f"1,000,000 delivered rows ({full / empty:.2f}x)"
+            )
 
 
 if __name__ == "__main__":

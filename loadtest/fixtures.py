@@ -33,6 +33,11 @@ def insert_history(conn: Connection, endpoint_id: int, bucket: int, rows: int) -
 def insert_due(
     conn: Connection, endpoint_id: int, bucket: int, rows: int, prefix: str = "due:", pad: int = 200
 ) -> None:
-    params = {"endpoint_id": endpoint_id, "bucket": bucket, "rows": rows, "prefix": prefix,
-              "pad": "x" * pad}  # fmt: skip
+    params = {
+        "endpoint_id": endpoint_id,
+        "bucket": bucket,
+        "rows": rows,
+        "prefix": prefix,
+        "pad": "x" * pad,
+    }
     conn.execute(_DUE, params)

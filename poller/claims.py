@@ -84,47 +84,99 @@ class Outcome:
 
 def delivered(msg: ClaimedMessage, *, kind: AttemptKind = "send", **detail: Any) -> Outcome:
     """The receiver accepted the message (2xx, or a lookup found it processed)."""
-    return Outcome(msg.id, msg.claim_token, msg.attempts, "delivered", "delivered",
-                   needs_lookup=False, kind=kind, **detail)  # fmt: skip
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "delivered",
+        "delivered",
+        needs_lookup=False,
+        kind=kind,
+        **detail,
+    )
 
 
 def retry(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
     """A retryable failure known not to have been processed; ``failed`` on the last attempt."""
     if msg.last_attempt:
-        return Outcome(msg.id, msg.claim_token, msg.attempts, "failed", "failed",
-                       needs_lookup=False, **detail)  # fmt: skip
-    return Outcome(msg.id, msg.claim_token, msg.attempts, "pending", "retry",
-                   retry_delay=delay, needs_lookup=False, **detail)  # fmt: skip
+        return Outcome(
+            msg.id, msg.claim_token, msg.attempts, "failed", "failed", needs_lookup=False, **detail
+        )
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "pending",
+        "retry",
+        retry_delay=delay,
+        needs_lookup=False,
+        **detail,
+    )
 
 
 def unknown(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
     """Sent but no answer: maybe processed. Retry with ``needs_lookup``; ``failed`` at the end."""
     if msg.last_attempt:
-        return Outcome(msg.id, msg.claim_token, msg.attempts, "failed", "unknown",
-                       needs_lookup=False, **detail)  # fmt: skip
-    return Outcome(msg.id, msg.claim_token, msg.attempts, "pending", "unknown",
-                   retry_delay=delay, needs_lookup=True, **detail)  # fmt: skip
+        return Outcome(
+            msg.id, msg.claim_token, msg.attempts, "failed", "unknown", needs_lookup=False, **detail
+        )
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "pending",
+        "unknown",
+        retry_delay=delay,
+        needs_lookup=True,
+        **detail,
+    )
 
 
 def lookup_pending(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
     """The lookup answered neither 200 nor 404: ask again later, still ``needs_lookup``."""
     if msg.last_attempt:
-        return Outcome(msg.id, msg.claim_token, msg.attempts, "failed", "lookup_failed",
-                       needs_lookup=False, kind="lookup", **detail)  # fmt: skip
-    return Outcome(msg.id, msg.claim_token, msg.attempts, "pending", "lookup_retry",
-                   retry_delay=delay, needs_lookup=True, kind="lookup", **detail)  # fmt: skip
+        return Outcome(
+            msg.id,
+            msg.claim_token,
+            msg.attempts,
+            "failed",
+            "lookup_failed",
+            needs_lookup=False,
+            kind="lookup",
+            **detail,
+        )
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "pending",
+        "lookup_retry",
+        retry_delay=delay,
+        needs_lookup=True,
+        kind="lookup",
+        **detail,
+    )
 
 
 def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
     """Final failure now, whatever attempts remain (e.g. 410 Gone, a permanent status)."""
-    return Outcome(msg.id, msg.claim_token, msg.attempts, "failed", "failed",
-                   needs_lookup=False, **detail)  # fmt: skip
+    return Outcome(
+        msg.id, msg.claim_token, msg.attempts, "failed", "failed", needs_lookup=False, **detail
+    )
 
 
 def released(msg: ClaimedMessage) -> Outcome:
     """Hand an unstarted claim back (graceful shutdown): pending now, attempt not counted."""
-    return Outcome(msg.id, msg.claim_token, msg.attempts, "pending", "released",
-                   retry_delay=0.0, refund=1, kind=None)  # fmt: skip
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "pending",
+        "released",
+        retry_delay=0.0,
+        refund=1,
+        kind=None,
+    )
 
 
 @dataclass(slots=True)

@@ -340,16 +340,24 @@ class EmbeddedRedis:
         _run(
             [
                 self.executable,
-                "--port", str(port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--daemonize", "yes",
-                "--pidfile", str(self._pid_file),
-                "--logfile", str(self.dir / "redis.log"),
-                "--dir", str(self.dir),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "yes",
+                "--pidfile",
+                str(self._pid_file),
+                "--logfile",
+                str(self.dir / "redis.log"),
+                "--dir",
+                str(self.dir),
             ]
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):

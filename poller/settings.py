@@ -11,7 +11,7 @@ Example::
 
     >>> from poller import load_settings
     >>> settings = load_settings(claim_lease=90, request_timeout=20)
-    >>> settings.retry_delay(1)
+    >>> settings.retry_schedule[0]
     5.0
 """
 
@@ -73,9 +73,17 @@ class Settings(BaseSettings):
     """Whole-request timeout for one delivery or one lookup."""
     retry_schedule: tuple[PositiveSeconds, ...] = DEFAULT_RETRY_SCHEDULE
     """JSON list of seconds, e.g. ``[5, 300, 1800]``; the last interval repeats."""
+    retry_after_max: PositiveSeconds = 3600.0
+    """A receiver's Retry-After is honoured up to this many seconds."""
+    permanent_statuses: tuple[int, ...] = ()
+    """JSON list of HTTP statuses that fail a message at once, e.g. ``[400, 422]``."""
     max_attempts: int = Field(default=10, ge=1, le=1000)
     """Default attempt budget of a message (endpoint and enqueue can override)."""
     max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=64 * 1024 * 1024)
+    max_in_flight: int = Field(default=16, ge=1, le=10_000)
+    """Default per-endpoint limit of deliveries in flight (an endpoint can override it)."""
+    http_transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    """Sending stack under httpx's API: ``aiohttp`` (fast) or httpx's own pool."""
     notify: bool = True
     """LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode."""
     allow_private_targets: bool = False
@@ -120,11 +128,6 @@ class Settings(BaseSettings):
     def min_claim_lease(request_timeout: float) -> float:
         """The shortest claim lease that covers a lookup and a send of ``request_timeout`` each."""
         return 2 * request_timeout + 1.0
-
-    def retry_delay(self, attempt: int) -> float:
-        """Base delay (before jitter) after failed attempt number ``attempt`` (1-based)."""
-        schedule = self.retry_schedule
-        return float(schedule[min(attempt, len(schedule)) - 1])
 
 
 def _env_name(loc: tuple[Any, ...]) -> str:

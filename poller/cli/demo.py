@@ -54,11 +54,21 @@ def _run_demo(console: Console, url: str, count: int) -> None:
                 conn, "flaky", "http://127.0.0.1:9/fail", max_attempts=3, allow_private=True
             )
         with Session(engine) as session, session.begin():
-            enqueue(session, endpoint="orders", event_type="order.created",
-                    payload={"order": 0}, idempotency_key="order:0")  # fmt: skip
+            enqueue(
+                session,
+                endpoint="orders",
+                event_type="order.created",
+                payload={"order": 0},
+                idempotency_key="order:0",
+            )
         with Session(engine) as session:  # rolled back: this message never exists
-            enqueue(session, endpoint="orders", event_type="order.created",
-                    payload={"order": -1}, idempotency_key="order:rolled-back")  # fmt: skip
+            enqueue(
+                session,
+                endpoint="orders",
+                event_type="order.created",
+                payload={"order": -1},
+                idempotency_key="order:rolled-back",
+            )
             session.rollback()
         batch = [
             Message("orders" if i % 10 else "flaky", "order.created", {"order": i}, f"order:{i}")
@@ -69,8 +79,10 @@ def _run_demo(console: Console, url: str, count: int) -> None:
             with Session(engine) as session, session.begin():
                 enqueue_many(session, batch[start : start + 500])
         elapsed = time.monotonic() - started
-        console.print(f"enqueued {len(batch)} messages in {elapsed:.2f}s "
-                      f"({len(batch) / max(elapsed, 1e-9):,.0f}/s)")  # fmt: skip
+        console.print(
+            f"enqueued {len(batch)} messages in {elapsed:.2f}s "
+            f"({len(batch) / max(elapsed, 1e-9):,.0f}/s)"
+        )
         _show_counts(console, engine)
     finally:
         engine.dispose()

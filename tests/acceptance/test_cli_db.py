@@ -34,12 +34,14 @@ def test_upgrade_then_current(empty_db_url: str) -> None:
     [
         ({"POLLER_DATABASE_URL": "mysql://x@localhost/db"}, "must be a postgresql:// URL"),
         ({"POLLER_DATABASE_URL": "::not a url::"}, "POLLER_DATABASE_URL"),
-        ({"POLLER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
-         "cannot reach the database"),
+        (
+            {"POLLER_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
+            "cannot reach the database",
+        ),
         ({"POLLER_SHARDS": "0"}, "POLLER_SHARDS"),
         ({"POLLER_CLAIM_LEASE": "1"}, "POLLER_CLAIM_LEASE"),
     ],
-)  # fmt: skip
+)
 def test_expected_errors_are_one_line_and_exit_2(env: dict[str, str], message: str) -> None:
     code, out, err = invoke("db", "upgrade", **env)
     assert code == 2
@@ -50,8 +52,14 @@ def test_expected_errors_are_one_line_and_exit_2(env: dict[str, str], message: s
 def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
     env["POLLER_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:1/x"
-    done = subprocess.run([sys.executable, "-m", "poller", "db", "current"], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "poller", "db", "current"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2
     assert (
         done.stderr.startswith("error: cannot reach the database")
@@ -83,9 +91,15 @@ def test_embedded_default_starts_once_and_stops(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_demo_migrates_enqueues_and_leaves_nothing_running(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    done = subprocess.run([sys.executable, "-m", "poller", "demo", "--messages", "500"],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "poller", "demo", "--messages", "500"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert re.search(r"pending\s*│\s*500", done.stdout), done.stdout
     ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", done.stdout)]

@@ -17,20 +17,39 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project built as a wheel and unpacked into a folder of its own (no deps)."""
     work = tmp_path_factory.mktemp("wheel")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(work / "dist"),
-                    str(repo_root())], check=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [
+            *pip,
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(work / "dist"),
+            str(repo_root()),
+        ],
+        check=True,
+        timeout=120,
+    )
     (wheel,) = (work / "dist").glob("webhook_poller-*.whl")
     target = work / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True, timeout=120
+    )
     return target
 
 
 def _run(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
     environ.update(env, PYTHONPATH=str(site))
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -41,9 +60,11 @@ def test_installed_wheel_upgrades_an_empty_database(
     assert where.stdout.strip().startswith(str(installed_wheel)), where.stderr
     assert (installed_wheel / "poller" / "_migrations" / "env.py").exists()
 
-    done = _run(installed_wheel, tmp_path, "-m", "poller", "db", "upgrade",
-                POLLER_DATABASE_URL=empty_db_url)  # fmt: skip
+    done = _run(
+        installed_wheel, tmp_path, "-m", "poller", "db", "upgrade", POLLER_DATABASE_URL=empty_db_url
+    )
     assert done.returncode == 0, done.stderr
-    current = _run(installed_wheel, tmp_path, "-m", "poller", "db", "current",
-                   POLLER_DATABASE_URL=empty_db_url)  # fmt: skip
+    current = _run(
+        installed_wheel, tmp_path, "-m", "poller", "db", "current", POLLER_DATABASE_URL=empty_db_url
+    )
     assert current.stdout.strip().endswith("(head)"), current.stdout + current.stderr

@@ -45,10 +45,12 @@ def attempts_of(engine: Engine, msg_id: int) -> list[Any]:
 def expire_claims(engine: Engine) -> None:
     """Move every claim's expiry into the past (as if the lease ran out)."""
     with engine.begin() as conn:
-        conn.execute(text(
-            "UPDATE poller_outbox SET claim_expires_at = now() - interval '1 second' "
-            "WHERE status = 'in_flight'"
-        ))  # fmt: skip
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET claim_expires_at = now() - interval '1 second' "
+                "WHERE status = 'in_flight'"
+            )
+        )
 
 
 def make_due(engine: Engine) -> None:

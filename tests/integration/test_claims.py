@@ -60,12 +60,14 @@ async def test_outcomes_apply_and_record_attempts(
 ) -> None:
     ids = seed(engine, 4)
     m = {msg.id: msg for msg in await claims.claim_batch(limit=4)}
-    result = await claims.complete([
-        delivered(m[ids[0]], status_code=200, duration_ms=3.5),
-        retry(m[ids[1]], 60, status_code=500, error_message="HTTP 500"),
-        unknown(m[ids[2]], 5, error_class="ReadTimeout"),
-        failed(m[ids[3]], status_code=410, error_message="410 Gone"),
-    ])  # fmt: skip
+    result = await claims.complete(
+        [
+            delivered(m[ids[0]], status_code=200, duration_ms=3.5),
+            retry(m[ids[1]], 60, status_code=500, error_message="HTTP 500"),
+            unknown(m[ids[2]], 5, error_class="ReadTimeout"),
+            failed(m[ids[3]], status_code=410, error_message="410 Gone"),
+        ]
+    )
     assert sorted(result.applied) == ids and result.stale == []
     rows = [row(engine, i) for i in ids]
     states = [(r.status, r.needs_lookup, r.last_status_code) for r in rows]
@@ -79,8 +81,11 @@ async def test_outcomes_apply_and_record_attempts(
     assert row(engine, ids[3]).failed_at is not None
     attempt = attempts_of(engine, ids[2])[0]
     assert (attempt.attempt, attempt.kind, attempt.outcome, attempt.error_class) == (
-        1, "send", "unknown", "ReadTimeout",
-    )  # fmt: skip
+        1,
+        "send",
+        "unknown",
+        "ReadTimeout",
+    )
     assert attempt.stale is False and attempt.poller_id == "p1"
 
 

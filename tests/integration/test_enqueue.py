@@ -84,8 +84,9 @@ def test_same_key_on_another_endpoint_is_another_message(
 
 def test_connection_as_well_as_session(engine: Engine, endpoint: CreatedEndpoint) -> None:
     with engine.begin() as conn:
-        msg_id = enqueue(conn, endpoint="billing", event_type="e", payload=[1, "two", None],
-                         idempotency_key="k")  # fmt: skip
+        msg_id = enqueue(
+            conn, endpoint="billing", event_type="e", payload=[1, "two", None], idempotency_key="k"
+        )
     assert msg_id > 0 and _count(engine) == 1
 
 
@@ -165,9 +166,13 @@ def test_deliver_after_delays_on_the_database_clock(
     absolute = _enqueue(engine, idempotency_key="a", deliver_after=at)
     relative = _enqueue(engine, idempotency_key="r", deliver_after=timedelta(hours=1))
     with engine.connect() as conn:
-        due = dict(conn.execute(text(
-            "SELECT id, next_attempt_at - now() > interval '59 minutes' FROM poller_outbox"
-        )).all())  # fmt: skip
+        due = dict(
+            conn.execute(
+                text(
+                    "SELECT id, next_attempt_at - now() > interval '59 minutes' FROM poller_outbox"
+                )
+            ).all()
+        )
         stored = conn.execute(select(outbox.c.next_attempt_at).where(outbox.c.id == absolute))
         assert stored.scalar_one() == at
     assert due[relative] is True
@@ -262,12 +267,14 @@ def test_enqueue_many_validates_everything_before_writing(
 async def test_async_variants(aengine: AsyncEngine, engine: Engine) -> None:
     make_endpoint(engine)
     async with AsyncSession(aengine) as session, session.begin():
-        one = await enqueue_async(session, endpoint="billing", event_type="e", payload={"a": 1},
-                                  idempotency_key="one")  # fmt: skip
+        one = await enqueue_async(
+            session, endpoint="billing", event_type="e", payload={"a": 1}, idempotency_key="one"
+        )
         many = await enqueue_many_async(session, _messages(20))
     async with aengine.begin() as conn:
-        again = await enqueue_async(conn, endpoint="billing", event_type="e", payload={"a": 1},
-                                    idempotency_key="one")  # fmt: skip
+        again = await enqueue_async(
+            conn, endpoint="billing", event_type="e", payload={"a": 1}, idempotency_key="one"
+        )
         with pytest.raises(IdempotencyConflict):
             await enqueue_many_async(conn, [Message("billing", "e", {"a": 2}, "one")])
     assert one == again and len(set(many)) == 20

@@ -16,14 +16,26 @@ from poller.endpoints import CreatedEndpoint
 
 NOW = datetime.now(UTC)
 ONE = {
-    "endpoint": "billing", "event_type": "e", "payload": "{}", "idempotency_key": "k",
-    "max_attempts": None, "default_max_attempts": 10, "deliver_at": None, "delay": 0.0,
+    "endpoint": "billing",
+    "event_type": "e",
+    "payload": "{}",
+    "idempotency_key": "k",
+    "max_attempts": None,
+    "default_max_attempts": 10,
+    "deliver_at": None,
+    "delay": 0.0,
     "notify": True,
-}  # fmt: skip
+}
 MANY = {
-    "endpoint_ids": [1], "buckets": [1], "event_types": ["e"], "payloads": ["{}"],
-    "idempotency_keys": ["m"], "max_attempts": [10], "deliver_ats": [None], "delays": [0.0],
-}  # fmt: skip
+    "endpoint_ids": [1],
+    "buckets": [1],
+    "event_types": ["e"],
+    "payloads": ["{}"],
+    "idempotency_keys": ["m"],
+    "max_attempts": [10],
+    "deliver_ats": [None],
+    "delays": [0.0],
+}
 COMPLETE = outcomes_json(
     [Outcome(1, 1, 1, "delivered", "delivered", status_code=200, started_at=NOW)], "p"
 )

@@ -28,11 +28,6 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.metrics_addr == "127.0.0.1:9108"
 
 
-def test_last_interval_repeats_past_the_schedule() -> None:
-    settings = load_settings(retry_schedule=[1, 2, 3])
-    assert [settings.retry_delay(n) for n in (1, 2, 3, 4, 9)] == [1, 2, 3, 3, 3]
-
-
 @pytest.mark.parametrize(
     ("variable", "value"),
     [

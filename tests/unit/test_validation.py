@@ -11,8 +11,9 @@ from poller.endpoints import bucket_for, check_url, is_private_host, new_secret
 from poller.errors import InvalidEndpoint
 from poller.outbox import check_message, serialise_payload
 
-visible_ascii = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1,
-                        max_size=255)  # fmt: skip
+visible_ascii = st.text(
+    st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=255
+)
 
 
 @given(visible_ascii)
@@ -20,19 +21,23 @@ def test_every_visible_ascii_key_up_to_255_is_accepted(key: str) -> None:
     assert check_message(Message("e", "t", {}, key), 1024).idempotency_key == key
 
 
-@given(st.text(min_size=1, max_size=300).filter(
-    lambda k: len(k) > 255 or any(not 0x21 <= ord(c) <= 0x7E for c in k)
-))  # fmt: skip
+@given(
+    st.text(min_size=1, max_size=300).filter(
+        lambda k: len(k) > 255 or any(not 0x21 <= ord(c) <= 0x7E for c in k)
+    )
+)
 def test_other_keys_are_refused(key: str) -> None:
     with pytest.raises(InvalidIdempotencyKey):
         check_message(Message("e", "t", {}, key), 1024)
 
 
-@given(st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(),
-    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
-    max_leaves=20,
-))  # fmt: skip
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+        max_leaves=20,
+    )
+)
 def test_json_payloads_serialise_or_fail_with_invalid_payload(payload: object) -> None:
     try:
         body = serialise_payload(payload, 1 << 20)
@@ -67,18 +72,36 @@ def test_secrets_are_standard_webhooks_secrets() -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["file:///etc/passwd", "ftp://x.example", "http://", "https://user:pw@x.example/",
-     "http://x.example:0/", "http://exa mple.com/", "not a url", "http://x.example:99999/"],
-)  # fmt: skip
+    [
+        "file:///etc/passwd",
+        "ftp://x.example",
+        "http://",
+        "https://user:pw@x.example/",
+        "http://x.example:0/",
+        "http://exa mple.com/",
+        "not a url",
+        "http://x.example:99999/",
+    ],
+)
 def test_bad_urls_are_refused(url: str) -> None:
     with pytest.raises(InvalidEndpoint):
         check_url(url, allow_private=True)
 
 
 @pytest.mark.parametrize(
-    "host", ["127.0.0.1", "10.1.2.3", "192.168.0.1", "169.254.169.254", "[::1]", "localhost",
-             "api.localhost", "0.0.0.0", "[fc00::1]"],
-)  # fmt: skip
+    "host",
+    [
+        "127.0.0.1",
+        "10.1.2.3",
+        "192.168.0.1",
+        "169.254.169.254",
+        "[::1]",
+        "localhost",
+        "api.localhost",
+        "0.0.0.0",
+        "[fc00::1]",
+    ],
+)
 def test_private_hosts_are_refused_unless_allowed(host: str) -> None:
     assert is_private_host(host)
     with pytest.raises(InvalidEndpoint, match="POLLER_ALLOW_PRIVATE_TARGETS"):

@@ -1,0 +1,180 @@
+"""One delivery attempt against real HTTP servers on 127.0.0.1: headers, signing, outcomes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from standardwebhooks import Webhook
+
+from poller.claims import ClaimedMessage
+from poller.delivery import LookupAnswer, Verdict, lookup, send
+from poller.endpoints import Endpoint, new_secret
+from poller.receiver import Faults, Receiver
+from poller.transport import AiohttpTransport
+from tests.integration import servers
+
+NOW = datetime.now(UTC)
+
+
+def _endpoint(url: str, secret: str | None = None, lookup_url: str | None = None) -> Endpoint:
+    return Endpoint(
+        id=1,
+        name="e",
+        url=url,
+        lookup_url=lookup_url,
+        enabled=True,
+        disabled_reason=None,
+        max_attempts=None,
+        timeout=None,
+        max_in_flight=None,
+        bucket=0,
+        created_at=NOW,
+        secret=secret or new_secret(),
+    )
+
+
+def _message(key: str = "invoice:42") -> ClaimedMessage:
+    return ClaimedMessage(
+        id=7,
+        endpoint_id=1,
+        bucket=0,
+        event_type="e",
+        payload='{"a": 1}',
+        idempotency_key=key,
+        attempts=1,
+        max_attempts=10,
+        claim_token=1,
+        claim_expires_at=NOW,
+        needs_lookup=False,
+        created_at=NOW,
+    )
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    transport = (
+        AiohttpTransport(allow_private=True)
+        if request.param == "aiohttp"
+        else httpx.AsyncHTTPTransport()
+    )
+    async with httpx.AsyncClient(transport=transport) as c:
+        yield c
+
+
+async def _send(client: httpx.AsyncClient, url: str, timeout: float = 2.0, **kw: object):  # type: ignore[no-untyped-def]
+    return await send(
+        client,
+        _endpoint(url, **kw),
+        _message(),
+        timeout=timeout,  # type: ignore[arg-type]
+        user_agent="webhook-poller/test",
+    )
+
+
+async def test_signature_verifies_with_standardwebhooks(client: httpx.AsyncClient) -> None:
+    seen: dict[str, object] = {}
+
+    async def capture(reader, writer):  # type: ignore[no-untyped-def]
+        raw = await servers.read_request(reader)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        seen["headers"] = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        seen["body"] = body
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+
+    secret = new_secret()
+    async with servers.raw_server(capture) as url:
+        attempt = await _send(client, url, secret=secret)
+    assert attempt.verdict is Verdict.DELIVERED and attempt.status_code == 204
+    headers = seen["headers"]
+    assert isinstance(headers, dict)
+    assert headers["webhook-id"] == headers["idempotency-key"] == "invoice:42"
+    assert headers["content-type"] == "application/json"
+    assert headers["user-agent"] == "webhook-poller/test"
+    Webhook(secret).verify(seen["body"], headers)  # raises if the signature is wrong
+
+
+@pytest.mark.parametrize(
+    ("handler", "verdict", "status"),
+    [
+        (servers.answer(200), Verdict.DELIVERED, 200),
+        (servers.answer(410), Verdict.GONE, 410),
+        (servers.answer(500), Verdict.RETRY, 500),
+        (servers.answer(404), Verdict.RETRY, 404),
+        (servers.answer(302, "Location: http://10.0.0.1/\r\n"), Verdict.RETRY, 302),
+        (servers.close_after_request, Verdict.UNKNOWN, None),
+        (servers.never_answers, Verdict.UNKNOWN, None),
+        (servers.bad_status_line, Verdict.UNKNOWN, None),
+    ],
+)
+async def test_outcome_classes(client: httpx.AsyncClient, handler, verdict, status) -> None:  # type: ignore[no-untyped-def]
+    async with servers.raw_server(handler) as url:
+        attempt = await _send(client, url, timeout=0.5)
+    assert (attempt.verdict, attempt.status_code) == (verdict, status)
+
+
+async def test_refused_connection_is_known_not_sent(client: httpx.AsyncClient) -> None:
+    attempt = await _send(client, servers.free_closed_port())
+    assert attempt.verdict is Verdict.RETRY and attempt.status_code is None
+    assert attempt.error_class == "ConnectError"
+
+
+async def test_close_after_reading_is_unknown_not_connect_timeout() -> None:
+    transport = AiohttpTransport(allow_private=True)
+    async with (
+        httpx.AsyncClient(transport=transport) as client,
+        servers.raw_server(servers.close_after_request) as url,
+    ):
+        attempt = await _send(client, url)
+    assert attempt.verdict is Verdict.UNKNOWN
+    assert attempt.error_class == "RemoteProtocolError"
+
+
+async def test_retry_after_is_read_on_429_and_503(client: httpx.AsyncClient) -> None:
+    for status in (429, 503):
+        async with servers.raw_server(servers.answer(status, "Retry-After: 120\r\n")) as url:
+            attempt = await _send(client, url)
+        assert (attempt.verdict, attempt.retry_after) == (Verdict.RETRY, 120.0)
+
+
+async def test_endless_body_is_cut_at_the_cap(client: httpx.AsyncClient) -> None:
+    async with servers.raw_server(servers.endless_body) as url:
+        attempt = await _send(client, url, timeout=5)
+    assert attempt.verdict is Verdict.DELIVERED
+    assert attempt.response_excerpt is not None and len(attempt.response_excerpt) == 2048
+    assert attempt.duration_ms < 5000
+
+
+async def test_invalid_utf8_and_nul_in_excerpt_are_stored_safely(client: httpx.AsyncClient) -> None:
+    async with servers.raw_server(servers.answer(500, body=b"\xff\xfe bad \x00 nul")) as url:
+        attempt = await _send(client, url)
+    assert attempt.response_excerpt is not None and "\x00" not in attempt.response_excerpt
+
+
+async def test_private_targets_refused_when_not_allowed() -> None:
+    async with httpx.AsyncClient(transport=AiohttpTransport(allow_private=False)) as client:
+        for url in ("http://127.0.0.1:9/", "http://localhost:9/", "http://[::1]:9/"):
+            attempt = await _send(client, url)
+            assert attempt.verdict is Verdict.RETRY
+            assert "POLLER_ALLOW_PRIVATE_TARGETS" in (attempt.error_message or "")
+
+
+async def test_lookup_answers(client: httpx.AsyncClient) -> None:
+    receiver = Receiver(faults=Faults())
+    port = await receiver.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        endpoint = _endpoint(f"{base}/hook", lookup_url=f"{base}/webhooks/{{idempotency_key}}")
+        answer, _ = await lookup(client, endpoint, _message("a/b c"), timeout=2, user_agent="t")
+        assert answer is LookupAnswer.NOT_FOUND
+        await send(client, endpoint, _message("a/b c"), timeout=2, user_agent="t")
+        answer, attempt = await lookup(
+            client, endpoint, _message("a/b c"), timeout=2, user_agent="t"
+        )
+        assert answer is LookupAnswer.FOUND and attempt.verdict is Verdict.DELIVERED
+    finally:
+        await receiver.stop()
