@@ -79,6 +79,9 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
         "limit": batch,
         "claimed_by": "bench",
         "claim_lease": 60.0,
+        "in_flight": "[]",
+        "default_max_in_flight": 1000,
+        "salt": "bench",
     }
     start.wait()
     done = 0
@@ -156,6 +159,9 @@ def claim_median_ms(url: str, history: int, due: int = 1000, runs: int = 40) -> 
         "limit": 100,
         "claimed_by": "bench",
         "claim_lease": 60.0,
+        "in_flight": "[]",
+        "default_max_in_flight": 1000,
+        "salt": "bench",
     }
     timings = []
     with engine.connect() as conn:

@@ -24,6 +24,7 @@ each attempt in ``poller_delivery_attempts`` in the same transaction.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -165,8 +166,12 @@ def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
     )
 
 
-def released(msg: ClaimedMessage) -> Outcome:
-    """Hand an unstarted claim back (graceful shutdown): pending now, attempt not counted."""
+def released(msg: ClaimedMessage, *, maybe_sent: bool = False) -> Outcome:
+    """Hand a claim back (graceful shutdown): pending now, attempt not counted.
+
+    ``maybe_sent``: the send was cut off by the shutdown deadline, so the
+    receiver may have it; the next attempt looks it up first.
+    """
     return Outcome(
         msg.id,
         msg.claim_token,
@@ -174,6 +179,7 @@ def released(msg: ClaimedMessage) -> Outcome:
         "pending",
         "released",
         retry_delay=0.0,
+        needs_lookup=True if maybe_sent else None,
         refund=1,
         kind=None,
     )
@@ -233,14 +239,28 @@ class Claims:
         self.stale_completions = 0
 
     async def claim_batch(
-        self, limit: int, buckets: Sequence[int] | None = None
+        self,
+        limit: int,
+        buckets: Sequence[int] | None = None,
+        *,
+        in_flight: dict[int, int] | None = None,
+        default_max_in_flight: int | None = None,
     ) -> list[ClaimedMessage]:
-        """Claim up to ``limit`` due rows of ``buckets`` (default: all)."""
+        """Claim up to ``limit`` due rows of ``buckets`` (default: all), fairly per endpoint.
+
+        An endpoint gets at most its ``max_in_flight`` (else ``default_max_in_flight``,
+        else ``limit``) minus what ``in_flight`` says this poller holds for it.
+        """
         params = {
             "buckets": ALL_BUCKETS_LITERAL if buckets is None else buckets_literal(buckets),
             "limit": limit,
             "claimed_by": self.poller_id,
             "claim_lease": self.claim_lease,
+            "in_flight": json.dumps(
+                [{"endpoint_id": e, "n": n} for e, n in (in_flight or {}).items() if n]
+            ),
+            "default_max_in_flight": default_max_in_flight or limit,
+            "salt": secrets.token_hex(4),
         }
         async with self.engine.begin() as conn:
             result = await conn.execute(queries.CLAIM_BATCH, params)

@@ -123,22 +123,44 @@ NOTIFY_BUCKETS = _statement(
 
 # --- claims (§5) --------------------------------------------------------------
 
-# Claim up to :limit due rows of the given buckets. SKIP LOCKED lets pollers
-# share a shard without waiting on each other; attempts are counted here, at
-# claim time, so a message that kills its poller still runs out of attempts.
-# One new claim_token per batch fences every later write for these attempts;
-# the lease is measured on the database clock.
+# Claim up to :limit due rows of the given buckets, fairly between endpoints.
+# Each enabled endpoint gets at most its free in-flight room (its max_in_flight
+# minus what this poller already holds for it, given as JSON); endpoints are
+# visited in a fresh random order each time and each one's rows come, oldest
+# due first, from its own partial index. So one endpoint's backlog, or a slow
+# endpoint at its cap, never starves the others, and a disabled endpoint's
+# rows wait. SKIP LOCKED lets pollers share a shard without waiting on each
+# other. Attempts are counted here, at claim time, so a message that kills its
+# poller still runs out of attempts; one new claim_token per batch fences every
+# later write for these attempts; the lease is measured on the database clock.
 CLAIM_BATCH = _statement(
     "CLAIM_BATCH",
     """
-    WITH due AS (
-        SELECT id FROM poller_outbox
-        WHERE status = 'pending'
-          AND next_attempt_at <= now()
-          AND bucket = ANY(CAST(:buckets AS smallint[]))
-        ORDER BY next_attempt_at, id
+    WITH busy AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
+            AS b(endpoint_id bigint, n integer)
+    ), ready AS (
+        SELECT e.id,
+               coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
+                   - coalesce(busy.n, 0) AS room
+        FROM poller_endpoints e
+        LEFT JOIN busy ON busy.endpoint_id = e.id
+        WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+        ORDER BY md5(CAST(e.id AS text) || :salt)
+    ), due AS (
+        SELECT picked.id
+        FROM ready
+        CROSS JOIN LATERAL (
+            SELECT o.id FROM poller_outbox o
+            WHERE o.endpoint_id = ready.id
+              AND o.status = 'pending'
+              AND o.next_attempt_at <= now()
+            ORDER BY o.next_attempt_at, o.id
+            LIMIT greatest(ready.room, 0)
+            FOR UPDATE SKIP LOCKED
+        ) AS picked
+        WHERE ready.room > 0
         LIMIT :limit
-        FOR UPDATE SKIP LOCKED
     ), token AS (
         SELECT nextval('poller_claim_token_seq') AS claim_token
     )
@@ -156,6 +178,19 @@ CLAIM_BATCH = _statement(
               o.claim_expires_at, o.needs_lookup, o.created_at
     """,
 )
+
+# A receiver answered 410 Gone: stop sending to it until an operator enables it.
+DISABLE_ENDPOINT = _statement(
+    "DISABLE_ENDPOINT",
+    """
+    UPDATE poller_endpoints
+    SET enabled = false, disabled_reason = :reason, updated_at = now()
+    WHERE id = :id AND enabled
+    """,
+)
+
+# Every endpoint, for the service's cache (url, secrets, limits).
+ALL_ENDPOINTS = _statement("ALL_ENDPOINTS", "SELECT * FROM poller_endpoints")
 
 # Apply a batch of outcomes, each fenced by (id, claim_token, in_flight): a
 # write from a superseded claim matches no row and changes nothing. The batch

@@ -124,9 +124,10 @@ outbox = Table(
         "status <> 'in_flight' OR (claim_token IS NOT NULL AND claim_expires_at IS NOT NULL)",
         name="in_flight_is_claimed",
     ),
-    # The claim path reads only due pending rows, in due order.
+    # The claim path reads each endpoint's due pending rows, in due order.
     Index(
-        "ix_poller_outbox_claim",
+        "ix_poller_outbox_endpoint_due",
+        "endpoint_id",
         "next_attempt_at",
         "id",
         postgresql_where=text("status = 'pending'"),

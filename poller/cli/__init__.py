@@ -41,6 +41,7 @@ class _Group(click.Group):
 
 
 def _fail(ctx: click.Context, error: object, code: int, exc: BaseException | None = None) -> None:
+    del exc  # the traceback printed under --verbose is the current exception's
     root = ctx.find_root()
     if root.params.get("verbose"):
         traceback.print_exc()
@@ -56,11 +57,13 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from poller.cli import db, demo, embedded
+    from poller.cli import db, demo, embedded, receiver, run
 
     cli.add_command(db.db)
     cli.add_command(embedded.embedded)
     cli.add_command(demo.demo)
+    cli.add_command(run.run)
+    cli.add_command(receiver.receiver)
 
 
 _register()

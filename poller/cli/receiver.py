@@ -1,0 +1,65 @@
+"""``poller receiver``: the reference receiver, with fault injection."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+from poller.receiver import Faults, Receiver, serve
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--secret", "secrets", multiple=True, help="whsec_ secret to verify (repeatable).")
+@click.option("--fail-rate", default=0.0, type=click.FloatRange(0, 1), show_default=True)
+@click.option(
+    "--status",
+    default=500,
+    type=click.IntRange(100, 599),
+    show_default=True,
+    help="Status of injected failures.",
+)
+@click.option("--retry-after", help="Retry-After header on injected failures.")
+@click.option("--latency", default=0.0, type=click.FloatRange(0), show_default=True)
+@click.option(
+    "--drop-after-process-rate",
+    default=0.0,
+    type=click.FloatRange(0, 1),
+    show_default=True,
+    help="Apply, then close without answering.",
+)
+def receiver(
+    host: str,
+    port: int,
+    secrets: tuple[str, ...],
+    fail_rate: float,
+    status: int,
+    retry_after: str | None,
+    latency: float,
+    drop_after_process_rate: float,
+) -> None:
+    """Serve the reference receiver until SIGTERM/SIGINT."""
+    faults = Faults(
+        fail_rate=fail_rate,
+        status=status,
+        retry_after=retry_after,
+        latency=latency,
+        drop_after_process_rate=drop_after_process_rate,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(Receiver(list(secrets), faults), host, port, stop=stop)
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:  # pragma: no cover
+        asyncio.run(main())

@@ -1,0 +1,93 @@
+"""``poller run``: the delivery service, with signal handling and the HTTP client."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+import click
+import httpx
+
+from poller import migrate
+from poller.cli.common import settings_and_url
+from poller.db import async_engine
+from poller.errors import ConfigurationError
+from poller.service import Poller
+from poller.settings import Settings
+from poller.transport import AiohttpTransport
+
+
+def make_client(settings: Settings) -> httpx.AsyncClient:
+    """The shared HTTP client: httpx's API over the configured transport."""
+    if settings.http_transport == "aiohttp":
+        transport: httpx.AsyncBaseTransport = AiohttpTransport(
+            limit=settings.concurrency, allow_private=settings.allow_private_targets
+        )
+    else:
+        transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=settings.concurrency)
+        )
+    return httpx.AsyncClient(transport=transport, follow_redirects=False)
+
+
+async def run_service(settings: Settings, url: str, poller_id: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = {"count": 0}
+
+    def on_signal(signum: int) -> None:
+        signals["count"] += 1
+        if signals["count"] > 1:
+            logging.getLogger("poller").warning("second signal: exiting now")
+            os._exit(130)
+        logging.getLogger("poller").info("%s: stopping gracefully", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    engine = async_engine(url, pool_size=4, max_overflow=4)
+    client = make_client(settings)
+    try:
+        poller = Poller(
+            settings, engine=engine, client=client, database_url=url, poller_id=poller_id
+        )
+        await poller.run(stop)
+    finally:
+        await client.aclose()
+        await engine.dispose()
+
+
+@click.command()
+@click.option("--id", "poller_id", help="Poller name (default: host-pid).")
+@click.option("--shards", type=int, help="Overrides POLLER_SHARDS.")
+@click.option("--concurrency", type=int, help="Overrides POLLER_CONCURRENCY.")
+def run(poller_id: str | None, shards: int | None, concurrency: int | None) -> None:
+    """Deliver messages until SIGTERM/SIGINT (graceful), a second signal exits at once."""
+    settings, url = settings_and_url()
+    overrides = {k: v for k, v in (("shards", shards), ("concurrency", concurrency)) if v}
+    if overrides:
+        from poller.settings import load_settings
+
+        settings = load_settings(**{**settings.model_dump(), **overrides})
+    current, head = migrate.current_revision(url), migrate.head_revision()
+    if current != head:
+        raise ConfigurationError(
+            f"database schema is at {current or 'nothing'}, this poller needs {head}: "
+            "run `poller db upgrade`"
+        )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    name = poller_id or f"{socket.gethostname()}-{os.getpid()}"
+    logging.getLogger("poller").info("poller %s starting", name)
+    _event_loop_run(run_service(settings, url, name))
+
+
+def _event_loop_run(coro: object) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        asyncio.run(coro)  # type: ignore[arg-type]
