@@ -33,7 +33,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote
 
 import httptools
@@ -219,9 +219,8 @@ class _Connection(asyncio.Protocol):
         self.previous: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.receiver.transports.add(transport)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.receiver.transports.add(self.transport)
 
     def data_received(self, data: bytes) -> None:
         try:

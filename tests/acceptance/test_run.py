@@ -1,0 +1,71 @@
+"""`poller run` as a real process: SIGTERM drains and releases, SIGKILL loses nothing."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from tests.acceptance.procs import poller_env, receiver, started, stats, wait_until
+from tests.conftest import make_endpoint
+from tests.integration.helpers import seed
+
+
+def _by_status(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT status, count(*) FROM poller_outbox GROUP BY status"))
+        return {status: n for status, n in rows}
+
+
+@pytest.mark.slow
+def test_sigterm_drains_releases_and_exits_0(engine: Engine, db_url: str, tmp_path: Path) -> None:
+    with receiver(tmp_path, "--latency", "2") as (_, url):
+        make_endpoint(engine, "a", url=url)
+        seed(engine, 200, "a")
+        env = poller_env(
+            POLLER_DATABASE_URL=db_url,
+            POLLER_CONCURRENCY="20",
+            POLLER_MAX_IN_FLIGHT="20",
+            POLLER_REQUEST_TIMEOUT="5",
+            POLLER_CLAIM_LEASE="11",
+            POLLER_SHUTDOWN_GRACE="0.5",
+        )
+        with started(["run", "--id", "p1"], env, tmp_path / "p1.log") as poller:
+            wait_until(lambda: stats(url)["received"] >= 20, timeout=20)
+            began = time.monotonic()
+            poller.signal(signal.SIGTERM)
+            assert poller.wait(timeout=20) == 0, poller.output()
+            assert time.monotonic() - began < 10
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT status, attempts, needs_lookup FROM poller_outbox")).all()
+    assert {r.status for r in rows} == {"pending"}  # nothing left in flight, nothing lost
+    assert {r.attempts for r in rows} == {0}  # released without counting the attempt
+    assert sum(r.needs_lookup for r in rows) == 20  # the cut-off sends are looked up next time
+
+
+@pytest.mark.slow
+def test_sigkill_then_another_poller_delivers_everything(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    total = 1000
+    with receiver(tmp_path, "--latency", "0.01") as (_, url):
+        make_endpoint(engine, "a", url=url)
+        keys = {f"a:{i}" for i in range(total)}
+        seed(engine, total, "a")
+        env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_CONCURRENCY="50")
+        with started(["run", "--id", "victim"], env, tmp_path / "victim.log") as victim:
+            wait_until(lambda: stats(url)["received"] >= 100, timeout=20)
+            victim.signal(signal.SIGKILL)
+            victim.wait(timeout=10)
+        assert _by_status(engine).get("in_flight", 0) > 0  # it died holding claims
+        with started(["run", "--id", "rescuer"], env, tmp_path / "rescuer.log"):
+            wait_until(lambda: _by_status(engine) == {"delivered": total}, timeout=60)
+        final = stats(url)
+    assert final["unique"] == total  # 0 lost
+    assert final["received"] == final["unique"] + final["duplicates"]
+    with engine.connect() as conn:
+        stored = {k for (k,) in conn.execute(text("SELECT idempotency_key FROM poller_outbox"))}
+    assert stored == keys
