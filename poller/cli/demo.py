@@ -1,102 +1,248 @@
 """``poller demo``: the whole flow on throwaway embedded servers, then clean up.
 
-This first version migrates, creates two endpoints and enqueues messages from
-inside SQLAlchemy transactions (some rolled back, to show they never appear);
-delivery joins it when the poller service exists.
+Starts PostgreSQL and Redis in a temporary folder, migrates, starts two
+reference receivers (one healthy but flaky: some 5xx, some answers dropped
+after processing; one that always answers 500), creates an endpoint on each
+(the healthy one with a lookup URL), runs two pollers, enqueues messages from
+inside SQLAlchemy transactions (plus one rolled back, which never appears),
+shows live progress and ends with a summary. Everything it started is stopped
+before it exits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from poller import Message, enqueue, enqueue_many, migrate
-from poller.db import sync_engine
+from poller import Message, enqueue_async, enqueue_many_async, migrate
+from poller.cli.run import event_loop_run, make_client
+from poller.db import async_engine, sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
-from poller.endpoints import create_endpoint
-from poller.schema import outbox
+from poller.endpoints import create_endpoint, new_secret
+from poller.receiver import Faults, Receiver
+from poller.service import Poller
+from poller.settings import load_settings
+
+DEMO_SETTINGS: dict[str, Any] = {
+    "retry_schedule": [0.2, 0.5, 1.0],
+    "request_timeout": 2.0,
+    "claim_lease": 6.0,
+    "sweep_interval": 0.5,
+    "allow_private_targets": True,
+    "shutdown_grace": 2.0,
+}
 
 
 @click.command()
-@click.option("--messages", default=2000, show_default=True, help="How many messages to enqueue.")
-def demo(messages: int) -> None:
-    """Run the demo on embedded PostgreSQL + Redis in a temporary folder."""
+@click.option("--messages", default=3000, show_default=True, help="How many messages to enqueue.")
+@click.option("--timeout", default=50.0, show_default=True, help="Give up after this many seconds.")
+def demo(messages: int, timeout: float) -> None:
+    """Deliver messages end to end on embedded PostgreSQL + Redis in a temporary folder."""
     console = Console()
     with tempfile.TemporaryDirectory(prefix="poller-demo-") as tmp:
         pg, redis = EmbeddedPostgres(Path(tmp), durable=False), EmbeddedRedis(Path(tmp))
         try:
-            started = time.monotonic()
             url = pg.start()
-            redis_url = redis.start()
-            console.print(f"[bold]PostgreSQL[/] {url}   [bold]Redis[/] {redis_url}")
+            console.print(f"[bold]PostgreSQL[/] {url}   [bold]Redis[/] {redis.start()}")
             migrate.upgrade(url)
             console.print(f"schema at revision {migrate.current_revision(url)}")
-            _run_demo(console, url, messages)
-            console.print(f"done in {time.monotonic() - started:.1f}s")
+            ok = event_loop_run(_demo(console, url, messages, timeout))
         finally:
             redis.stop()
             pg.stop()
+    if not ok:
+        raise SystemExit(1)
 
 
-def _run_demo(console: Console, url: str, count: int) -> None:
+async def _demo(console: Console, url: str, count: int, timeout: float) -> bool:
+    secret = new_secret()
+    healthy = Receiver([secret], Faults(fail_rate=0.05, drop_after_process_rate=0.02))
+    broken = Receiver([secret], Faults(fail_rate=1.0, status=500))
+    healthy_url = f"http://127.0.0.1:{await healthy.start()}"
+    broken_url = f"http://127.0.0.1:{await broken.start()}"
     engine = sync_engine(url)
-    try:
-        with engine.begin() as conn:
-            create_endpoint(conn, "orders", "http://127.0.0.1:9/hooks", allow_private=True)
-            create_endpoint(
-                conn, "flaky", "http://127.0.0.1:9/fail", max_attempts=3, allow_private=True
-            )
-        with Session(engine) as session, session.begin():
-            enqueue(
-                session,
-                endpoint="orders",
-                event_type="order.created",
-                payload={"order": 0},
-                idempotency_key="order:0",
-            )
-        with Session(engine) as session:  # rolled back: this message never exists
-            enqueue(
-                session,
-                endpoint="orders",
-                event_type="order.created",
-                payload={"order": -1},
-                idempotency_key="order:rolled-back",
-            )
-            session.rollback()
-        batch = [
-            Message("orders" if i % 10 else "flaky", "order.created", {"order": i}, f"order:{i}")
-            for i in range(1, count)
-        ]
-        started = time.monotonic()
-        for start in range(0, len(batch), 500):
-            with Session(engine) as session, session.begin():
-                enqueue_many(session, batch[start : start + 500])
-        elapsed = time.monotonic() - started
-        console.print(
-            f"enqueued {len(batch)} messages in {elapsed:.2f}s "
-            f"({len(batch) / max(elapsed, 1e-9):,.0f}/s)"
+    with engine.begin() as conn:
+        create_endpoint(
+            conn,
+            "orders",
+            f"{healthy_url}/orders",
+            secret=secret,
+            allow_private=True,
+            lookup_url=f"{healthy_url}/webhooks/{{idempotency_key}}",
         )
-        _show_counts(console, engine)
+        create_endpoint(
+            conn,
+            "legacy",
+            f"{broken_url}/legacy",
+            secret=secret,
+            allow_private=True,
+            max_attempts=3,
+        )
+    engine.dispose()
+    console.print(
+        f"receivers: orders → {healthy_url} (5 % 5xx, 2 % dropped after processing), "
+        f"legacy → {broken_url} (always 500, 3 attempts)"
+    )
+
+    settings = load_settings(**DEMO_SETTINGS)
+    aengine = async_engine(url, pool_size=6)
+    stop = asyncio.Event()
+    clients = [make_client(settings) for _ in range(2)]
+    pollers = [
+        Poller(settings, engine=aengine, client=client, database_url=url, poller_id=f"poller-{n}")
+        for n, client in enumerate(clients, 1)
+    ]
+    runs = [asyncio.create_task(p.run(stop)) for p in pollers]
+    began = time.monotonic()
+    try:
+        await _enqueue(aengine, count)
+        console.print(
+            f"enqueued {count} messages in {time.monotonic() - began:.2f}s "
+            "(+1 in a transaction that rolled back)"
+        )
+        finished = await _watch(console, aengine, pollers, count, began, timeout)
+        console.print()
     finally:
-        engine.dispose()
+        stop.set()
+        await asyncio.gather(*runs, return_exceptions=True)
+        for client in clients:
+            await client.aclose()
+        await healthy.stop()
+        await broken.stop()
+    summary = await _summary(aengine, pollers, healthy, time.monotonic() - began)
+    await aengine.dispose()
+    console.print(summary)
+    return finished
 
 
-def _show_counts(console: Console, engine: object) -> None:
-    from sqlalchemy import Engine
+async def _enqueue(engine: AsyncEngine, count: int) -> None:
+    async with AsyncSession(engine) as session:  # rolled back: never delivered
+        await enqueue_async(
+            session,
+            endpoint="orders",
+            event_type="order.created",
+            payload={"order": -1},
+            idempotency_key="order:rolled-back",
+        )
+        await session.rollback()
+    for start in range(0, count, 250):
+        batch = [
+            Message(
+                "legacy" if n % 50 == 0 else "orders",
+                "order.created",
+                {"order": n, "enqueued_at": time.time()},
+                f"order:{n}",
+            )
+            for n in range(start, min(count, start + 250))
+        ]
+        async with AsyncSession(engine) as session, session.begin():
+            await enqueue_many_async(session, batch)
 
-    assert isinstance(engine, Engine)
-    with engine.connect() as conn:
-        rows = conn.execute(select(outbox.c.status, func.count()).group_by(outbox.c.status)).all()
-    table = Table(title="outbox")
-    table.add_column("status")
-    table.add_column("messages", justify="right")
-    for status, n in rows:
-        table.add_row(status, str(n))
-    console.print(table)
+
+async def _counts(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("SELECT status, count(*) FROM poller_outbox GROUP BY 1"))
+        return {status: n for status, n in rows}
+
+
+async def _watch(
+    console: Console,
+    engine: AsyncEngine,
+    pollers: list[Poller],
+    count: int,
+    began: float,
+    timeout: float,
+) -> bool:
+    with Live(console=console, refresh_per_second=8, transient=False) as live:
+        while True:
+            counts = await _counts(engine)
+            done = counts.get("delivered", 0) + counts.get("failed", 0)
+            live.update(_progress(counts, pollers, time.monotonic() - began))
+            if done >= count:
+                return True
+            if time.monotonic() - began > timeout:
+                console.print(f"[red]gave up after {timeout:g}s with {count - done} open[/]")
+                return False
+            await asyncio.sleep(0.125)
+
+
+def _progress(counts: dict[str, int], pollers: list[Poller], elapsed: float) -> Table:
+    table = Table(title=f"outbox after {elapsed:.1f}s")
+    for status in ("pending", "in_flight", "delivered", "failed"):
+        table.add_column(status, justify="right")
+    table.add_column("deliveries/s", justify="right")
+    table.add_column("retries", justify="right")
+    delivered = counts.get("delivered", 0)
+    retries = sum(p.stats.outcomes["retry"] + p.stats.outcomes["unknown"] for p in pollers)
+    table.add_row(
+        *(str(counts.get(s, 0)) for s in ("pending", "in_flight", "delivered", "failed")),
+        f"{delivered / max(elapsed, 1e-9):,.0f}",
+        str(retries),
+    )
+    return table
+
+
+async def _summary(
+    engine: AsyncEngine, pollers: list[Poller], receiver: Receiver, elapsed: float
+) -> Group:
+    counts = await _counts(engine)
+    async with engine.connect() as conn:
+        reasons = (
+            await conn.execute(
+                text(
+                    "SELECT e.name, o.last_error, count(*) FROM poller_outbox o "
+                    "JOIN poller_endpoints e ON e.id = o.endpoint_id WHERE o.status = 'failed' "
+                    "GROUP BY 1, 2 ORDER BY 3 DESC"
+                )
+            )
+        ).all()
+        rolled_back = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FROM poller_outbox WHERE idempotency_key = 'order:rolled-back'"
+                )
+            )
+        ).scalar_one()
+    stats = receiver.stats.as_dict()
+    lat = stats["latency_ms"]
+    table = Table(title=f"summary after {elapsed:.1f}s", show_header=False)
+    table.add_column(justify="left")
+    table.add_column(justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("delivered", counts.get("delivered", 0)),
+        ("failed", counts.get("failed", 0)),
+        ("still open", counts.get("pending", 0) + counts.get("in_flight", 0)),
+        ("rolled-back message stored", rolled_back),
+        ("applied by the receiver (unique keys)", stats["unique"]),
+        ("duplicates suppressed by the receiver", stats["duplicates"]),
+        (
+            "injected 5xx / dropped answers",
+            f"{stats['failed_injected']} / {stats['dropped_injected']}",
+        ),
+        ("unknown outcomes resolved by lookup", sum(p.stats.lookups["found"] for p in pollers)),
+        (
+            "lookups that found nothing (re-sent)",
+            sum(p.stats.lookups["not_found"] for p in pollers),
+        ),
+        ("stale completions (fenced)", sum(p.stats.stale_completions for p in pollers)),
+        ("commit→receipt p50 / p99", f"{lat['p50'] or 0:.1f} ms / {lat['p99'] or 0:.1f} ms"),
+    ]
+    for label, value in rows:
+        table.add_row(label, str(value))
+    why = Table(title="failed, by reason")
+    why.add_column("endpoint")
+    why.add_column("last error")
+    why.add_column("messages", justify="right")
+    for name, error, n in reasons:
+        why.add_row(name, error or "", str(n))
+    return Group(table, why)

@@ -7,6 +7,7 @@ import signal
 
 import click
 
+from poller.cli.run import event_loop_run
 from poller.receiver import Faults, Receiver, serve
 
 
@@ -57,9 +58,4 @@ def receiver(
             loop.add_signal_handler(signum, stop.set)
         await serve(Receiver(list(secrets), faults), host, port, stop=stop)
 
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:  # pragma: no cover
-        asyncio.run(main())
+    event_loop_run(main())

@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import click
 import httpx
@@ -18,6 +20,8 @@ from poller.errors import ConfigurationError
 from poller.service import Poller
 from poller.settings import Settings
 from poller.transport import AiohttpTransport
+
+T = TypeVar("T")
 
 
 def make_client(settings: Settings) -> httpx.AsyncClient:
@@ -81,13 +85,13 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None) -> N
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     name = poller_id or f"{socket.gethostname()}-{os.getpid()}"
     logging.getLogger("poller").info("poller %s starting", name)
-    _event_loop_run(run_service(settings, url, name))
+    event_loop_run(run_service(settings, url, name))
 
 
-def _event_loop_run(coro: object) -> None:
+def event_loop_run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on uvloop when it is installed (faster), else asyncio's loop."""
     try:
         import uvloop
-
-        uvloop.run(coro)  # type: ignore[arg-type]
     except ImportError:  # pragma: no cover - platforms without uvloop
-        asyncio.run(coro)  # type: ignore[arg-type]
+        return asyncio.run(coro)
+    return uvloop.run(coro)

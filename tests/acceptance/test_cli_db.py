@@ -86,24 +86,3 @@ def test_embedded_default_starts_once_and_stops(tmp_path: Path) -> None:
     assert out.count("stopped") == 2
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
-
-
-@pytest.mark.slow
-def test_demo_migrates_enqueues_and_leaves_nothing_running(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "poller", "demo", "--messages", "500"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert re.search(r"pending\s*│\s*500", done.stdout), done.stdout
-    ports = [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", done.stdout)]
-    assert len(ports) == 2
-    for port in ports:
-        with pytest.raises(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()

@@ -1,0 +1,45 @@
+"""`poller demo` from a clean environment: delivers, summarises, leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _row(output: str, label: str) -> str:
+    found = re.search(rf"{re.escape(label)}\s*│\s*([^│]+?)\s*│", output)
+    assert found, f"{label!r} not in:\n{output}"
+    return found.group(1)
+
+
+@pytest.mark.slow
+def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
+    env["COLUMNS"] = "200"
+    done = subprocess.run(
+        [sys.executable, "-m", "poller", "demo", "--messages", "500"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert int(_row(out, "delivered")) == 490  # every 50th goes to the always-500 endpoint
+    assert int(_row(out, "failed")) == 10
+    assert int(_row(out, "still open")) == 0
+    assert int(_row(out, "rolled-back message stored")) == 0
+    assert int(_row(out, "applied by the receiver (unique keys)")) == 490
+    ports = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", out)}
+    assert len(ports) == 4  # PostgreSQL, Redis, two receivers
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
