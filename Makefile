@@ -35,8 +35,9 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db
 	$(BIN)/ruff format poller tests loadtest db
 
-bench: $(STAMP) ## Benchmarks (not tests): claim+complete rows/s vs raw psycopg
+bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp
 	$(BIN)/python -m loadtest.claims
+	$(BIN)/python -m loadtest.deliveries
 
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .poller .pytest_cache .mypy_cache .ruff_cache

@@ -19,38 +19,34 @@ not sent (DNS, refused, TLS, connect/pool timeout)    retry (known not delivered
 sent, no answer (read timeout, reset, bad response)   unknown: retry + lookup
 ====================================================  ==========================
 
-The response body is read up to :data:`READ_CAP` and then the connection is
-dropped, so a receiver streaming gigabytes costs nothing; the first
+The sender (poller/senders.py) reads the body only up to its cap and drops
+the connection, so a receiver streaming gigabytes costs nothing; the first
 :data:`EXCERPT_CAP` characters are kept, decoded leniently (invalid UTF-8 and
 NUL bytes stored safely).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import enum
+import functools
 import hashlib
 import hmac
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from poller import claims
 from poller.claims import ClaimedMessage, Outcome
 from poller.endpoints import LOOKUP_PLACEHOLDER, SECRET_PREFIX, Endpoint
 from poller.retry import parse_retry_after, retry_delay
+from poller.senders import Reply, Sender, SendError
 from poller.settings import Settings
 
-READ_CAP = 64 * 1024
 EXCERPT_CAP = 2048
-# Not sent: the receiver cannot have seen the request.
-NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
 class Verdict(enum.StrEnum):
@@ -100,13 +96,17 @@ def signing_secrets(endpoint: Endpoint, now: datetime) -> list[str]:
     return active
 
 
+@functools.lru_cache(maxsize=1024)
+def _signing_key(secret: str) -> bytes:
+    return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+
+
 def sign(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> str:
     """The ``webhook-signature`` header value: ``v1,<sig>`` per secret, space-separated."""
     signed = f"{msg_id}.{timestamp}.".encode() + body
     signatures = []
     for secret in secrets:
-        key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
-        digest = hmac.new(key, signed, hashlib.sha256).digest()
+        digest = hmac.new(_signing_key(secret), signed, hashlib.sha256).digest()
         signatures.append("v1," + base64.b64encode(digest).decode("ascii"))
     return " ".join(signatures)
 
@@ -136,60 +136,37 @@ def classify_status(status: int, permanent: Sequence[int] = ()) -> Verdict:
     return Verdict.RETRY
 
 
-def classify_error(exc: BaseException) -> Verdict:
-    """Not sent → RETRY (known not delivered); anything after sending → UNKNOWN."""
-    return Verdict.RETRY if isinstance(exc, NOT_SENT) else Verdict.UNKNOWN
-
-
 def _excerpt(data: bytes) -> str:
     text = data[:EXCERPT_CAP].decode("utf-8", errors="replace").replace("\x00", "\ufffd")
     return text[:EXCERPT_CAP]
 
 
-async def _read_capped(response: httpx.Response) -> bytes:
-    """Up to READ_CAP bytes of the body; errors while reading keep what was read."""
-    data = bytearray()
-    try:
-        async for chunk in response.aiter_raw():
-            data += chunk
-            if len(data) >= READ_CAP:
-                break
-    except (httpx.HTTPError, TimeoutError):
-        pass
-    return bytes(data)
-
-
-async def exchange(
-    client: httpx.AsyncClient, request: httpx.Request, timeout: float
-) -> tuple[httpx.Response | None, BaseException | None, bytes, datetime, float]:
-    """Send ``request``; the response (or the error) and up to READ_CAP body bytes.
-
-    The whole exchange is bounded by ``timeout`` (a slow-drip body cannot hold
-    a claim past its lease); a status already received still counts.
-    """
+async def _exchange(
+    sender: Sender,
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    timeout: float,
+) -> tuple[Reply | SendError, datetime, float]:
     started_at = datetime.now(UTC)
     began = time.perf_counter()
-    response: httpx.Response | None = None
-    error: BaseException | None = None
-    body = b""
     try:
-        async with asyncio.timeout(timeout):
-            response = await client.send(request, stream=True, follow_redirects=False)
-            try:
-                body = await _read_capped(response)
-            finally:
-                await response.aclose()
-    except TimeoutError as exc:
-        if response is None:
-            error = httpx.ReadTimeout(f"no answer within {timeout:g}s", request=request)
-            error.__cause__ = exc
-    except httpx.HTTPError as exc:
-        error = exc
-    return response, error, body, started_at, (time.perf_counter() - began) * 1000
+        result: Reply | SendError = await sender.request(method, url, headers, body, timeout)
+    except SendError as exc:
+        result = exc
+    return result, started_at, (time.perf_counter() - began) * 1000
+
+
+def _failed_exchange(error: SendError, started_at: datetime, duration_ms: float) -> Attempt:
+    verdict = Verdict.UNKNOWN if error.sent else Verdict.RETRY
+    return Attempt(
+        verdict, started_at, duration_ms, error_class=error.error_class, error_message=str(error)
+    )
 
 
 async def send(
-    client: httpx.AsyncClient,
+    sender: Sender,
     endpoint: Endpoint,
     msg: ClaimedMessage,
     *,
@@ -199,40 +176,27 @@ async def send(
 ) -> Attempt:
     """POST the message to the endpoint once and classify the result."""
     body = msg.payload.encode("utf-8")
-    request = client.build_request(
-        "POST",
-        endpoint.url,
-        content=body,
-        headers=webhook_headers(endpoint, msg.idempotency_key, body, user_agent),
-        timeout=httpx.Timeout(timeout),
+    headers = webhook_headers(endpoint, msg.idempotency_key, body, user_agent)
+    reply, started_at, duration_ms = await _exchange(
+        sender, "POST", endpoint.url, headers, body, timeout
     )
-    response, error, data, started_at, duration_ms = await exchange(client, request, timeout)
-    if response is None:
-        assert error is not None
-        return Attempt(
-            classify_error(error),
-            started_at,
-            duration_ms,
-            error_class=type(error).__name__,
-            error_message=str(error)[:500],
-        )
-    verdict = classify_status(response.status_code, permanent_statuses)
-    retry_after = None
-    if response.status_code in (429, 503):
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
+    if isinstance(reply, SendError):
+        return _failed_exchange(reply, started_at, duration_ms)
+    verdict = classify_status(reply.status, permanent_statuses)
+    retry_after = parse_retry_after(reply.retry_after) if reply.status in (429, 503) else None
     return Attempt(
         verdict,
         started_at,
         duration_ms,
-        status_code=response.status_code,
-        error_message=None if verdict is Verdict.DELIVERED else f"HTTP {response.status_code}",
+        status_code=reply.status,
+        error_message=None if verdict is Verdict.DELIVERED else f"HTTP {reply.status}",
         retry_after=retry_after,
-        response_excerpt=_excerpt(data),
+        response_excerpt=_excerpt(reply.body),
     )
 
 
 async def lookup(
-    client: httpx.AsyncClient,
+    sender: Sender,
     endpoint: Endpoint,
     msg: ClaimedMessage,
     *,
@@ -242,32 +206,22 @@ async def lookup(
     """Ask the endpoint whether it processed the message (signed GET on its lookup_url)."""
     assert endpoint.lookup_url is not None
     url = endpoint.lookup_url.replace(LOOKUP_PLACEHOLDER, quote(msg.idempotency_key, safe=""))
-    request = client.build_request(
-        "GET",
-        url,
-        headers=webhook_headers(endpoint, msg.idempotency_key, b"", user_agent),
-        timeout=httpx.Timeout(timeout),
-    )
-    response, error, data, started_at, duration_ms = await exchange(client, request, timeout)
-    if response is None:
-        assert error is not None
-        return LookupAnswer.ERROR, Attempt(
-            Verdict.UNKNOWN,
-            started_at,
-            duration_ms,
-            error_class=type(error).__name__,
-            error_message=str(error)[:500],
-        )
-    status = response.status_code
+    headers = webhook_headers(endpoint, msg.idempotency_key, b"", user_agent)
+    headers.pop("Content-Type")
+    reply, started_at, duration_ms = await _exchange(sender, "GET", url, headers, b"", timeout)
+    if isinstance(reply, SendError):
+        return LookupAnswer.ERROR, _failed_exchange(reply, started_at, duration_ms)
+    status = reply.status
     answer = {200: LookupAnswer.FOUND, 404: LookupAnswer.NOT_FOUND}.get(status, LookupAnswer.ERROR)
     verdict = Verdict.DELIVERED if answer is LookupAnswer.FOUND else Verdict.UNKNOWN
+    error = None if status in (200, 404) else f"lookup HTTP {status}"
     return answer, Attempt(
         verdict,
         started_at,
         duration_ms,
         status_code=status,
-        response_excerpt=_excerpt(data),
-        error_message=None if status in (200, 404) else f"lookup HTTP {status}",
+        response_excerpt=_excerpt(reply.body),
+        error_message=error,
     )
 
 

@@ -36,7 +36,6 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
 import psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -55,6 +54,7 @@ from poller.db import libpq_url
 from poller.delivery import LookupAnswer, Verdict
 from poller.endpoints import Endpoint
 from poller.schema import NOTIFY_CHANNEL
+from poller.senders import Sender
 from poller.settings import Settings
 
 log = logging.getLogger("poller.service")
@@ -99,14 +99,14 @@ class Poller:
         settings: Settings,
         *,
         engine: AsyncEngine,
-        client: httpx.AsyncClient,
+        sender: Sender,
         database_url: str,
         poller_id: str,
         buckets: Callable[[], Sequence[int] | None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.engine = engine
-        self.client = client
+        self.sender = sender
         self.database_url = database_url
         self.poller_id = poller_id
         self.buckets = buckets
@@ -232,7 +232,7 @@ class Poller:
         )
         if msg.needs_lookup and endpoint.lookup_url:
             answer, attempt = await delivery.lookup(
-                self.client, endpoint, msg, timeout=timeout, user_agent=self.user_agent
+                self.sender, endpoint, msg, timeout=timeout, user_agent=self.user_agent
             )
             self.stats.lookups[answer.value] += 1
             if answer is not LookupAnswer.NOT_FOUND:
@@ -240,7 +240,7 @@ class Poller:
                 return
         self._sending.add(msg.id)
         attempt = await delivery.send(
-            self.client,
+            self.sender,
             endpoint,
             msg,
             timeout=timeout,

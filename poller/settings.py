@@ -82,8 +82,8 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=64 * 1024 * 1024)
     max_in_flight: int = Field(default=16, ge=1, le=10_000)
     """Default per-endpoint limit of deliveries in flight (an endpoint can override it)."""
-    http_transport: Literal["aiohttp", "httpx"] = "aiohttp"
-    """Sending stack under httpx's API: ``aiohttp`` (fast) or httpx's own pool."""
+    http_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    """HTTP client for deliveries: ``aiohttp`` (fast, the default) or ``httpx``."""
     notify: bool = True
     """LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode."""
     allow_private_targets: bool = False

@@ -25,7 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from poller import Message, enqueue_async, enqueue_many_async, migrate
-from poller.cli.run import event_loop_run, make_client
+from poller.cli.run import event_loop_run, make_sender
 from poller.db import async_engine, sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
@@ -97,10 +97,10 @@ async def _demo(console: Console, url: str, count: int, timeout: float) -> bool:
     settings = load_settings(**DEMO_SETTINGS)
     aengine = async_engine(url, pool_size=6)
     stop = asyncio.Event()
-    clients = [make_client(settings) for _ in range(2)]
+    senders = [make_sender(settings) for _ in range(2)]
     pollers = [
-        Poller(settings, engine=aengine, client=client, database_url=url, poller_id=f"poller-{n}")
-        for n, client in enumerate(clients, 1)
+        Poller(settings, engine=aengine, sender=sender, database_url=url, poller_id=f"poller-{n}")
+        for n, sender in enumerate(senders, 1)
     ]
     runs = [asyncio.create_task(p.run(stop)) for p in pollers]
     began = time.monotonic()
@@ -115,8 +115,8 @@ async def _demo(console: Console, url: str, count: int, timeout: float) -> bool:
     finally:
         stop.set()
         await asyncio.gather(*runs, return_exceptions=True)
-        for client in clients:
-            await client.aclose()
+        for sender in senders:
+            await sender.aclose()
         await healthy.stop()
         await broken.stop()
     summary = await _summary(aengine, pollers, healthy, time.monotonic() - began)

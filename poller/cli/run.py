@@ -1,4 +1,4 @@
-"""``poller run``: the delivery service, with signal handling and the HTTP client."""
+"""``poller run``: the delivery service, with signal handling and the HTTP sender."""
 
 from __future__ import annotations
 
@@ -17,24 +17,21 @@ from poller import migrate
 from poller.cli.common import settings_and_url
 from poller.db import async_engine
 from poller.errors import ConfigurationError
+from poller.senders import AiohttpSender, HttpxSender, Sender
 from poller.service import Poller
 from poller.settings import Settings
-from poller.transport import AiohttpTransport
 
 T = TypeVar("T")
 
 
-def make_client(settings: Settings) -> httpx.AsyncClient:
-    """The shared HTTP client: httpx's API over the configured transport."""
-    if settings.http_transport == "aiohttp":
-        transport: httpx.AsyncBaseTransport = AiohttpTransport(
-            limit=settings.concurrency, allow_private=settings.allow_private_targets
-        )
-    else:
-        transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=settings.concurrency)
-        )
-    return httpx.AsyncClient(transport=transport, follow_redirects=False)
+def make_sender(settings: Settings) -> Sender:
+    """The shared HTTP sender the settings ask for (POLLER_HTTP_CLIENT)."""
+    allow = settings.allow_private_targets
+    if settings.http_client == "aiohttp":
+        return AiohttpSender(limit=settings.concurrency, allow_private=allow)
+    limits = httpx.Limits(max_connections=settings.concurrency)
+    client = httpx.AsyncClient(limits=limits, follow_redirects=False)
+    return HttpxSender(client, allow_private=allow)
 
 
 async def run_service(settings: Settings, url: str, poller_id: str) -> None:
@@ -53,14 +50,14 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     engine = async_engine(url, pool_size=4, max_overflow=4)
-    client = make_client(settings)
+    sender = make_sender(settings)
     try:
         poller = Poller(
-            settings, engine=engine, client=client, database_url=url, poller_id=poller_id
+            settings, engine=engine, sender=sender, database_url=url, poller_id=poller_id
         )
         await poller.run(stop)
     finally:
-        await client.aclose()
+        await sender.aclose()
         await engine.dispose()
 
 

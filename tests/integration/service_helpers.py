@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from poller.cli.run import make_client
+from poller.cli.run import make_sender
 from poller.db import async_engine
 from poller.receiver import Faults, Receiver
 from poller.service import Poller
@@ -45,9 +45,9 @@ async def running_poller(
     db_url: str, settings: Settings, poller_id: str = "p1"
 ) -> AsyncIterator[Poller]:
     engine = async_engine(db_url, pool_size=4)
-    client = make_client(settings)
+    sender = make_sender(settings)
     poller = Poller(
-        settings, engine=engine, client=client, database_url=db_url, poller_id=poller_id
+        settings, engine=engine, sender=sender, database_url=db_url, poller_id=poller_id
     )
     stop = asyncio.Event()
     task = asyncio.create_task(poller.run(stop))
@@ -56,7 +56,7 @@ async def running_poller(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
-        await client.aclose()
+        await sender.aclose()
         await engine.dispose()
 
 

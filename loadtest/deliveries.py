@@ -1,0 +1,247 @@
+"""Deliveries/s of one `poller run` process, beside the raw HTTP ceiling, same run.
+
+    python -m loadtest.deliveries [--messages 20000] [--concurrency 64]
+
+1. raw ceiling: aiohttp (one session, --concurrency in flight) POSTs the same
+   payloads to the reference receiver;
+2. drain: --messages are committed in one go while one `poller run` process
+   idles, and the time until all are delivered gives deliveries/s;
+3. latency: messages are enqueued at half the drain rate for --seconds (small
+   transactions, commit time in the payload); the receiver reports
+   commit→receipt p50/p99.
+
+Everything runs on this machine: PostgreSQL (embedded unless
+POLLER_DATABASE_URL), the receiver and the poller, each its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from loadtest.bench_db import fresh_database, server_url
+from poller import Message, enqueue_many
+from poller.db import sync_engine
+from poller.endpoints import create_endpoint, new_secret
+
+PAD = "x" * 200
+
+
+def _payload(n: int) -> dict[str, Any]:
+    return {"order": n, "pad": PAD, "enqueued_at": time.time()}
+
+
+class Proc:
+    """A `python -m poller …` child that is always ended (by PID) on exit."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.handle = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "poller", *args],
+            env=env,
+            stdout=self.handle,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_for(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.log.read_text())
+            if found:
+                return found
+            time.sleep(0.05)
+        raise SystemExit(f"{pattern!r} never appeared in {self.log}")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.handle.close()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
+    env.update(extra)
+    return env
+
+
+def start_receiver(tmp: Path, secret: str, name: str) -> tuple[Proc, str]:
+    proc = Proc(["receiver", "--port", "0", "--secret", secret], _env(), tmp / f"{name}.log")
+    port = proc.wait_for(r"listening on http://127\.0\.0\.1:(\d+)").group(1)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def raw_ceiling(url: str, messages: int, concurrency: int, secret: str) -> float:
+    """Requests/s of plain aiohttp POSTing signed payloads, ``concurrency`` in flight."""
+    from poller.delivery import sign
+
+    bodies = [json.dumps(_payload(n)).encode() for n in range(messages)]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(messages):
+        queue.put_nowait(n)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            while not queue.empty():
+                n = queue.get_nowait()
+                stamp = int(time.time())
+                headers = {
+                    "webhook-id": f"raw:{n}",
+                    "webhook-timestamp": str(stamp),
+                    "webhook-signature": sign([secret], f"raw:{n}", stamp, bodies[n]),
+                    "Content-Type": "application/json",
+                }
+                async with session.post(f"{url}/raw", data=bodies[n], headers=headers) as resp:
+                    await resp.read()
+                    assert resp.status == 200, resp.status
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return messages / (time.perf_counter() - began)
+
+
+def _delivered(engine: Any) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM poller_outbox WHERE status = 'delivered'")
+            ).scalar_one()
+        )
+
+
+def drain(engine: Any, messages: int, timeout: float) -> float:
+    """Commit ``messages`` at once; deliveries/s until all are delivered."""
+    batch = [Message("bench", "order.created", _payload(n), f"drain:{n}") for n in range(messages)]
+    with Session(engine) as session, session.begin():
+        enqueue_many(session, batch)
+    began = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    while _delivered(engine) < messages:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"drain: only {_delivered(engine)} of {messages} delivered")
+        time.sleep(0.02)
+    return messages / (time.perf_counter() - began)
+
+
+def paced(engine: Any, rate: float, seconds: float, timeout: float) -> int:
+    """Enqueue at ``rate`` messages/s in transactions of 10 for ``seconds``; wait for delivery."""
+    already = _delivered(engine)
+    per_tx = 10
+    sent = 0
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        target = int((time.monotonic() - began) * rate)
+        while sent + per_tx <= target:
+            batch = [
+                Message("bench", "order.created", _payload(n), f"paced:{n}")
+                for n in range(sent, sent + per_tx)
+            ]
+            with Session(engine) as session, session.begin():
+                enqueue_many(session, batch)
+            sent += per_tx
+        time.sleep(0.002)
+    deadline = time.monotonic() + timeout
+    while _delivered(engine) < already + sent:
+        if time.monotonic() > deadline:
+            raise SystemExit("paced: not all delivered")
+        time.sleep(0.05)
+    return sent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=10.0, help="paced phase length")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args()
+    secret = new_secret()
+    with tempfile.TemporaryDirectory(prefix="poller-bench-") as tmp_name, server_url() as admin:
+        tmp = Path(tmp_name)
+        url = fresh_database(admin, "poller_bench_deliveries")
+        procs: list[Proc] = []
+        try:
+            receiver, receiver_url = start_receiver(tmp, secret, "receiver-raw")
+            procs.append(receiver)
+            ceiling = asyncio.run(
+                raw_ceiling(receiver_url, args.messages, args.concurrency, secret)
+            )
+            receiver.stop()
+
+            receiver, receiver_url = start_receiver(tmp, secret, "receiver-poller")
+            procs.append(receiver)
+            engine = sync_engine(url)
+            with engine.begin() as conn:
+                create_endpoint(
+                    conn,
+                    "bench",
+                    f"{receiver_url}/bench",
+                    secret=secret,
+                    max_in_flight=args.concurrency,
+                    allow_private=True,
+                )
+            poller = Proc(
+                ["run", "--id", "bench"],
+                _env(
+                    POLLER_DATABASE_URL=url,
+                    POLLER_CONCURRENCY=str(args.concurrency),
+                    POLLER_ALLOW_PRIVATE_TARGETS="true",
+                    POLLER_BATCH_SIZE="100",
+                ),
+                tmp / "poller.log",
+            )
+            procs.append(poller)
+            poller.wait_for("starting")
+            time.sleep(1.0)
+            rate = drain(engine, args.messages, args.timeout)
+            half = rate / 2
+            with httpx.Client() as http:
+                http.get(f"{receiver_url}/stats").raise_for_status()
+            receiver.stop()
+            receiver, receiver_url2 = start_receiver(tmp, secret, "receiver-paced")
+            procs.append(receiver)
+            with engine.begin() as conn:
+                conn.execute(
+                    text("UPDATE poller_endpoints SET url = :u"), {"u": f"{receiver_url2}/bench"}
+                )
+            time.sleep(6)  # the poller's endpoint cache refreshes every 5 s
+            sent = paced(engine, half, args.seconds, args.timeout)
+            latency = httpx.get(f"{receiver_url2}/stats").json()["latency_ms"]
+            engine.dispose()
+        finally:
+            for proc in procs:
+                proc.stop()
+    print(f"raw aiohttp ceiling ({args.concurrency} in flight): {ceiling:,.0f} req/s")
+    print(
+        f"poller run drain of {args.messages:,}: {rate:,.0f} deliveries/s "
+        f"({rate / ceiling:.2f} of the raw ceiling)"
+    )
+    print(
+        f"at half that rate ({half:,.0f}/s, {sent:,} messages): commit→receipt "
+        f"p50 {latency['p50']:.1f} ms, p99 {latency['p99']:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
