@@ -10,6 +10,8 @@ Used by the demo, the tests and the load test, and a model for real receivers:
 * ``GET /stats`` — received, applied (unique), duplicates, per-path counts,
   lookups, faults injected, and commit→receipt latency percentiles from an
   ``enqueued_at`` (epoch seconds) field in the payload, when present.
+* ``GET /receipts`` — each applied key with the time (epoch seconds) it was
+  applied, so a load generator can compute latency from its own commit times.
 
 Faults, each drawn per request: ``fail_rate`` answers ``status`` (default 500,
 with ``Retry-After`` if set) without applying; ``drop_after_process_rate``
@@ -116,6 +118,7 @@ class Receiver:
         self.faults = faults or Faults()
         self.stats = Stats()
         self.applied: dict[str, int] = {}  # key -> times received
+        self.first_seen: dict[str, float] = {}  # key -> epoch seconds it was applied
         self.server: asyncio.Server | None = None
         self.transports: set[asyncio.Transport] = set()
 
@@ -171,6 +174,7 @@ class Receiver:
             self.stats.duplicates += 1
             return
         self.stats.applied += 1
+        self.first_seen[key] = now
         if b'"enqueued_at"' in body:
             try:
                 enqueued_at = float(json.loads(body)["enqueued_at"])
@@ -189,6 +193,8 @@ class Receiver:
                 return 200, {}, b"processed"
             self.stats.lookups_missing += 1
             return 404, {}, b"not processed"
+        if path == "/receipts":  # key -> when it was applied, for exact latency figures
+            return 200, {"Content-Type": "application/json"}, json.dumps(self.first_seen).encode()
         if path == "/healthz":
             return 200, {}, b"ok"
         return 404, {}, b"not found"

@@ -172,9 +172,15 @@ class Poller:
         return self.settings.concurrency - len(self._tasks)
 
     async def _claim_loop(self) -> None:
+        # Claim in batches: with deliveries in flight, wait until a quarter of the
+        # capacity is free rather than claiming one row per finished delivery.
+        low_water = max(1, min(self.settings.batch_size, self.settings.concurrency) // 4)
         while not self._stopping.is_set():
             self._wake.clear()
             room = min(self._room(), self.settings.batch_size)
+            if 0 < room < low_water and self._tasks:
+                await self._sleep(self.settings.poll_interval)
+                continue
             claimed: list[ClaimedMessage] = []
             if room > 0:
                 try:
