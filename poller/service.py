@@ -77,22 +77,6 @@ class ServiceStats:
     db_errors: int = 0
 
 
-def _retrying(give_up_after: float | None = None) -> AsyncRetrying:
-    """Retry transient database errors with backoff (forever, or for ``give_up_after`` s)."""
-
-    def log_retry(state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome else None
-        log.warning("database unavailable, retrying: %s", error)
-
-    return AsyncRetrying(
-        retry=retry_if_exception_type(TRANSIENT),
-        wait=wait_exponential(multiplier=0.1, max=5),
-        stop=stop_never if give_up_after is None else stop_after_delay(give_up_after),
-        before_sleep=log_retry,
-        reraise=True,
-    )
-
-
 class Poller:
     def __init__(
         self,
@@ -122,6 +106,22 @@ class Poller:
         self._completions: asyncio.Queue[Outcome] = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._completer_done = asyncio.Event()
+
+    def _retrying(self, give_up_after: float | None = None) -> AsyncRetrying:
+        """Retry transient database errors with backoff (forever, or ``give_up_after`` s)."""
+
+        def log_retry(state: RetryCallState) -> None:
+            self.stats.db_errors += 1
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("database unavailable, retrying: %s", error)
+
+        return AsyncRetrying(
+            retry=retry_if_exception_type(TRANSIENT),
+            wait=wait_exponential(multiplier=0.1, max=5),
+            stop=stop_never if give_up_after is None else stop_after_delay(give_up_after),
+            before_sleep=log_retry,
+            reraise=True,
+        )
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -263,7 +263,7 @@ class Poller:
 
     async def _disable(self, endpoint: Endpoint, reason: str) -> None:
         log.warning("endpoint %s disabled: %s", endpoint.name, reason)
-        async for attempt in _retrying():
+        async for attempt in self._retrying():
             with attempt:
                 async with self.engine.begin() as conn:
                     await conn.execute(
@@ -290,7 +290,7 @@ class Poller:
         # Past the claim lease these writes would be fenced out anyway: the rows
         # are reclaimed (with needs_lookup) and delivered again.
         try:
-            async for attempt in _retrying(give_up_after=self.settings.claim_lease):
+            async for attempt in self._retrying(give_up_after=self.settings.claim_lease):
                 with attempt:
                     result = await self.claims.complete(batch)
         except TRANSIENT as exc:
@@ -360,7 +360,7 @@ class Poller:
 
     async def _endpoint(self, endpoint_id: int) -> Endpoint:
         if endpoint_id not in self._endpoints:
-            async for attempt in _retrying():
+            async for attempt in self._retrying():
                 with attempt:
                     await self._refresh_endpoints(force=True)
         return self._endpoints[endpoint_id]

@@ -1,0 +1,48 @@
+"""Retry schedule and Retry-After arithmetic (pure)."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from poller.retry import JITTER, backoff, parse_retry_after, retry_delay
+
+SCHEDULE = (5.0, 300.0, 1800.0)
+
+
+@given(st.integers(min_value=1, max_value=50), st.integers())
+def test_backoff_stays_within_jitter_of_the_schedule(attempt: int, seed: int) -> None:
+    base = SCHEDULE[min(attempt, len(SCHEDULE)) - 1]
+    delay = backoff(SCHEDULE, attempt, random.Random(seed))
+    assert base * (1 - JITTER) <= delay <= base * (1 + JITTER)
+
+
+def test_jitter_spreads_a_burst() -> None:
+    rng = random.Random(1)
+    delays = {round(backoff(SCHEDULE, 1, rng), 3) for _ in range(100)}
+    assert len(delays) > 90 and min(delays) < 4.5 and max(delays) > 5.5
+
+
+def test_last_interval_repeats() -> None:
+    rng = random.Random(0)
+    assert 1440 <= backoff(SCHEDULE, 9, rng) <= 2160
+
+
+def test_retry_after_seconds_and_http_date() -> None:
+    now = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("120") == 120.0
+    assert parse_retry_after(format_datetime(now + timedelta(seconds=90), usegmt=True), now) == 90
+    assert parse_retry_after(format_datetime(now - timedelta(hours=1), usegmt=True), now) == 0
+    for bad in (None, "", "soon", "-5", "1.5e9x"):
+        assert parse_retry_after(bad) is None
+
+
+def test_retry_after_is_a_floor_and_is_capped() -> None:
+    rng = random.Random(0)
+    assert retry_delay((1.0,), 1, 60.0, 3600.0, rng) == 60.0  # no sooner than asked
+    assert retry_delay((1.0,), 1, 10**9, 3600.0, rng) == 3600.0  # but not for ever
+    assert retry_delay((100.0,), 1, 1.0, 3600.0, rng) >= 80.0  # the schedule still applies
