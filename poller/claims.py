@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -229,7 +229,8 @@ ALL_BUCKETS_LITERAL = buckets_literal(ALL_BUCKETS)
 class Claims:
     """Claim and complete rows for one poller; each call is one short transaction.
 
-    ``stale_completions`` counts writes refused by the claim-token fence.
+    ``stale_completions`` counts writes refused by the claim-token fence;
+    ``stale_leader_claims`` counts shards refused by the shard fence.
     """
 
     def __init__(self, engine: AsyncEngine, *, poller_id: str, claim_lease: float) -> None:
@@ -237,6 +238,7 @@ class Claims:
         self.poller_id = poller_id
         self.claim_lease = claim_lease
         self.stale_completions = 0
+        self.stale_leader_claims = 0
 
     async def claim_batch(
         self,
@@ -245,12 +247,21 @@ class Claims:
         *,
         in_flight: dict[int, int] | None = None,
         default_max_in_flight: int | None = None,
+        fences: dict[int, int] | None = None,
+        shards: int = 1,
+        on_refused: Callable[[list[int]], None] | None = None,
     ) -> list[ClaimedMessage]:
         """Claim up to ``limit`` due rows of ``buckets`` (default: all), fairly per endpoint.
 
         An endpoint gets at most its ``max_in_flight`` (else ``default_max_in_flight``,
         else ``limit``) minus what ``in_flight`` says this poller holds for it.
+        With ``fences`` ({shard: fence}, shard = bucket % ``shards``), PostgreSQL
+        first checks and advances each shard's fence in the same transaction; a
+        refused shard (a newer leader has it) claims nothing, and its number goes
+        to ``on_refused``.
         """
+        if buckets is not None and not buckets:
+            return []
         params = {
             "buckets": ALL_BUCKETS_LITERAL if buckets is None else buckets_literal(buckets),
             "limit": limit,
@@ -263,6 +274,25 @@ class Claims:
             "salt": secrets.token_hex(4),
         }
         async with self.engine.begin() as conn:
+            if fences:
+                offered = json.dumps([{"shard": s, "fence": f} for s, f in fences.items()])
+                accepted = {
+                    row.shard
+                    for row in (
+                        await conn.execute(
+                            queries.FENCE_SHARDS, {"fences": offered, "holder": self.poller_id}
+                        )
+                    ).all()
+                }
+                refused = sorted(set(fences) - accepted)
+                if refused:
+                    self.stale_leader_claims += len(refused)
+                    if on_refused is not None:
+                        on_refused(refused)
+                allowed = [b for b in (buckets or ALL_BUCKETS) if b % shards in accepted]
+                if not allowed:
+                    return []
+                params["buckets"] = buckets_literal(allowed)
             result = await conn.execute(queries.CLAIM_BATCH, params)
             if tuple(result.keys()) != _CLAIMED_FIELDS:  # pragma: no cover - a schema slip
                 raise RuntimeError(f"CLAIM_BATCH returns {tuple(result.keys())}")

@@ -279,3 +279,146 @@ RECLAIM_EXPIRED = _statement(
     SELECT id, status FROM reclaimed
     """,
 )
+
+
+# --- election and shards (SPEC §6) ------------------------------------------------
+
+# The shard count every poller must agree on: the first poller records it.
+CLUSTER_SHARDS = _statement(
+    "CLUSTER_SHARDS",
+    """
+    WITH recorded AS (
+        INSERT INTO poller_cluster (key, value) VALUES ('shards', CAST(:shards AS text))
+        ON CONFLICT (key) DO NOTHING
+        RETURNING value
+    )
+    SELECT value FROM recorded
+    UNION ALL
+    SELECT value FROM poller_cluster WHERE key = 'shards'
+    """,
+)
+
+# One fence row per shard, so claims can check and advance them.
+ENSURE_SHARD_FENCES = _statement(
+    "ENSURE_SHARD_FENCES",
+    """
+    INSERT INTO poller_shard_fences (shard)
+    SELECT generate_series(0, CAST(:shards AS integer) - 1)
+    ON CONFLICT (shard) DO NOTHING
+    """,
+)
+
+# The last fence PostgreSQL accepted per shard: the floor a new lease must exceed.
+SHARD_FENCES = _statement("SHARD_FENCES", "SELECT shard, fence FROM poller_shard_fences")
+
+# Check and advance shard fences, in the claim's own transaction: a fence below
+# the last accepted one is a superseded leader's, and its shard is refused.
+# The row locks taken here serialize claims per shard until the claim commits.
+FENCE_SHARDS = _statement(
+    "FENCE_SHARDS",
+    """
+    WITH offered AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:fences AS jsonb)) AS x(shard integer, fence bigint)
+    )
+    UPDATE poller_shard_fences f
+    SET fence = offered.fence, holder = :holder, updated_at = now()
+    FROM offered
+    WHERE f.shard = offered.shard AND f.fence <= offered.fence
+    RETURNING f.shard
+    """,
+)
+
+# postgres backend: take a free or expired lease (or keep one's own), on the
+# database clock. The fence grows on every change of holder and never falls
+# below :floor (the shard's last accepted fence).
+LEASE_ACQUIRE = _statement(
+    "LEASE_ACQUIRE",
+    """
+    INSERT INTO poller_leases AS l (key, holder, fence, expires_at)
+    VALUES (:key, :holder, CAST(:floor AS bigint) + 1,
+            now() + make_interval(secs => CAST(:ttl AS double precision)))
+    ON CONFLICT (key) DO UPDATE
+    SET holder = EXCLUDED.holder,
+        fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at >= now() THEN l.fence
+                     ELSE greatest(l.fence, CAST(:floor AS bigint)) + 1 END,
+        expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at < now() OR l.holder = EXCLUDED.holder
+    RETURNING l.fence
+    """,
+)
+
+# postgres backend: extend one's own unexpired lease.
+LEASE_RENEW = _statement(
+    "LEASE_RENEW",
+    """
+    UPDATE poller_leases
+    SET expires_at = now() + make_interval(secs => CAST(:ttl AS double precision))
+    WHERE key = :key AND holder = :holder AND fence = :fence AND expires_at >= now()
+    RETURNING fence
+    """,
+)
+
+# postgres backend: give a lease up now (the row stays, so the fence keeps growing).
+LEASE_RELEASE = _statement(
+    "LEASE_RELEASE",
+    """
+    UPDATE poller_leases SET expires_at = now() - interval '1 millisecond'
+    WHERE key = :key AND holder = :holder AND fence = :fence
+    """,
+)
+
+# postgres backend: live leases with seconds left.
+LEASE_HOLDERS = _statement(
+    "LEASE_HOLDERS",
+    """
+    SELECT key, holder, fence,
+           extract(epoch FROM expires_at - now()) AS expires_in
+    FROM poller_leases WHERE expires_at > now() ORDER BY key
+    """,
+)
+
+# postgres backend: this poller is alive for :ttl more seconds; who else is.
+MEMBER_HEARTBEAT = _statement(
+    "MEMBER_HEARTBEAT",
+    """
+    WITH beat AS (
+        INSERT INTO poller_members (poller_id, expires_at)
+        VALUES (:poller_id, now() + make_interval(secs => CAST(:ttl AS double precision)))
+        ON CONFLICT (poller_id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+        RETURNING poller_id
+    )
+    SELECT poller_id FROM beat
+    UNION
+    SELECT poller_id FROM poller_members WHERE expires_at > now()
+    """,
+)
+
+MEMBER_LEAVE = _statement("MEMBER_LEAVE", "DELETE FROM poller_members WHERE poller_id = :poller_id")
+
+# Retention: delete up to :limit delivered (or failed) rows older than :age
+# seconds, with their attempts (cascade). Small batches keep locks short.
+PURGE_DELIVERED = _statement(
+    "PURGE_DELIVERED",
+    """
+    DELETE FROM poller_outbox WHERE id IN (
+        SELECT id FROM poller_outbox
+        WHERE status = 'delivered'
+          AND delivered_at < now() - make_interval(secs => CAST(:age AS double precision))
+        ORDER BY delivered_at LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    """,
+)
+
+PURGE_FAILED = _statement(
+    "PURGE_FAILED",
+    """
+    DELETE FROM poller_outbox WHERE id IN (
+        SELECT id FROM poller_outbox
+        WHERE status = 'failed'
+          AND failed_at < now() - make_interval(secs => CAST(:age AS double precision))
+        ORDER BY failed_at LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    """,
+)

@@ -174,3 +174,43 @@ delivery_attempts = Table(
     CheckConstraint("kind IN ('send', 'lookup', 'manual')", name="kind_valid"),
     Index("ix_poller_delivery_attempts_message", "message_id", "id"),
 )
+
+
+# --- election (SPEC §6) ---------------------------------------------------------
+
+# The last fence PostgreSQL accepted for each shard. A claim under a smaller
+# fence comes from a superseded leader and is refused (poller/claims.py).
+shard_fences = Table(
+    "poller_shard_fences",
+    metadata,
+    Column("shard", Integer, primary_key=True),
+    Column("fence", BigInteger, nullable=False, server_default=text("0")),
+    Column("holder", Text),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Leases of the postgres election backend, on the database clock.
+leases = Table(
+    "poller_leases",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+)
+
+# Live pollers (heartbeats) of the postgres election backend, for balancing.
+members = Table(
+    "poller_members",
+    metadata,
+    Column("poller_id", Text, primary_key=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+)
+
+# Cluster-wide facts every poller must agree on, e.g. the number of shards.
+cluster = Table(
+    "poller_cluster",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+)

@@ -13,11 +13,13 @@ the poller loudly):
   for PgBouncer transaction pooling: then it only polls).
 * **completer** — writes outcomes in batches (one fenced statement each),
   shielded from cancellation, retried through database outages.
-* **sweeper** — reclaims expired claims every ``sweep_interval`` (jittered).
-  Safe to run in every poller: it locks with SKIP LOCKED and fences nothing.
+* **sweeper** — runs the maintenance services (poller/maintenance.py: reclaim
+  expired claims, purge by retention) every ``sweep_interval`` (jittered)
+  while this poller holds the maintenance lease.
 
-Which buckets to claim from is asked of ``buckets()`` before every claim —
-the seam the elector plugs into (``None`` means every bucket).
+What to claim is asked of ``scope()`` before every claim — the seam the shard
+manager plugs into (poller/shards.py): which buckets, under which shard
+fences, and whether to run maintenance. Without one, everything.
 
 Shutdown (first SIGTERM/SIGINT): stop claiming, give in-flight deliveries
 ``shutdown_grace`` seconds, hand back the rest without counting the attempt
@@ -33,7 +35,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
@@ -52,15 +54,19 @@ from poller import __version__, delivery, queries
 from poller.claims import ClaimedMessage, Claims, Outcome, released
 from poller.db import libpq_url
 from poller.delivery import LookupAnswer, Verdict
+from poller.election import Elector, make_elector
 from poller.endpoints import Endpoint
+from poller.maintenance import Purger, Reclaimer
 from poller.schema import NOTIFY_CHANNEL
 from poller.senders import Sender
 from poller.settings import Settings
+from poller.shards import ClaimScope, ShardManager, check_shard_count
 
 log = logging.getLogger("poller.service")
 
 TRANSIENT = (DBAPIError, psycopg.OperationalError, OSError)
 ENDPOINT_REFRESH = 5.0
+UNSCOPED = ClaimScope(None, None, 1, maintenance=True)  # no election: everything
 COMPLETION_LINGER = 0.005
 
 
@@ -86,16 +92,27 @@ class Poller:
         sender: Sender,
         database_url: str,
         poller_id: str,
-        buckets: Callable[[], Sequence[int] | None] = lambda: None,
+        scope: Callable[[], ClaimScope] = lambda: UNSCOPED,
+        on_refused: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.sender = sender
         self.database_url = database_url
         self.poller_id = poller_id
-        self.buckets = buckets
+        self.scope = scope
+        self.on_refused = on_refused
         self.claims = Claims(engine, poller_id=poller_id, claim_lease=settings.claim_lease)
+        self.maintenance: list[Reclaimer | Purger] = [
+            Reclaimer(self.claims),
+            Purger(
+                engine,
+                delivered_age=settings.retention_delivered,
+                failed_age=settings.retention_failed,
+            ),
+        ]
         self.stats = ServiceStats()
+        self.shards: ShardManager | None = None  # set by serve(), for stats and tests
         self.user_agent = f"webhook-poller/{__version__}"
         self._endpoints: dict[int, Endpoint] = {}
         self._endpoints_at = 0.0
@@ -197,11 +214,15 @@ class Poller:
 
     async def _claim(self, limit: int) -> list[ClaimedMessage]:
         await self._refresh_endpoints()
+        scope = self.scope()
         claimed = await self.claims.claim_batch(
             limit,
+            scope.buckets,
             in_flight=dict(self._in_flight),
             default_max_in_flight=self.settings.max_in_flight,
-            buckets=self.buckets(),
+            fences=scope.fences,
+            shards=scope.shards,
+            on_refused=self.on_refused,
         )
         self.stats.claimed += len(claimed)
         return claimed
@@ -307,24 +328,25 @@ class Poller:
     # -- side tasks -------------------------------------------------------------
 
     async def _sweep_loop(self) -> None:
+        """Maintenance services, while this poller holds the maintenance lease."""
         while True:
             interval = self.settings.sweep_interval
             await asyncio.sleep(interval * random.uniform(0.8, 1.2))
-            try:
-                result = await self.claims.reclaim_expired()
-            except TRANSIENT as exc:
-                self.stats.db_errors += 1
-                log.warning("reclaim failed, will retry: %s", exc)
+            if not self.scope().maintenance:
                 continue
-            reclaimed = len(result.pending) + len(result.failed)
-            if reclaimed:
-                self.stats.reclaimed += reclaimed
-                log.warning(
-                    "reclaimed %d expired claims (%d failed for good)",
-                    reclaimed,
-                    len(result.failed),
-                )
-                self._wake.set()
+            for service in self.maintenance:
+                try:
+                    if await service.run_once() and isinstance(service, Reclaimer):
+                        self.stats.reclaimed = service.reclaimed
+                        self._wake.set()
+                except TRANSIENT as exc:
+                    self.stats.db_errors += 1
+                    log.warning("%s failed, will retry: %s", type(service).__name__, exc)
+
+    def in_flight_for_shard(self, shard: int) -> int:
+        """Deliveries under way for messages of ``shard`` (a shard being handed over)."""
+        shards = self.scope().shards
+        return sum(1 for msg in self._tasks.values() if msg.bucket % shards == shard)
 
     async def _listen_loop(self) -> None:
         backoff = 0.1
@@ -345,7 +367,7 @@ class Poller:
                 backoff = min(backoff * 2, 5.0)
 
     def _wants(self, payload: str) -> bool:
-        buckets = self.buckets()
+        buckets = self.scope().buckets
         return buckets is None or (payload.isdigit() and int(payload) in buckets)
 
     # -- endpoints --------------------------------------------------------------
@@ -364,3 +386,59 @@ class Poller:
                 with attempt:
                     await self._refresh_endpoints(force=True)
         return self._endpoints[endpoint_id]
+
+
+async def serve(
+    settings: Settings,
+    *,
+    engine: AsyncEngine,
+    sender: Sender,
+    database_url: str,
+    poller_id: str,
+    stop: asyncio.Event,
+    elector: Elector | None = None,
+    ready: asyncio.Future[Poller] | None = None,
+) -> Poller:
+    """A whole poller: shard leadership, claiming and delivering, until ``stop``.
+
+    Leases are taken before the first claim and given up only after the last
+    delivery has been written (graceful stop), so shards pass straight on.
+    ``ready`` receives the Poller once it runs (tests and the demo watch it).
+    """
+    await check_shard_count(engine, settings.shards)
+    elector = elector or make_elector(
+        settings.election_backend, owner=poller_id, engine=engine, redis_url=settings.redis_url
+    )
+    holder: list[Poller] = []
+    manager = ShardManager(
+        elector,
+        engine,
+        shards=settings.shards,
+        lease_ttl=settings.lease_ttl,
+        fail_open=settings.election_fail == "open",
+        in_flight=lambda shard: holder[0].in_flight_for_shard(shard) if holder else 0,
+    )
+    poller = Poller(
+        settings,
+        engine=engine,
+        sender=sender,
+        database_url=database_url,
+        poller_id=poller_id,
+        scope=manager.scope,
+        on_refused=manager.refused,
+    )
+    holder.append(poller)
+    poller.shards = manager
+    await manager.tick()
+    manager_stop = asyncio.Event()
+    leadership = asyncio.create_task(manager.run(manager_stop), name="shard-manager")
+    if ready is not None:
+        ready.set_result(poller)
+    try:
+        await poller.run(stop)
+    finally:
+        manager_stop.set()
+        await leadership
+        await manager.stop()
+        await elector.close()
+    return poller

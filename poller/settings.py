@@ -124,6 +124,13 @@ class Settings(BaseSettings):
             )
         return self
 
+    @property
+    def election_backend(self) -> str:
+        """The backend in force: POLLER_ELECTION, else redis with a REDIS_URL, else postgres."""
+        if self.election:
+            return self.election
+        return "redis" if self.redis_url else "postgres"
+
     @staticmethod
     def min_claim_lease(request_timeout: float) -> float:
         """The shortest claim lease that covers a lookup and a send of ``request_timeout`` each."""

@@ -18,7 +18,7 @@ from poller.cli.common import settings_and_url
 from poller.db import async_engine
 from poller.errors import ConfigurationError
 from poller.senders import AiohttpSender, HttpxSender, Sender
-from poller.service import Poller
+from poller.service import serve
 from poller.settings import Settings
 
 T = TypeVar("T")
@@ -52,10 +52,9 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
     engine = async_engine(url, pool_size=4, max_overflow=4)
     sender = make_sender(settings)
     try:
-        poller = Poller(
-            settings, engine=engine, sender=sender, database_url=url, poller_id=poller_id
+        await serve(
+            settings, engine=engine, sender=sender, database_url=url, poller_id=poller_id, stop=stop
         )
-        await poller.run(stop)
     finally:
         await sender.aclose()
         await engine.dispose()

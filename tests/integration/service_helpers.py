@@ -11,8 +11,9 @@ from sqlalchemy import Engine, text
 
 from poller.cli.run import make_sender
 from poller.db import async_engine
+from poller.election import Elector
 from poller.receiver import Faults, Receiver
-from poller.service import Poller
+from poller.service import Poller, serve
 from poller.settings import Settings, load_settings
 
 FAST: dict[str, Any] = {
@@ -21,6 +22,7 @@ FAST: dict[str, Any] = {
     "claim_lease": 3.0,
     "poll_interval": 0.2,
     "sweep_interval": 0.2,
+    "lease_ttl": 1.5,
     "allow_private_targets": True,
     "shutdown_grace": 2.0,
 }
@@ -42,15 +44,29 @@ async def running_receiver(faults: Faults | None = None) -> AsyncIterator[tuple[
 
 @contextlib.asynccontextmanager
 async def running_poller(
-    db_url: str, settings: Settings, poller_id: str = "p1"
+    db_url: str, settings: Settings, poller_id: str = "p1", elector: Elector | None = None
 ) -> AsyncIterator[Poller]:
+    """A whole poller (shard manager included) in this event loop; stopped gracefully."""
     engine = async_engine(db_url, pool_size=4)
     sender = make_sender(settings)
-    poller = Poller(
-        settings, engine=engine, sender=sender, database_url=db_url, poller_id=poller_id
-    )
     stop = asyncio.Event()
-    task = asyncio.create_task(poller.run(stop))
+    ready: asyncio.Future[Poller] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        serve(
+            settings,
+            engine=engine,
+            sender=sender,
+            database_url=db_url,
+            poller_id=poller_id,
+            stop=stop,
+            elector=elector,
+            ready=ready,
+        )
+    )
+    await asyncio.wait([ready, task], timeout=20, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        await task  # raises the startup error
+    poller = ready.result()
     try:
         yield poller
     finally:

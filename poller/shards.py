@@ -1,0 +1,250 @@
+"""Shard leadership for one poller: what it may claim, and under which fences.
+
+Buckets 0–255 (a stable hash of the endpoint) map to shards by
+``bucket % shards``. Each poller runs one :class:`ShardManager`; every
+``lease_ttl / 3`` it ticks::
+
+                 ┌──────────── heartbeat fails ─────────────┐
+                 ▼                                          │
+    ┌────────────────────────┐   backend back    ┌──────────┴──────────┐
+    │ BACKEND DOWN           │ ────────────────▶ │ ELECTED             │
+    │ open: claim all shards │                   │ renew held leases;  │
+    │ closed: claim nothing  │ ◀──────────────── │ release beyond the  │
+    └────────────────────────┘   heartbeat fails │ fair share ⌈S/P⌉    │
+                                                 │ (after draining);   │
+                                                 │ acquire up to it    │
+                                                 └─────────────────────┘
+
+A held shard is *claimable* only while the local monotonic clock is inside
+``acquired_at + ttl − margin`` (``acquired_at`` is taken before the request
+that won or renewed the lease, so this always ends before the backend's own
+expiry): a leader that cannot renew stops claiming before anyone else can
+take over. Every claim carries the shard fences, which PostgreSQL checks and
+advances (poller/claims.py); a shard whose fence is refused is dropped at
+once. A newly won shard's fence is written to PostgreSQL straight away, so the
+previous holder is shut out from that moment, not from the new one's first
+claim.
+
+The ``maintenance`` lease elects one poller to reclaim expired claims and
+purge by retention. With election ``none`` every poller does everything; with
+the backend down and fail-open, every poller claims everything and sweeps —
+both correct, because rows are claimed with SKIP LOCKED and fenced by claim
+tokens (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from poller import queries
+from poller.election import MAINTENANCE, ElectionUnavailable, Elector, Lease, shard_key
+from poller.election.none import NoElector
+from poller.errors import ConfigurationError
+from poller.schema import BUCKETS
+
+log = logging.getLogger("poller.shards")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimScope:
+    """What a claim may take: ``buckets`` (None: all) under ``fences`` (None: unfenced)."""
+
+    buckets: tuple[int, ...] | None
+    fences: dict[int, int] | None
+    shards: int
+    maintenance: bool
+
+
+async def check_shard_count(engine: AsyncEngine, shards: int) -> None:
+    """Record the cluster's shard count, or refuse a poller that disagrees with it."""
+    async with engine.begin() as conn:
+        recorded = (await conn.execute(queries.CLUSTER_SHARDS, {"shards": shards})).scalar_one()
+        await conn.execute(queries.ENSURE_SHARD_FENCES, {"shards": int(recorded)})
+    if int(recorded) != shards:
+        raise ConfigurationError(
+            f"POLLER_SHARDS={shards}, but this database's pollers use {recorded} shards; "
+            "every poller must use the same number"
+        )
+
+
+class ShardManager:
+    def __init__(
+        self,
+        elector: Elector,
+        engine: AsyncEngine,
+        *,
+        shards: int,
+        lease_ttl: float,
+        fail_open: bool = True,
+        in_flight: Callable[[int], int] = lambda shard: 0,
+    ) -> None:
+        self.elector = elector
+        self.engine = engine
+        self.shards = shards
+        self.ttl = lease_ttl
+        self.margin = lease_ttl / 5
+        self.fail_open = fail_open
+        self.in_flight = in_flight
+        self.unfenced = isinstance(elector, NoElector)
+        self.held: dict[int, Lease] = {}
+        self.draining: set[int] = set()
+        self.maintenance: Lease | None = None
+        self.backend_ok = True
+        self.members: list[str] = []
+        self.changes = 0  # leadership gained or lost
+        self.stale_leader_claims = 0
+        self.backend_errors = 0
+        self.tick_interval = lease_ttl / 3
+
+    # -- the scope the claimer asks for -------------------------------------------
+
+    def scope(self) -> ClaimScope:
+        if self.unfenced:
+            return ClaimScope(None, None, self.shards, maintenance=True)
+        if not self.backend_ok:
+            if self.fail_open:
+                return ClaimScope(None, None, self.shards, maintenance=True)
+            return ClaimScope((), None, self.shards, maintenance=False)
+        now = time.monotonic()
+        live = {
+            s: lease
+            for s, lease in self.held.items()
+            if s not in self.draining and now < lease.acquired_at + lease.ttl - self.margin
+        }
+        buckets = tuple(b for b in range(BUCKETS) if b % self.shards in live)
+        fences = {s: lease.fence for s, lease in live.items()}
+        maintenance = self.maintenance is not None and (
+            now < self.maintenance.acquired_at + self.maintenance.ttl - self.margin
+        )
+        return ClaimScope(buckets, fences, self.shards, maintenance)
+
+    def refused(self, shards: list[int]) -> None:
+        """PostgreSQL refused these shards' fences: someone newer leads them."""
+        for shard in shards:
+            self.stale_leader_claims += 1
+            if self.held.pop(shard, None) is not None:
+                self.changes += 1
+                log.warning("shard %d: fence refused by PostgreSQL, a newer leader has it", shard)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.tick()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.tick_interval * random.uniform(0.9, 1.1)):
+                    await stop.wait()
+
+    async def tick(self) -> None:
+        if self.unfenced:
+            return
+        try:
+            self.members = await self.elector.heartbeat(self.ttl)
+            await self._renew()
+            await self._balance()
+            await self._maintenance()
+        except (DBAPIError, OSError) as exc:  # PostgreSQL, not the backend: try next tick
+            log.warning("shard bookkeeping failed, retrying next tick: %s", exc)
+            return
+        except ElectionUnavailable as exc:
+            self.backend_errors += 1
+            if self.backend_ok:
+                mode = (
+                    "claiming from every shard (fail open)"
+                    if self.fail_open
+                    else ("claiming nothing (fail closed)")
+                )
+                log.error("election backend unavailable, %s: %s", mode, exc)
+            self.backend_ok = False
+            return
+        if not self.backend_ok:
+            log.warning("election backend is back; claiming by lease again")
+        self.backend_ok = True
+
+    async def _renew(self) -> None:
+        for shard, lease in list(self.held.items()):
+            renewed = await self.elector.renew(lease)
+            if renewed is None:
+                del self.held[shard]
+                self.changes += 1
+                log.warning("shard %d: lease lost", shard)
+            else:
+                self.held[shard] = renewed
+
+    async def _balance(self) -> None:
+        share = math.ceil(self.shards / max(1, len(self.members)))
+        for shard in sorted(self.draining):
+            if self.in_flight(shard) == 0:
+                await self._release(shard)
+        extra = len(self.held) - len(self.draining) - share
+        for shard in sorted(set(self.held) - self.draining, reverse=True)[: max(0, extra)]:
+            self.draining.add(shard)  # stop claiming; release once its deliveries finish
+            if self.in_flight(shard) == 0:
+                await self._release(shard)
+        if len(self.held) >= share:
+            return
+        floors = await self._floors()
+        free = [s for s in range(self.shards) if s not in self.held]
+        random.shuffle(free)
+        for shard in free:
+            if len(self.held) >= share:
+                break
+            lease = await self.elector.acquire(shard_key(shard), self.ttl, floors.get(shard, 0))
+            if lease is not None and await self._fence_now(shard, lease):
+                self.held[shard] = lease
+                self.changes += 1
+                log.info("shard %d: leading with fence %d", shard, lease.fence)
+
+    async def _maintenance(self) -> None:
+        if self.maintenance is not None:
+            self.maintenance = await self.elector.renew(self.maintenance)
+        if self.maintenance is None:
+            self.maintenance = await self.elector.acquire(MAINTENANCE, self.ttl)
+
+    async def _release(self, shard: int) -> None:
+        lease = self.held.pop(shard, None)
+        self.draining.discard(shard)
+        if lease is not None:
+            self.changes += 1
+            await self.elector.release(lease)
+            log.info("shard %d: released", shard)
+
+    async def _floors(self) -> dict[int, int]:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(queries.SHARD_FENCES)).all()
+        return {int(r.shard): int(r.fence) for r in rows}
+
+    async def _fence_now(self, shard: int, lease: Lease) -> bool:
+        """Write a new lease's fence to PostgreSQL at once, shutting the old leader out."""
+        params = {
+            "fences": json.dumps([{"shard": shard, "fence": lease.fence}]),
+            "holder": self.elector.owner,
+        }
+        async with self.engine.begin() as conn:
+            accepted = (await conn.execute(queries.FENCE_SHARDS, params)).all()
+        if not accepted:
+            log.warning("shard %d: fence %d is below PostgreSQL's; not leading", shard, lease.fence)
+            await self.elector.release(lease)
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Graceful stop: give every lease up at once so others take over now."""
+        with contextlib.suppress(ElectionUnavailable):
+            for shard in list(self.held):
+                await self._release(shard)
+            if self.maintenance is not None:
+                await self.elector.release(self.maintenance)
+                self.maintenance = None
+            await self.elector.leave()
