@@ -248,3 +248,41 @@ class ShardManager:
                 await self.elector.release(self.maintenance)
                 self.maintenance = None
             await self.elector.leave()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardHolding:
+    """Who leads a shard (by the election backend) and the fence PostgreSQL last accepted."""
+
+    key: str
+    holder: str | None
+    fence: int | None
+    expires_in: float | None
+    accepted_fence: int | None
+
+
+async def lease_holdings(elector: Elector, engine: AsyncEngine) -> list[ShardHolding]:
+    """Every shard and the maintenance lease: holder, fence, seconds left, accepted fence.
+
+    (``poller admin leases`` prints this.)
+    """
+    live = {h.key: h for h in await elector.holders()}
+    async with engine.connect() as conn:
+        accepted = {
+            int(r.shard): int(r.fence) for r in (await conn.execute(queries.SHARD_FENCES)).all()
+        }
+    keys = [shard_key(s) for s in sorted(accepted)] + [MAINTENANCE]
+    result = []
+    for key in keys:
+        held = live.get(key)
+        shard = int(key.partition(":")[2]) if key.startswith("shard:") else None
+        result.append(
+            ShardHolding(
+                key,
+                held.owner if held else None,
+                held.fence if held else None,
+                held.expires_in if held else None,
+                accepted.get(shard) if shard is not None else None,
+            )
+        )
+    return result

@@ -1,0 +1,170 @@
+"""Election in action: stale leaders fenced by PostgreSQL, balance, split brain, none."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from poller.claims import Claims
+from poller.election import Holding, Lease
+from poller.election.postgres import PostgresElector
+from poller.service import Poller
+from poller.shards import ShardManager, check_shard_count
+from tests.conftest import make_endpoint
+from tests.integration.helpers import seed, wait_for
+from tests.integration.service_helpers import (
+    counts,
+    fast_settings,
+    running_poller,
+    running_receiver,
+)
+
+
+async def test_a_superseded_leader_claims_nothing(aengine: AsyncEngine, engine: Engine) -> None:
+    ep = make_endpoint(engine, "a").endpoint
+    seed(engine, 10, "a")
+    await check_shard_count(aengine, 4)
+    shard = ep.bucket % 4
+    old = ShardManager(PostgresElector(aengine, "old"), aengine, shards=4, lease_ttl=0.5)
+    new = ShardManager(PostgresElector(aengine, "new"), aengine, shards=4, lease_ttl=30)
+    await old.tick()
+    stale_scope = old.scope()
+    assert stale_scope.fences is not None and shard in stale_scope.fences
+
+    async def taken_over() -> bool:
+        await new.tick()
+        return shard in new.held
+
+    await wait_for(taken_over, timeout=10)  # after the old lease's TTL
+    refused: list[int] = []
+    claims = Claims(aengine, poller_id="old", claim_lease=30)
+    got = await claims.claim_batch(
+        10, stale_scope.buckets, fences=stale_scope.fences, shards=4, on_refused=refused.extend
+    )
+    assert got == [] and shard in refused  # PostgreSQL refused the old fence
+    assert claims.stale_leader_claims >= 1
+    fresh = new.scope()
+    got = await Claims(aengine, poller_id="new", claim_lease=30).claim_batch(
+        10, fresh.buckets, fences=fresh.fences, shards=4
+    )
+    assert len(got) == 10
+
+
+async def _holdings(pollers: list[Poller]) -> list[int]:
+    return sorted(len(p.shards.held) if p.shards else 0 for p in pollers)
+
+
+@contextlib.asynccontextmanager
+async def _pollers(db_url: str, n: int, **settings: object) -> AsyncIterator[list[Poller]]:
+    async with contextlib.AsyncExitStack() as stack:
+        pollers = [
+            await stack.enter_async_context(
+                running_poller(db_url, fast_settings(**settings), poller_id=f"p{i}")
+            )
+            for i in range(n)
+        ]
+        yield pollers
+
+
+async def test_three_pollers_balance_eight_shards_and_cover_a_leaver(db_url: str) -> None:
+    settings = {"shards": 8, "lease_ttl": 3.0}
+    async with _pollers(db_url, 2, **settings) as pollers:
+        async with running_poller(db_url, fast_settings(**settings), poller_id="p9") as third:
+            everyone = [*pollers, third]
+
+            async def balanced() -> bool:
+                return await _holdings(everyone) == [2, 3, 3]
+
+            await wait_for(balanced, timeout=20)
+        began = time.monotonic()  # p9 stopped gracefully and released its leases
+
+        async def covered() -> bool:
+            return await _holdings(pollers) == [4, 4]
+
+        await wait_for(covered, timeout=10)
+        assert time.monotonic() - began < 3.0  # not after the TTL: at the next tick
+
+
+class SplitBrain:
+    """Every poller believes it leads every shard, with the same fence."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    async def acquire(self, key: str, ttl: float, floor: int = 0) -> Lease | None:
+        return Lease(
+            key, self.owner, floor + 1 if key.startswith("shard") else 1, time.monotonic(), ttl
+        )
+
+    async def renew(self, lease: Lease) -> Lease | None:
+        return Lease(lease.key, self.owner, lease.fence, time.monotonic(), lease.ttl)
+
+    async def release(self, lease: Lease) -> None:
+        return None
+
+    async def holders(self) -> list[Holding]:
+        return []
+
+    async def heartbeat(self, ttl: float) -> list[str]:
+        return [self.owner]
+
+    async def leave(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["none", "split-brain"])
+async def test_no_loss_no_double_flight_without_a_single_leader(
+    engine: Engine, db_url: str, mode: str
+) -> None:
+    total = 20_000
+    async with running_receiver() as (receiver, url):
+        make_endpoint(engine, "a", url=url, max_in_flight=64)
+        seed(engine, total, "a")
+        async with contextlib.AsyncExitStack() as stack:
+            for n in range(2):
+                settings = fast_settings(
+                    election="none" if mode == "none" else "postgres", concurrency=64
+                )
+                elector = SplitBrain(f"p{n}") if mode == "split-brain" else None
+                await stack.enter_async_context(
+                    running_poller(db_url, settings, poller_id=f"p{n}", elector=elector)
+                )
+
+            async def done() -> bool:
+                return counts(engine) == {"delivered": total}
+
+            await wait_for(done, timeout=120)
+    assert receiver.stats.applied == total  # 0 lost
+    assert receiver.stats.duplicates == 0  # never in flight at two pollers at once
+    with engine.connect() as conn:
+        per_poller = dict(
+            conn.execute(text("SELECT claimed_by, count(*) FROM poller_outbox GROUP BY 1")).all()
+        )
+        claims = conn.execute(text("SELECT max(attempts) FROM poller_outbox")).scalar_one()
+    assert claims == 1 and len(per_poller) == 2  # both worked, each row claimed once
+
+
+async def test_lease_holdings_show_each_shard(aengine: AsyncEngine, engine: Engine) -> None:
+    from poller.shards import lease_holdings
+
+    await check_shard_count(aengine, 2)
+    elector = PostgresElector(aengine, "p1")
+    manager = ShardManager(elector, aengine, shards=2, lease_ttl=30)
+    await manager.tick()
+    rows = await lease_holdings(elector, aengine)
+    assert [(r.key, r.holder) for r in rows] == [
+        ("shard:0", "p1"),
+        ("shard:1", "p1"),
+        ("maintenance", "p1"),
+    ]
+    assert all(r.expires_in and r.expires_in > 25 for r in rows)
+    assert rows[0].fence == rows[0].accepted_fence
