@@ -69,7 +69,12 @@ class ClaimScope:
 async def check_shard_count(engine: AsyncEngine, shards: int) -> None:
     """Record the cluster's shard count, or refuse a poller that disagrees with it."""
     async with engine.begin() as conn:
-        recorded = (await conn.execute(queries.CLUSTER_SHARDS, {"shards": shards})).scalar_one()
+        recorded = None
+        while recorded is None:
+            # A poller recording the count at the same moment makes our INSERT a no-op
+            # whose snapshot predates its row: the next statement sees it.
+            result = await conn.execute(queries.CLUSTER_SHARDS, {"shards": shards})
+            recorded = result.scalar_one_or_none()
         await conn.execute(queries.ENSURE_SHARD_FENCES, {"shards": int(recorded)})
     if int(recorded) != shards:
         raise ConfigurationError(

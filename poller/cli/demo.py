@@ -3,7 +3,8 @@
 Starts PostgreSQL and Redis in a temporary folder, migrates, starts two
 reference receivers (one healthy but flaky: some 5xx, some answers dropped
 after processing; one that always answers 500), creates an endpoint on each
-(the healthy one with a lookup URL), runs two pollers, enqueues messages from
+(the healthy one with a lookup URL), runs two pollers elected through Redis
+(shards split between them), enqueues messages from
 inside SQLAlchemy transactions (plus one rolled back, which never appears),
 shows live progress and ends with a summary. Everything it started is stopped
 before it exits.
@@ -30,10 +31,11 @@ from poller.db import async_engine, sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
 from poller.receiver import Faults, Receiver
-from poller.service import Poller
+from poller.service import Poller, serve
 from poller.settings import load_settings
 
 DEMO_SETTINGS: dict[str, Any] = {
+    "lease_ttl": 3.0,
     "retry_schedule": [0.2, 0.5, 1.0],
     "request_timeout": 2.0,
     "claim_lease": 6.0,
@@ -56,7 +58,7 @@ def demo(messages: int, timeout: float) -> None:
             console.print(f"[bold]PostgreSQL[/] {url}   [bold]Redis[/] {redis.start()}")
             migrate.upgrade(url)
             console.print(f"schema at revision {migrate.current_revision(url)}")
-            ok = event_loop_run(_demo(console, url, messages, timeout))
+            ok = event_loop_run(_demo(console, url, redis.url(), messages, timeout))
         finally:
             redis.stop()
             pg.stop()
@@ -64,7 +66,7 @@ def demo(messages: int, timeout: float) -> None:
         raise SystemExit(1)
 
 
-async def _demo(console: Console, url: str, count: int, timeout: float) -> bool:
+async def _demo(console: Console, url: str, redis_url: str, count: int, timeout: float) -> bool:
     secret = new_secret()
     healthy = Receiver([secret], Faults(fail_rate=0.05, drop_after_process_rate=0.02))
     broken = Receiver([secret], Faults(fail_rate=1.0, status=500))
@@ -94,17 +96,37 @@ async def _demo(console: Console, url: str, count: int, timeout: float) -> bool:
         f"legacy → {broken_url} (always 500, 3 attempts)"
     )
 
-    settings = load_settings(**DEMO_SETTINGS)
-    aengine = async_engine(url, pool_size=6)
+    settings = load_settings(**DEMO_SETTINGS, redis_url=redis_url)
+    aengine = async_engine(url, pool_size=8)
     stop = asyncio.Event()
     senders = [make_sender(settings) for _ in range(2)]
-    pollers = [
-        Poller(settings, engine=aengine, sender=sender, database_url=url, poller_id=f"poller-{n}")
+    ready: list[asyncio.Future[Poller]] = [
+        asyncio.get_running_loop().create_future() for _ in senders
+    ]
+    runs = [
+        asyncio.create_task(
+            serve(
+                settings,
+                engine=aengine,
+                sender=sender,
+                database_url=url,
+                poller_id=f"poller-{n}",
+                stop=stop,
+                ready=ready[n - 1],
+            )
+        )
         for n, sender in enumerate(senders, 1)
     ]
-    runs = [asyncio.create_task(p.run(stop)) for p in pollers]
-    began = time.monotonic()
     try:
+        await _started(ready, runs)
+        pollers = [future.result() for future in ready]
+        console.print(
+            f"two pollers elected through Redis, {settings.shards} shards: "
+            + ", ".join(
+                f"{p.poller_id} leads {len(p.shards.held) if p.shards else 0}" for p in pollers
+            )
+        )
+        began = time.monotonic()
         await _enqueue(aengine, count)
         console.print(
             f"enqueued {count} messages in {time.monotonic() - began:.2f}s "
@@ -123,6 +145,22 @@ async def _demo(console: Console, url: str, count: int, timeout: float) -> bool:
     await aengine.dispose()
     console.print(summary)
     return finished
+
+
+async def _started(ready: list[asyncio.Future[Poller]], runs: list[asyncio.Task[Poller]]) -> None:
+    """Until every poller runs; a poller that failed to start raises its error here."""
+    waiting: set[asyncio.Future[Poller]] = set(ready)
+    while waiting:
+        done, _ = await asyncio.wait(
+            [*waiting, *runs], timeout=30, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not done:
+            raise TimeoutError("the pollers did not start within 30s")
+        for run in runs:
+            if run.done():
+                run.result()
+                raise RuntimeError("a poller stopped while starting")
+        waiting -= done
 
 
 async def _enqueue(engine: AsyncEngine, count: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -168,3 +169,20 @@ async def test_lease_holdings_show_each_shard(aengine: AsyncEngine, engine: Engi
     ]
     assert all(r.expires_in and r.expires_in > 25 for r in rows)
     assert rows[0].fence == rows[0].accepted_fence
+
+
+async def test_shard_count_is_agreed_even_when_pollers_start_together(db_url: str) -> None:
+    from poller.db import async_engine
+    from poller.errors import ConfigurationError
+
+    engines = [async_engine(db_url) for _ in range(8)]
+    try:
+        for e in engines:  # connected beforehand, so the eight really race
+            async with e.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        await asyncio.gather(*(check_shard_count(e, 8) for e in engines))
+        with pytest.raises(ConfigurationError, match=r"POLLER_SHARDS=4.*use 8 shards"):
+            await check_shard_count(engines[0], 4)
+    finally:
+        for e in engines:
+            await e.dispose()
