@@ -58,8 +58,9 @@ class Settings(BaseSettings):
     election_fail: Literal["open", "closed"] = "open"
     """Backend down: ``open`` claims from every shard (rows stay safe), ``closed`` stops."""
     shards: int = Field(default=8, ge=1, le=256)
-    lease_ttl: PositiveSeconds = 10.0
-    """Election lease per shard; renewed every TTL/3."""
+    lease_ttl: float = Field(default=10.0, ge=0.5, le=3600)
+    """Election lease per shard (0.5 s or more); renewed every TTL/3, and a leader stops
+    claiming a shard TTL/5 before its lease could expire."""
 
     claim_lease: PositiveSeconds = 60.0
     """Row claim lease; must exceed the worst delivery time (send + lookup + margin)."""

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller import queries
+from poller import metrics, queries
 from poller.election import MAINTENANCE, ElectionUnavailable, Elector, Lease, shard_key
 from poller.election.none import NoElector
 from poller.errors import ConfigurationError
@@ -138,9 +138,15 @@ class ShardManager:
         """PostgreSQL refused these shards' fences: someone newer leads them."""
         for shard in shards:
             self.stale_leader_claims += 1
+            metrics.STALE_LEADER_CLAIMS.inc()
             if self.held.pop(shard, None) is not None:
-                self.changes += 1
+                self._changed()
                 log.warning("shard %d: fence refused by PostgreSQL, a newer leader has it", shard)
+
+    def _changed(self) -> None:
+        self.changes += 1
+        metrics.LEADERSHIP_CHANGES.inc()
+        metrics.SHARDS_HELD.set(len(self.held))
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -164,6 +170,8 @@ class ShardManager:
             return
         except ElectionUnavailable as exc:
             self.backend_errors += 1
+            metrics.ELECTION_BACKEND_ERRORS.inc()
+            metrics.ELECTION_BACKEND_UP.set(0)
             if self.backend_ok:
                 mode = (
                     "claiming from every shard (fail open)"
@@ -176,13 +184,14 @@ class ShardManager:
         if not self.backend_ok:
             log.warning("election backend is back; claiming by lease again")
         self.backend_ok = True
+        metrics.ELECTION_BACKEND_UP.set(1)
 
     async def _renew(self) -> None:
         for shard, lease in list(self.held.items()):
             renewed = await self.elector.renew(lease)
             if renewed is None:
                 del self.held[shard]
-                self.changes += 1
+                self._changed()
                 log.warning("shard %d: lease lost", shard)
             else:
                 self.held[shard] = renewed
@@ -208,7 +217,7 @@ class ShardManager:
             lease = await self.elector.acquire(shard_key(shard), self.ttl, floors.get(shard, 0))
             if lease is not None and await self._fence_now(shard, lease):
                 self.held[shard] = lease
-                self.changes += 1
+                self._changed()
                 log.info("shard %d: leading with fence %d", shard, lease.fence)
 
     async def _maintenance(self) -> None:
@@ -221,7 +230,7 @@ class ShardManager:
         lease = self.held.pop(shard, None)
         self.draining.discard(shard)
         if lease is not None:
-            self.changes += 1
+            self._changed()
             await self.elector.release(lease)
             log.info("shard %d: released", shard)
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 
 from poller.embedded import EmbeddedRedis
@@ -53,6 +54,7 @@ async def test_fail_open_keeps_delivering_and_leases_resume(
                 return poller.shards is not None and not poller.shards.backend_ok
 
             await wait_for(failed_open, timeout=10)
+            assert REGISTRY.get_sample_value("webhook_poller_election_backend_up") == 0
             seed(engine, total, "a")  # enqueued while Redis is down
 
             async def delivered() -> bool:
@@ -65,6 +67,7 @@ async def test_fail_open_keeps_delivering_and_leases_resume(
                 return poller.shards is not None and poller.shards.backend_ok
 
             await wait_for(recovered, timeout=10)
+            assert REGISTRY.get_sample_value("webhook_poller_election_backend_up") == 1
             await wait_for(_leads(poller, 4), timeout=10)
             after = _fences(engine)
     assert receiver.stats.applied == total

@@ -62,3 +62,8 @@ def test_claim_lease_must_cover_a_lookup_and_a_send() -> None:
     with pytest.raises(ConfigurationError, match="POLLER_CLAIM_LEASE=20: must be at least"):
         load_settings(request_timeout=10, claim_lease=20)
     assert load_settings(request_timeout=10, claim_lease=21).claim_lease == 21
+
+
+def test_lease_ttl_has_a_floor() -> None:
+    with pytest.raises(ConfigurationError, match="POLLER_LEASE_TTL"):
+        load_settings(lease_ttl=0.1)

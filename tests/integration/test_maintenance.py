@@ -1,0 +1,43 @@
+"""Maintenance: purge by retention removes only old finished rows, with their attempts."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from poller.claims import Claims, delivered, failed
+from poller.endpoints import CreatedEndpoint
+from poller.maintenance import Purger
+from tests.integration.helpers import attempts_of, seed
+
+
+async def test_purge_removes_only_old_finished_rows(
+    aengine: AsyncEngine, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    ids = seed(engine, 6)
+    claims = Claims(aengine, poller_id="p", claim_lease=30)
+    batch = {m.id: m for m in await claims.claim_batch(4)}
+    await claims.complete(
+        [
+            delivered(batch[ids[0]]),
+            delivered(batch[ids[1]]),
+            failed(batch[ids[2]]),
+            failed(batch[ids[3]]),
+        ]
+    )
+    with engine.begin() as conn:  # age two of them (one of each kind) past retention
+        conn.execute(
+            text("UPDATE poller_outbox SET delivered_at = now() - interval '8 days' WHERE id = :i"),
+            {"i": ids[0]},
+        )
+        conn.execute(
+            text("UPDATE poller_outbox SET failed_at = now() - interval '31 days' WHERE id = :i"),
+            {"i": ids[2]},
+        )
+    purger = Purger(aengine, delivered_age=7 * 86400, failed_age=30 * 86400)
+    assert await purger.run_once() == 2
+    with engine.connect() as conn:
+        left = dict(conn.execute(text("SELECT id, status FROM poller_outbox")).all())
+    assert set(left) == set(ids) - {ids[0], ids[2]}  # young finished rows and pending stay
+    assert attempts_of(engine, ids[0]) == [] and attempts_of(engine, ids[1]) != []
+    assert await purger.run_once() == 0
