@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -51,6 +51,23 @@ def sync_engine(url: str, **kwargs: Any) -> Engine:
     """Engine for the CLI and admin paths (pre-ping: a stale pooled connection is replaced)."""
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(sqlalchemy_url(url), **kwargs)
+
+
+def poller_engine(url: str, settings: Settings, **kwargs: Any) -> AsyncEngine:
+    """The service's engine. Its sessions end any transaction left idle for
+    max(5 s, lease TTL): a poller frozen mid-claim (SIGSTOP, a VM pause) would
+    otherwise hold its shard's fence row locked and keep the next leader out.
+    Behind PgBouncer in transaction mode set this on the role instead."""
+    timeout_ms = int(max(5.0, settings.lease_ttl) * 1000)
+    engine = async_engine(url, **kwargs)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _session_settings(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"SET idle_in_transaction_session_timeout = {timeout_ms}")
+        cursor.close()
+
+    return engine
 
 
 def async_engine(url: str, **kwargs: Any) -> AsyncEngine:

@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -215,7 +216,14 @@ class ShardManager:
             if len(self.held) >= share:
                 break
             lease = await self.elector.acquire(shard_key(shard), self.ttl, floors.get(shard, 0))
-            if lease is not None and await self._fence_now(shard, lease):
+            if lease is None:
+                continue
+            try:
+                fenced = await self._fence_now(shard, lease)
+            except (DBAPIError, OSError):
+                await self.elector.release(lease)  # try again next tick
+                raise
+            if fenced:
                 self.held[shard] = lease
                 self._changed()
                 log.info("shard %d: leading with fence %d", shard, lease.fence)
@@ -246,6 +254,10 @@ class ShardManager:
             "holder": self.elector.owner,
         }
         async with self.engine.begin() as conn:
+            # Do not queue behind a frozen old leader's claim: fail this tick instead
+            # (its session is ended by idle_in_transaction_session_timeout).
+            wait_ms = max(100, int(self.tick_interval * 1000))
+            await conn.execute(text(f"SET LOCAL lock_timeout = {wait_ms}"))
             accepted = (await conn.execute(queries.FENCE_SHARDS, params)).all()
         if not accepted:
             log.warning("shard %d: fence %d is below PostgreSQL's; not leading", shard, lease.fence)

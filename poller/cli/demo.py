@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from poller import Message, enqueue_async, enqueue_many_async, migrate
 from poller.cli.run import event_loop_run, make_sender
-from poller.db import async_engine, sync_engine
+from poller.db import poller_engine, sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
 from poller.receiver import Faults, Receiver
@@ -97,7 +97,7 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
     )
 
     settings = load_settings(**DEMO_SETTINGS, redis_url=redis_url)
-    aengine = async_engine(url, pool_size=8)
+    aengine = poller_engine(url, settings, pool_size=8)
     stop = asyncio.Event()
     senders = [make_sender(settings) for _ in range(2)]
     ready: list[asyncio.Future[Poller]] = [

@@ -15,7 +15,7 @@ import httpx
 
 from poller import migrate
 from poller.cli.common import settings_and_url
-from poller.db import async_engine
+from poller.db import poller_engine
 from poller.errors import ConfigurationError
 from poller.senders import AiohttpSender, HttpxSender, Sender
 from poller.service import serve
@@ -49,7 +49,7 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    engine = async_engine(url, pool_size=4, max_overflow=4)
+    engine = poller_engine(url, settings, pool_size=4, max_overflow=4)
     sender = make_sender(settings)
     try:
         await serve(

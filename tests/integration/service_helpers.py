@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from poller.cli.run import make_sender
-from poller.db import async_engine
+from poller.db import poller_engine
 from poller.election import Elector
 from poller.receiver import Faults, Receiver
 from poller.service import Poller, serve
@@ -47,7 +47,7 @@ async def running_poller(
     db_url: str, settings: Settings, poller_id: str = "p1", elector: Elector | None = None
 ) -> AsyncIterator[Poller]:
     """A whole poller (shard manager included) in this event loop; stopped gracefully."""
-    engine = async_engine(db_url, pool_size=4)
+    engine = poller_engine(db_url, settings, pool_size=4)
     sender = make_sender(settings)
     stop = asyncio.Event()
     ready: asyncio.Future[Poller] = asyncio.get_running_loop().create_future()
