@@ -56,6 +56,7 @@ class ClaimedMessage:
     claim_expires_at: datetime
     needs_lookup: bool
     created_at: datetime
+    endpoint_updated_at: datetime  # a newer one than the poller's cached endpoint: reload it
 
     @property
     def last_attempt(self) -> bool:

@@ -66,6 +66,7 @@ def poller_engine(url: str, settings: Settings, **kwargs: Any) -> AsyncEngine:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"SET idle_in_transaction_session_timeout = {timeout_ms}")
         cursor.close()
+        dbapi_connection.commit()  # a SET in a transaction rolled back later would be undone
 
     return engine
 

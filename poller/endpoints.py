@@ -23,16 +23,16 @@ import math
 import re
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import Connection, Row, insert, select
+from sqlalchemy import Connection, Row, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from poller.errors import EndpointExists, InvalidEndpoint, UnknownEndpoint
-from poller.schema import BUCKETS, endpoints
+from poller.errors import EndpointExists, InvalidEndpoint, PollerError, UnknownEndpoint
+from poller.schema import BUCKETS, endpoints, outbox
 
 SECRET_PREFIX = "whsec_"
 LOOKUP_PLACEHOLDER = "{idempotency_key}"
@@ -137,6 +137,7 @@ class Endpoint:
     max_in_flight: int | None
     bucket: int
     created_at: datetime
+    updated_at: datetime
     secret: str = field(repr=False)
     previous_secret: str | None = field(repr=False, default=None)
     previous_secret_expires_at: datetime | None = None
@@ -208,3 +209,82 @@ def list_endpoints(conn: Conn) -> list[Endpoint]:
     """Every endpoint, by name."""
     rows = conn.execute(select(endpoints).order_by(endpoints.c.name)).all()
     return [Endpoint.from_row(row) for row in rows]
+
+
+class EndpointInUse(PollerError):
+    """The endpoint still has messages; remove it with force to delete them too."""
+
+
+def _one(conn: Conn, name: str, statement: Any) -> Endpoint:
+    row = conn.execute(statement.where(endpoints.c.name == name).returning(endpoints)).one_or_none()
+    if row is None:
+        raise UnknownEndpoint(name)
+    return Endpoint.from_row(row)
+
+
+def update_endpoint(
+    conn: Conn,
+    name: str,
+    *,
+    url: str | None = None,
+    lookup_url: str | None = None,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    max_in_flight: int | None = None,
+    allow_private: bool | None = None,
+) -> Endpoint:
+    """Change the given fields (None leaves a field as it is); checked like create."""
+    if allow_private is None:
+        from poller.settings import default_settings
+
+        allow_private = default_settings().allow_private_targets
+    changes: dict[str, Any] = {}
+    if url is not None:
+        changes["url"] = check_url(url, allow_private=allow_private)
+    if lookup_url is not None:
+        changes["lookup_url"] = (
+            None if lookup_url == "" else check_lookup_url(lookup_url, allow_private=allow_private)
+        )
+    for field_name, value, integer in (
+        ("max_attempts", max_attempts, True),
+        ("timeout", timeout, False),
+        ("max_in_flight", max_in_flight, True),
+    ):
+        if value is not None:
+            changes[field_name] = _positive(value, field_name, integer=integer)
+    if not changes:
+        raise InvalidEndpoint("nothing to change: give at least one field")
+    return _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()))
+
+
+def set_enabled(conn: Conn, name: str, enabled: bool, reason: str | None = None) -> Endpoint:
+    """Enable (clearing the reason) or disable (with a reason) an endpoint."""
+    values = {"enabled": enabled, "disabled_reason": None if enabled else (reason or "disabled")}
+    return _one(conn, name, update(endpoints).values(**values, updated_at=func.now()))
+
+
+def rotate_secret(conn: Conn, name: str, keep_old_for: timedelta) -> tuple[Endpoint, str]:
+    """A new signing secret; the old one keeps signing too for ``keep_old_for``."""
+    secret = new_secret()
+    statement = update(endpoints).values(
+        previous_secret=endpoints.c.secret,
+        secret=secret,
+        previous_secret_expires_at=func.now() + keep_old_for,
+        updated_at=func.now(),
+    )
+    return _one(conn, name, statement), secret
+
+
+def remove_endpoint(conn: Conn, name: str, *, force: bool = False) -> int:
+    """Delete an endpoint; with ``force`` its messages too (returns how many)."""
+    endpoint = get_endpoint(conn, name)
+    count = conn.execute(
+        select(func.count()).where(outbox.c.endpoint_id == endpoint.id)
+    ).scalar_one()
+    if count and not force:
+        raise EndpointInUse(
+            f"endpoint {name!r} has {count} messages; use --force to delete them with it"
+        )
+    conn.execute(delete(outbox).where(outbox.c.endpoint_id == endpoint.id))
+    conn.execute(delete(endpoints).where(endpoints.c.id == endpoint.id))
+    return int(count)

@@ -129,10 +129,12 @@ NOTIFY_BUCKETS = _statement(
 # visited in a fresh random order each time and each one's rows come, oldest
 # due first, from its own partial index. So one endpoint's backlog, or a slow
 # endpoint at its cap, never starves the others, and a disabled endpoint's
-# rows wait. SKIP LOCKED lets pollers share a shard without waiting on each
-# other. Attempts are counted here, at claim time, so a message that kills its
-# poller still runs out of attempts; one new claim_token per batch fences every
-# later write for these attempts; the lease is measured on the database clock.
+# rows wait. Each row comes back with its endpoint's updated_at, so a poller
+# notices an endpoint changed (new URL, secret) before it sends. SKIP LOCKED
+# lets pollers share a shard without waiting on each other. Attempts are
+# counted here, at claim time, so a message that kills its poller still runs
+# out of attempts; one new claim_token per batch fences every later write for
+# these attempts; the lease is measured on the database clock.
 CLAIM_BATCH = _statement(
     "CLAIM_BATCH",
     """
@@ -171,11 +173,12 @@ CLAIM_BATCH = _statement(
         claimed_by = :claimed_by,
         claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision)),
         updated_at = now()
-    FROM due, token
-    WHERE o.id = due.id
+    FROM due, token, poller_endpoints e
+    WHERE o.id = due.id AND e.id = o.endpoint_id
     RETURNING o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
               o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
-              o.claim_expires_at, o.needs_lookup, o.created_at
+              o.claim_expires_at, o.needs_lookup, o.created_at,
+              e.updated_at AS endpoint_updated_at
     """,
 )
 

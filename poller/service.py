@@ -225,7 +225,13 @@ class Poller:
             on_refused=self.on_refused,
         )
         self.stats.claimed += len(claimed)
+        if any(self._stale_endpoint(m) for m in claimed):
+            await self._refresh_endpoints(force=True)  # changed since we cached it
         return claimed
+
+    def _stale_endpoint(self, msg: ClaimedMessage) -> bool:
+        cached = self._endpoints.get(msg.endpoint_id)
+        return cached is None or cached.updated_at < msg.endpoint_updated_at
 
     async def _sleep(self, seconds: float) -> None:
         """Until a wake-up (NOTIFY, freed room, stop) or ``seconds`` pass."""

@@ -27,7 +27,7 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except UnknownEndpoint as exc:
+        except (UnknownEndpoint, LookupError) as exc:  # unknown name or id, nothing matched
             _fail(ctx, exc, EXIT_NOT_FOUND)
         except PollerError as exc:
             _fail(ctx, exc, EXIT_USAGE)
@@ -57,8 +57,11 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from poller.cli import db, demo, embedded, receiver, run
+    from poller.cli import admin, db, demo, embedded, endpoints, enqueue, receiver, run
 
+    cli.add_command(admin.admin)
+    cli.add_command(endpoints.endpoints)
+    cli.add_command(enqueue.enqueue)
     cli.add_command(db.db)
     cli.add_command(embedded.embedded)
     cli.add_command(demo.demo)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from poller.db import database_url
+import click
+from sqlalchemy import Engine
+
+from poller.db import database_url, sync_engine
 from poller.settings import Settings, load_settings
 
 
@@ -10,3 +13,11 @@ def settings_and_url() -> tuple[Settings, str]:
     """Validated settings and the database URL (starting the embedded server if unset)."""
     settings = load_settings()
     return settings, database_url(settings)
+
+
+def command_engine() -> Engine:
+    """A sync engine for this command, disposed when the command ends."""
+    _, url = settings_and_url()
+    engine = sync_engine(url)
+    click.get_current_context().call_on_close(engine.dispose)
+    return engine

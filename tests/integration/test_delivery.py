@@ -32,6 +32,7 @@ def _endpoint(url: str, secret: str | None = None, lookup_url: str | None = None
         max_in_flight=None,
         bucket=0,
         created_at=NOW,
+        updated_at=NOW,
         secret=secret or new_secret(),
     )
 
@@ -50,6 +51,7 @@ def _message(key: str = "invoice:42") -> ClaimedMessage:
         claim_expires_at=NOW,
         needs_lookup=False,
         created_at=NOW,
+        endpoint_updated_at=NOW,
     )
 
 

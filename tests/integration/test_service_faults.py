@@ -79,3 +79,20 @@ async def test_polling_without_notify(engine: Engine, db_url: str) -> None:
 
             await wait_for(delivered, timeout=10)
     assert receiver.stats.applied == 50
+
+
+async def test_poller_sessions_end_transactions_left_idle(db_url: str) -> None:
+    from sqlalchemy import text
+
+    from poller.db import poller_engine
+
+    engine = poller_engine(db_url, fast_settings(lease_ttl=1.5))
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+            await conn.rollback()  # the pool's reset must not undo the setting
+        async with engine.connect() as conn:
+            value = (await conn.execute(text("SHOW idle_in_transaction_session_timeout"))).scalar()
+        assert value == "5s"
+    finally:
+        await engine.dispose()

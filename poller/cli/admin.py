@@ -1,0 +1,295 @@
+"""``poller admin …``: what failed, why, and sending it again — plus stats, purge, leases."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+import click
+
+from poller import admin as api
+from poller.cli.common import command_engine, settings_and_url
+from poller.cli.output import (
+    Duration,
+    Since,
+    age,
+    confirm,
+    emit_json,
+    iso,
+    json_option,
+    table,
+    yes_option,
+)
+from poller.db import async_engine
+from poller.errors import PollerError
+
+
+class NothingMatched(PollerError, LookupError):
+    """The command found nothing to act on (exit 1)."""
+
+
+@click.group()
+def admin() -> None:
+    """Inspect and repair: stats, failed messages, retry, purge, leases."""
+
+
+@admin.command()
+@json_option
+def stats(as_json: bool) -> None:
+    """Counts by status and endpoint, lag, in flight, recent failures, attempt rate."""
+    with command_engine().connect() as conn:
+        found = api.queue_stats(conn)
+    if as_json:
+        emit_json(found)
+        return
+    statuses = list(found["totals"])
+    rows = [
+        (name, *(counts[s] for s in statuses))
+        for name, counts in sorted(found["endpoints"].items())
+    ]
+    rows.append(("all", *(found["totals"][s] for s in statuses)))
+    table("messages", ["endpoint", *statuses], rows)
+    lag = found["oldest_due_pending_seconds"]
+    click.echo(
+        f"oldest due pending: {'none' if lag is None else f'{lag:.1f}s'}   "
+        f"in flight: {found['in_flight']}   failed last hour/day: "
+        f"{found['failed_last_hour']}/{found['failed_last_day']}   "
+        f"attempts/s (last minute): {found['attempts_per_second_last_minute']:.1f}"
+    )
+
+
+@admin.command()
+@click.option("--endpoint")
+@click.option("--event-type")
+@click.option("--since", type=Since(), help="1h, 7d or an ISO 8601 time.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@json_option
+def failed(
+    endpoint: str | None, event_type: str | None, since: datetime | None, limit: int, as_json: bool
+) -> None:
+    """Failed messages, newest first (exit 1 when there are none)."""
+    with command_engine().connect() as conn:
+        rows = api.list_failed(
+            conn, endpoint=endpoint, event_type=event_type, since=since, limit=limit
+        )
+    if as_json:
+        emit_json(rows)
+    else:
+        table(
+            f"failed messages ({len(rows)})",
+            [
+                "id",
+                "endpoint",
+                "event type",
+                "key",
+                "attempts",
+                "last status",
+                "last error",
+                "failed",
+            ],
+            [
+                (
+                    r["id"],
+                    r["endpoint"],
+                    r["event_type"],
+                    r["idempotency_key"],
+                    f"{r['attempts']}/{r['max_attempts']}",
+                    r["last_status_code"],
+                    r["last_error"],
+                    f"{iso(r['failed_at'])} ({age(r['failed_at'])})",
+                )
+                for r in rows
+            ],
+        )
+    if not rows:
+        raise SystemExit(1)
+
+
+@admin.command()
+@click.argument("message_id", type=int, required=False)
+@click.option("--key", help="Idempotency key (with --endpoint) instead of an id.")
+@click.option("--endpoint")
+@click.option("--no-payload", is_flag=True, help="Leave the payload out.")
+@json_option
+def show(
+    message_id: int | None, key: str | None, endpoint: str | None, no_payload: bool, as_json: bool
+) -> None:
+    """One message and every attempt."""
+    with command_engine().connect() as conn:
+        detail = api.message_detail(conn, message_id, key=key, endpoint=endpoint)
+    if no_payload:
+        detail.pop("payload")
+    if as_json:
+        emit_json(detail)
+        return
+    attempts = detail.pop("attempts_log")
+    payload = detail.pop("payload", None)
+    table(
+        f"message {detail['id']}",
+        ["field", "value"],
+        [(k, iso(v) if isinstance(v, datetime) else v) for k, v in detail.items()],
+    )
+    table(
+        "attempts",
+        ["#", "kind", "outcome", "status", "error", "ms", "poller", "when", "response"],
+        [
+            (
+                a["attempt"],
+                a["kind"],
+                a["outcome"] + (" (stale)" if a["stale"] else ""),
+                a["status_code"],
+                a["error_message"],
+                None if a["duration_ms"] is None else f"{a['duration_ms']:.0f}",
+                a["poller_id"],
+                iso(a["finished_at"]),
+                (a["response_excerpt"] or "")[:80],
+            )
+            for a in attempts
+        ],
+    )
+    if payload is not None:
+        click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+
+
+@admin.command()
+@click.argument("ids", type=int, nargs=-1)
+@click.option("--all-failed", is_flag=True, help="Every failed message (with the filters).")
+@click.option("--endpoint", help="With --all-failed: only this endpoint.")
+@click.option("--since", type=Since(), help="With --all-failed: failed since (1h, ISO).")
+@click.option("--force", is_flag=True, help="Also re-send delivered messages (same key).")
+@click.option("--dry-run", is_flag=True, help="List what would be retried; change nothing.")
+@yes_option
+@json_option
+def retry(
+    ids: tuple[int, ...],
+    all_failed: bool,
+    endpoint: str | None,
+    since: datetime | None,
+    force: bool,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Send messages again: back to pending now, with a fresh attempt budget."""
+    if bool(ids) == all_failed:
+        raise click.UsageError("give message ids, or --all-failed (not both)")
+    if (endpoint or since) and not all_failed:
+        raise click.UsageError("--endpoint and --since go with --all-failed")
+    engine = command_engine()
+    with engine.connect() as conn:
+        plan = api.plan_retry(
+            conn, list(ids), all_failed=all_failed, endpoint=endpoint, since=since, force=force
+        )
+    document = {
+        "ids": plan.ids,
+        "skipped": {str(k): v for k, v in plan.skipped.items()},
+        "dry_run": dry_run,
+    }
+    if not plan.ids:
+        _report(document, as_json, "nothing to retry")
+        raise NothingMatched("nothing matched: no message can be retried")
+    if not dry_run:
+        confirm(f"send {len(plan.ids)} message(s) again?", yes)
+        document["retried"] = api.retry_messages(engine, plan.ids)
+    _report(
+        document,
+        as_json,
+        f"{'would retry' if dry_run else 'retried'} {len(plan.ids)}: {_ids(plan.ids)}",
+    )
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:20])) + (f" … (+{len(ids) - 20})" if len(ids) > 20 else "")
+
+
+def _report(document: dict[str, Any], as_json: bool, line: str) -> None:
+    if as_json:
+        emit_json(document)
+        return
+    click.echo(line)
+    for ident, why in document["skipped"].items():
+        click.echo(f"skipped {ident}: {why}")
+
+
+@admin.command()
+@click.option("--delivered-older-than", type=Duration(), help="e.g. 7d")
+@click.option("--failed-older-than", type=Duration(), help="e.g. 30d")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted.")
+@yes_option
+@json_option
+def purge(
+    delivered_older_than: timedelta | None,
+    failed_older_than: timedelta | None,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Delete old delivered/failed messages and their attempts, in small batches."""
+    if delivered_older_than is None and failed_older_than is None:
+        raise click.UsageError("give --delivered-older-than and/or --failed-older-than")
+    engine = command_engine()
+    with engine.connect() as conn:
+        counts: dict[str, int] = api.purge_counts(conn, delivered_older_than, failed_older_than)
+    total = sum(counts.values())
+    if not dry_run and total:
+        confirm(f"delete {total} messages and their attempts?", yes)
+        counts = api.purge(engine, delivered_older_than, failed_older_than)
+    if as_json:
+        emit_json({"dry_run": dry_run, "deleted" if not dry_run else "would_delete": counts})
+    else:
+        verb = "would delete" if dry_run else "deleted"
+        click.echo(", ".join(f"{verb} {n} {status}" for status, n in counts.items()))
+
+
+@admin.command()
+@json_option
+def leases(as_json: bool) -> None:
+    """Shard leases: holder, fence, seconds left, and PostgreSQL's accepted fence."""
+    import asyncio
+
+    from poller.election import make_elector
+    from poller.shards import lease_holdings
+
+    settings, url = settings_and_url()
+
+    async def read() -> list[Any]:
+        engine = async_engine(url)
+        elector = make_elector(
+            settings.election_backend, owner="admin", engine=engine, redis_url=settings.redis_url
+        )
+        try:
+            return await lease_holdings(elector, engine)
+        finally:
+            await elector.close()
+            await engine.dispose()
+
+    rows = asyncio.run(read())
+    if as_json:
+        emit_json(
+            [
+                {
+                    "key": r.key,
+                    "holder": r.holder,
+                    "fence": r.fence,
+                    "expires_in": r.expires_in,
+                    "accepted_fence": r.accepted_fence,
+                }
+                for r in rows
+            ]
+        )
+        return
+    table(
+        f"leases ({settings.election_backend} election)",
+        ["lease", "holder", "fence", "expires in", "accepted fence"],
+        [
+            (
+                r.key,
+                r.holder or "(free)",
+                r.fence,
+                None if r.expires_in is None else f"{r.expires_in:.1f}s",
+                r.accepted_fence,
+            )
+            for r in rows
+        ],
+    )

@@ -1,0 +1,224 @@
+"""``poller endpoints …``: destinations, their secrets and their health."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import click
+
+from poller import admin
+from poller import endpoints as api
+from poller.cli.common import command_engine
+from poller.cli.output import Duration, age, confirm, emit_json, iso, json_option, table, yes_option
+
+
+def _public(endpoint: api.Endpoint) -> dict[str, Any]:
+    """Everything but the secrets."""
+    return {
+        "name": endpoint.name,
+        "url": endpoint.url,
+        "lookup_url": endpoint.lookup_url,
+        "enabled": endpoint.enabled,
+        "disabled_reason": endpoint.disabled_reason,
+        "max_attempts": endpoint.max_attempts,
+        "timeout": endpoint.timeout,
+        "max_in_flight": endpoint.max_in_flight,
+        "bucket": endpoint.bucket,
+        "created_at": endpoint.created_at,
+        "previous_secret_expires_at": endpoint.previous_secret_expires_at,
+    }
+
+
+def _limits(func: Any) -> Any:
+    for option in reversed(
+        [
+            click.option("--lookup-url", help="Lookup URL template with {idempotency_key}."),
+            click.option("--max-attempts", type=click.IntRange(1, 1000)),
+            click.option("--timeout", type=click.FloatRange(0, min_open=True), help="Seconds."),
+            click.option("--max-in-flight", type=click.IntRange(1, 10_000)),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+@click.group()
+def endpoints() -> None:
+    """Webhook destinations: add, inspect, enable/disable, rotate secrets, remove."""
+
+
+@endpoints.command()
+@click.argument("name")
+@click.argument("url")
+@_limits
+@json_option
+def add(
+    name: str,
+    url: str,
+    lookup_url: str | None,
+    max_attempts: int | None,
+    timeout: float | None,
+    max_in_flight: int | None,
+    as_json: bool,
+) -> None:
+    """Create an endpoint; its signing secret is printed once, here."""
+    engine = command_engine()
+    with engine.begin() as conn:
+        created = api.create_endpoint(
+            conn,
+            name,
+            url,
+            lookup_url=lookup_url,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            max_in_flight=max_in_flight,
+        )
+    if as_json:
+        emit_json({**_public(created.endpoint), "secret": created.secret})
+        return
+    click.echo(f"endpoint {name} created → {url}")
+    click.echo(f"signing secret (shown once, give it to the receiver): {created.secret}")
+
+
+@endpoints.command()
+@click.argument("name")
+@click.option("--url")
+@_limits
+@json_option
+def update(
+    name: str,
+    url: str | None,
+    lookup_url: str | None,
+    max_attempts: int | None,
+    timeout: float | None,
+    max_in_flight: int | None,
+    as_json: bool,
+) -> None:
+    """Change an endpoint's URL, lookup URL or limits (--lookup-url '' removes it)."""
+    with command_engine().begin() as conn:
+        endpoint = api.update_endpoint(
+            conn,
+            name,
+            url=url,
+            lookup_url=lookup_url,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            max_in_flight=max_in_flight,
+        )
+    if as_json:
+        emit_json(_public(endpoint))
+    else:
+        click.echo(f"endpoint {name} updated")
+
+
+@endpoints.command(name="list")
+@json_option
+def list_(as_json: bool) -> None:
+    """Every endpoint (never its secret)."""
+    with command_engine().connect() as conn:
+        found = api.list_endpoints(conn)
+    if as_json:
+        emit_json([_public(e) for e in found])
+        return
+    table(
+        "endpoints",
+        ["name", "url", "enabled", "max attempts", "in flight", "lookup"],
+        [
+            (
+                e.name,
+                e.url,
+                "yes" if e.enabled else f"no: {e.disabled_reason}",
+                e.max_attempts or "default",
+                e.max_in_flight or "default",
+                "yes" if e.lookup_url else "no",
+            )
+            for e in found
+        ],
+    )
+
+
+@endpoints.command()
+@click.argument("name")
+@json_option
+def show(name: str, as_json: bool) -> None:
+    """One endpoint and its health (never its secret)."""
+    with command_engine().connect() as conn:
+        endpoint = api.get_endpoint(conn, name)
+        health = admin.endpoint_health(conn, endpoint.id)
+    document = {**_public(endpoint), "health": health}
+    if as_json:
+        emit_json(document)
+        return
+    rows = [(k, iso(v) if hasattr(v, "isoformat") else v) for k, v in _public(endpoint).items()]
+    rows += [
+        ("last success", f"{iso(health['last_success'])} ({age(health['last_success'])})"),
+        ("failures since last success", health["failures_since_last_success"]),
+        (
+            "messages",
+            ", ".join(f"{k} {v}" for k, v in sorted(health["messages"].items())) or "none",
+        ),
+    ]
+    table(f"endpoint {name}", ["field", "value"], rows)
+
+
+@endpoints.command()
+@click.argument("name")
+def enable(name: str) -> None:
+    """Deliver to it again (its waiting messages resume)."""
+    with command_engine().begin() as conn:
+        api.set_enabled(conn, name, True)
+    click.echo(f"endpoint {name} enabled")
+
+
+@endpoints.command()
+@click.argument("name")
+@click.option("--reason", default="disabled by an operator", show_default=True)
+@yes_option
+def disable(name: str, reason: str, yes: bool) -> None:
+    """Stop delivering to it; its messages wait (nothing is lost)."""
+    confirm(f"disable endpoint {name}?", yes)
+    with command_engine().begin() as conn:
+        api.set_enabled(conn, name, False, reason)
+    click.echo(f"endpoint {name} disabled: {reason}")
+
+
+@endpoints.command(name="rotate-secret")
+@click.argument("name")
+@click.option(
+    "--keep-old-for",
+    type=Duration(),
+    default="24h",
+    show_default=True,
+    help="How long the old secret keeps signing too.",
+)
+@yes_option
+@json_option
+def rotate_secret(name: str, keep_old_for: timedelta, yes: bool, as_json: bool) -> None:
+    """A new signing secret, printed once; the old one also signs for a while."""
+    confirm(f"rotate the secret of endpoint {name}?", yes)
+    with command_engine().begin() as conn:
+        endpoint, secret = api.rotate_secret(conn, name, keep_old_for)
+    if as_json:
+        emit_json(
+            {
+                "name": name,
+                "secret": secret,
+                "previous_secret_expires_at": endpoint.previous_secret_expires_at,
+            }
+        )
+        return
+    click.echo(f"new signing secret for {name} (shown once): {secret}")
+    click.echo(f"the old secret also signs until {iso(endpoint.previous_secret_expires_at)}")
+
+
+@endpoints.command()
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Delete its messages too.")
+@yes_option
+def remove(name: str, force: bool, yes: bool) -> None:
+    """Delete an endpoint (refused while it has messages, unless --force)."""
+    confirm(f"remove endpoint {name}{' and all its messages' if force else ''}?", yes)
+    with command_engine().begin() as conn:
+        deleted = api.remove_endpoint(conn, name, force=force)
+    click.echo(f"endpoint {name} removed" + (f" with {deleted} messages" if deleted else ""))

@@ -1,0 +1,51 @@
+"""``poller enqueue``: add one message from the command line (tests, replays, demos)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+from sqlalchemy.orm import Session
+
+from poller import enqueue as api_enqueue
+from poller.cli.common import command_engine
+from poller.cli.output import Duration
+from poller.errors import InvalidPayload
+
+
+def _payload(data: str) -> Any:
+    text = Path(data[1:]).read_text() if data.startswith("@") else data
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidPayload(f"--data is not JSON: {exc}") from None
+
+
+@click.command()
+@click.argument("endpoint")
+@click.argument("event_type")
+@click.option("--data", required=True, help="The JSON payload, or @file.")
+@click.option("--key", required=True, help="Idempotency key.")
+@click.option("--deliver-after", type=Duration(), help="Delay, e.g. 10m.")
+def enqueue(
+    endpoint: str, event_type: str, data: str, key: str, deliver_after: timedelta | None
+) -> None:
+    """Enqueue one message (committed at once)."""
+    try:
+        payload = _payload(data)
+    except OSError as exc:
+        raise InvalidPayload(f"--data: cannot read {data[1:]!r}: {exc.strerror}") from None
+    engine = command_engine()
+    with Session(engine) as session, session.begin():
+        msg_id = api_enqueue(
+            session,
+            endpoint=endpoint,
+            event_type=event_type,
+            payload=payload,
+            idempotency_key=key,
+            deliver_after=deliver_after,
+        )
+    click.echo(f"message {msg_id} enqueued")

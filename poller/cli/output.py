@@ -1,0 +1,120 @@
+"""Output and input helpers shared by the operator commands.
+
+Tables for people (rich), one JSON document for scripts (``--json``: arrays
+for lists, stable field names, ISO 8601 UTC times). Durations are ``90s``,
+``15m``, ``1h``, ``7d`` (or plain seconds); ``--since`` also takes an ISO 8601
+time. Destructive commands ask before acting; without a terminal they refuse
+unless given ``--yes``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+F = TypeVar("F", bound=Callable[..., Any])
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="One JSON document.")(func)
+
+
+def yes_option(func: F) -> F:
+    return click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(func)
+
+
+class Duration(click.ParamType[timedelta]):
+    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` or plain seconds → timedelta."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, timedelta):
+            return value
+        match = _DURATION.match(str(value))
+        if not match or float(match.group(1)) <= 0:
+            self.fail(f"{value!r} is not a duration like 90s, 15m, 1h or 7d", param, ctx)
+        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+class Since(click.ParamType[datetime]):
+    """A duration ago (``1h``) or an ISO 8601 time → aware datetime."""
+
+    name = "since"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, datetime):
+            return value
+        if _DURATION.match(str(value)):
+            return datetime.now(UTC) - Duration().convert(value, param, ctx)
+        try:
+            when = datetime.fromisoformat(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is neither a duration (1h, 7d) nor an ISO 8601 time", param, ctx)
+        return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
+
+
+def age(value: datetime | None, now: datetime | None = None) -> str:
+    """``3m ago`` / ``in 20s`` for tables."""
+    if value is None:
+        return "-"
+    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    ahead, seconds = seconds < 0, abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            text = f"{int(seconds // size)}{unit}"
+            break
+    else:
+        text = f"{int(seconds)}s"
+    return f"in {text}" if ahead else f"{text} ago"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def emit_json(document: Any) -> None:
+    click.echo(json.dumps(_plain(document), indent=2, ensure_ascii=False))
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    view = Table(title=title, show_lines=False)
+    for column in columns:
+        view.add_column(column, overflow="fold")
+    for row in rows:
+        view.add_row(*("-" if v is None else str(v) for v in row))
+    Console(width=max(100, Console().width)).print(view)
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask, unless ``--yes``; refuse (exit 2) without a terminal to ask on."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        click.echo(f"error: {question} — refusing without --yes (no terminal to ask)", err=True)
+        sys.exit(2)
+    if not click.confirm(question, default=False):
+        click.echo("aborted", err=True)
+        sys.exit(1)
