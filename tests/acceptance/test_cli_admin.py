@@ -252,3 +252,32 @@ async def test_a_receiver_down_for_an_hour_then_retried_from_the_cli(
 
             await wait_for(delivered, timeout=10)
     assert down.stats.received == 10 and up.stats.applied == 5
+
+
+def test_admin_as_a_real_process(db_url: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
+    env["POLLER_DATABASE_URL"] = db_url
+    done = subprocess.run(
+        [sys.executable, "-m", "poller", "admin", "stats", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["totals"]["pending"] == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "poller", "admin", "purge", "--failed-older-than", "1d"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0 and "deleted 0 failed" in done.stdout  # nothing to ask about
