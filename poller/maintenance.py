@@ -8,6 +8,8 @@ each locks with SKIP LOCKED and touches only rows nobody holds).
   failed when their attempts are spent), within ``claim_lease + sweep_interval``.
 * :class:`Purger` — delivered and failed rows past their retention, with their
   attempts, in batches of :data:`PURGE_BATCH` so no lock is held for long.
+* :class:`GaugeRefresher` — the cluster-wide gauges (due messages and the
+  oldest one's age per endpoint, messages by status).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller import queries
+from poller import metrics, queries
 from poller.claims import Claims
 
 log = logging.getLogger("poller.maintenance")
@@ -34,6 +36,7 @@ class Reclaimer:
         count = len(result.pending) + len(result.failed)
         if count:
             self.reclaimed += count
+            metrics.RECLAIMED.inc(count)
             log.warning(
                 "reclaimed %d expired claims (%d failed for good)", count, len(result.failed)
             )
@@ -57,3 +60,25 @@ class Purger:
             self.purged += count
             log.info("purged %d rows past their retention", count)
         return count
+
+
+class GaugeRefresher:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._endpoints: set[str] = set()
+
+    async def run_once(self) -> int:
+        async with self.engine.connect() as conn:
+            due = (await conn.execute(queries.GAUGE_DUE)).all()
+            by_status = (await conn.execute(queries.GAUGE_STATUS)).all()
+        names = {row.name for row in due}
+        for gone in self._endpoints - names:  # removed endpoints leave no stale series
+            metrics.PENDING_DUE.remove(gone)
+            metrics.OLDEST_DUE_SECONDS.remove(gone)
+        self._endpoints = names
+        for row in due:
+            metrics.PENDING_DUE.labels(row.name).set(row.due)
+            metrics.OLDEST_DUE_SECONDS.labels(row.name).set(float(row.oldest_seconds))
+        for row in by_status:
+            metrics.MESSAGES.labels(row.status).set(row.n)
+        return 0

@@ -1,14 +1,18 @@
 """Prometheus metrics (prometheus-client, the default registry).
 
 Names follow Prometheus conventions (``webhook_poller_…_total``, ``_seconds``);
-labels never carry URLs, keys or tenant data. These are per process: sum
-counters across pollers, and take ``max``/``sum`` of gauges as their help
-says. (Serving them on ``POLLER_METRICS_ADDR`` comes with the operations work.)
+labels never carry URLs, keys or tenant data — endpoint names only. Counters
+and most gauges are per process: ``sum`` them across pollers. The gauges set
+by the maintenance leader (pending due, oldest due age, messages by status)
+describe the whole cluster, and only the leader refreshes them: aggregate with
+``max by (endpoint)`` (a poller that lost the lease keeps its last values
+until it restarts). Served on ``POLLER_METRICS_ADDR`` at ``/metrics``
+(poller/ops.py).
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 ELECTION_BACKEND_UP = Gauge(
     "webhook_poller_election_backend_up",
@@ -30,3 +34,55 @@ STALE_LEADER_CLAIMS = Counter(
     "webhook_poller_stale_leader_claims_total",
     "Claims refused by PostgreSQL because a newer leader holds the shard (shard fence).",
 )
+
+# --- claiming and delivering (per process; sum across pollers) -----------------------
+
+CLAIMED = Counter("webhook_poller_claimed_total", "Messages claimed.")
+DELIVERY_OUTCOMES = Counter(
+    "webhook_poller_delivery_outcomes_total",
+    "Outcomes written: delivered, retry, unknown, failed, released, lookup_retry, ...",
+    ["endpoint", "outcome"],
+)
+ATTEMPTS = Counter(
+    "webhook_poller_attempts_total", "HTTP exchanges made, by kind (send, lookup).", ["kind"]
+)
+LOOKUPS = Counter(
+    "webhook_poller_lookups_total",
+    "Result lookups, by answer (found, not_found, error).",
+    ["result"],
+)
+STALE_COMPLETIONS = Counter(
+    "webhook_poller_stale_completions_total",
+    "Outcome writes refused by the claim-token fence (the claim had expired).",
+)
+DB_ERRORS = Counter(
+    "webhook_poller_db_errors_total", "Transient database errors met (and retried)."
+)
+RECLAIMED = Counter("webhook_poller_reclaimed_total", "Expired claims reclaimed.")
+IN_FLIGHT = Gauge("webhook_poller_in_flight", "Deliveries under way in this poller.")
+DELIVERY_SECONDS = Histogram(
+    "webhook_poller_delivery_duration_seconds",
+    "Duration of one HTTP exchange.",
+    ["endpoint"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+LATENCY_SECONDS = Histogram(
+    "webhook_poller_commit_to_delivery_seconds",
+    "From the enqueue transaction to the receiver's 2xx (or found lookup).",
+    ["endpoint"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600, 86400),
+)
+
+# --- cluster-wide gauges, set by the maintenance leader (take max by endpoint) ---------
+
+PENDING_DUE = Gauge(
+    "webhook_poller_pending_due",
+    "Pending messages due now, per endpoint (maintenance leader).",
+    ["endpoint"],
+)
+OLDEST_DUE_SECONDS = Gauge(
+    "webhook_poller_oldest_due_seconds",
+    "Age of the oldest due pending message, per endpoint (maintenance leader).",
+    ["endpoint"],
+)
+MESSAGES = Gauge("webhook_poller_messages", "Messages by status (maintenance leader).", ["status"])

@@ -425,3 +425,30 @@ PURGE_FAILED = _statement(
     )
     """,
 )
+
+# Gauges (maintenance leader): due pending messages and the oldest one's age,
+# per endpoint, from the per-endpoint partial index.
+GAUGE_DUE = _statement(
+    "GAUGE_DUE",
+    """
+    SELECT e.name, count(o.id) AS due,
+           coalesce(extract(epoch FROM now() - min(o.next_attempt_at)), 0) AS oldest_seconds
+    FROM poller_endpoints e
+    LEFT JOIN poller_outbox o
+           ON o.endpoint_id = e.id AND o.status = 'pending' AND o.next_attempt_at <= now()
+    GROUP BY e.name
+    """,
+)
+
+# Gauges: messages by status, except delivered (history; counting it would scan
+# it all — delivered throughput comes from the counters).
+GAUGE_STATUS = _statement(
+    "GAUGE_STATUS",
+    """
+    SELECT 'pending' AS status, count(*) AS n FROM poller_outbox WHERE status = 'pending'
+    UNION ALL
+    SELECT 'in_flight', count(*) FROM poller_outbox WHERE status = 'in_flight'
+    UNION ALL
+    SELECT 'failed', count(*) FROM poller_outbox WHERE status = 'failed'
+    """,
+)

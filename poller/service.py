@@ -37,6 +37,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import psycopg
 from sqlalchemy.exc import DBAPIError
@@ -50,13 +51,14 @@ from tenacity import (
     wait_exponential,
 )
 
-from poller import __version__, delivery, queries
+from poller import __version__, delivery, metrics, queries
 from poller.claims import ClaimedMessage, Claims, Outcome, released
 from poller.db import libpq_url
 from poller.delivery import LookupAnswer, Verdict
 from poller.election import Elector, make_elector
 from poller.endpoints import Endpoint
-from poller.maintenance import Purger, Reclaimer
+from poller.maintenance import GaugeRefresher, Purger, Reclaimer
+from poller.ops import serving
 from poller.schema import NOTIFY_CHANNEL
 from poller.senders import Sender
 from poller.settings import Settings
@@ -103,8 +105,9 @@ class Poller:
         self.scope = scope
         self.on_refused = on_refused
         self.claims = Claims(engine, poller_id=poller_id, claim_lease=settings.claim_lease)
-        self.maintenance: list[Reclaimer | Purger] = [
+        self.maintenance: list[Reclaimer | Purger | GaugeRefresher] = [
             Reclaimer(self.claims),
+            GaugeRefresher(engine),
             Purger(
                 engine,
                 delivered_age=settings.retention_delivered,
@@ -129,6 +132,7 @@ class Poller:
 
         def log_retry(state: RetryCallState) -> None:
             self.stats.db_errors += 1
+            metrics.DB_ERRORS.inc()
             error = state.outcome.exception() if state.outcome else None
             log.warning("database unavailable, retrying: %s", error)
 
@@ -204,6 +208,7 @@ class Poller:
                     claimed = await self._claim(room)
                 except TRANSIENT as exc:
                     self.stats.db_errors += 1
+                    metrics.DB_ERRORS.inc()
                     log.warning("claim failed, retrying: %s", exc)
                     await self._sleep(min(self.settings.poll_interval, 1.0))
                     continue
@@ -225,6 +230,9 @@ class Poller:
             on_refused=self.on_refused,
         )
         self.stats.claimed += len(claimed)
+        metrics.CLAIMED.inc(len(claimed))
+        if claimed:
+            log.debug("claimed %d messages", len(claimed), extra={"claimed": len(claimed)})
         if any(self._stale_endpoint(m) for m in claimed):
             await self._refresh_endpoints(force=True)  # changed since we cached it
         return claimed
@@ -244,6 +252,7 @@ class Poller:
         task = asyncio.create_task(self._deliver(msg), name=f"deliver-{msg.id}")
         self._tasks[task] = msg
         task.add_done_callback(self._finished)
+        metrics.IN_FLIGHT.set(len(self._tasks))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         msg = self._tasks.pop(task)
@@ -254,6 +263,7 @@ class Poller:
         if not task.cancelled() and task.exception() is not None:
             log.error("delivery of message %d crashed", msg.id, exc_info=task.exception())
             self._completions.put_nowait(released(msg, maybe_sent=True))
+        metrics.IN_FLIGHT.set(len(self._tasks))
         self._wake.set()  # room freed: claim more
 
     # -- delivering -----------------------------------------------------------
@@ -268,8 +278,10 @@ class Poller:
                 self.sender, endpoint, msg, timeout=timeout, user_agent=self.user_agent
             )
             self.stats.lookups[answer.value] += 1
+            metrics.LOOKUPS.labels(answer.value).inc()
+            self._observe("lookup", endpoint, attempt)
             if answer is not LookupAnswer.NOT_FOUND:
-                self._record(delivery.lookup_outcome(msg, attempt, self.settings))
+                self._record(delivery.lookup_outcome(msg, attempt, self.settings), msg, endpoint)
                 return
         self._sending.add(msg.id)
         attempt = await delivery.send(
@@ -280,12 +292,42 @@ class Poller:
             user_agent=self.user_agent,
             permanent_statuses=self.settings.permanent_statuses,
         )
+        self._observe("send", endpoint, attempt)
         if attempt.verdict is Verdict.GONE:
             await self._disable(endpoint, f"410 Gone from {endpoint.name}")
-        self._record(delivery.to_outcome(msg, attempt, self.settings))
+        self._record(delivery.to_outcome(msg, attempt, self.settings), msg, endpoint)
 
-    def _record(self, outcome: Outcome) -> None:
+    def _observe(self, kind: str, endpoint: Endpoint, attempt: delivery.Attempt) -> None:
+        metrics.ATTEMPTS.labels(kind).inc()
+        metrics.DELIVERY_SECONDS.labels(endpoint.name).observe(attempt.duration_ms / 1000)
+
+    def _record(self, outcome: Outcome, msg: ClaimedMessage, endpoint: Endpoint) -> None:
         self.stats.outcomes[outcome.outcome] += 1
+        metrics.DELIVERY_OUTCOMES.labels(endpoint.name, outcome.outcome).inc()
+        if outcome.status != "delivered":
+            fields = {
+                "message_id": msg.id,
+                "key": msg.idempotency_key,
+                "attempt": msg.attempts,
+                "endpoint": endpoint.name,
+                "outcome": outcome.outcome,
+                "status_code": outcome.status_code,
+                "error": outcome.error_message,
+            }
+            if outcome.status == "failed":
+                log.warning(
+                    "message %d failed for good: %s", msg.id, outcome.error_message, extra=fields
+                )
+            else:
+                log.info(
+                    "delivery of message %d failed (%s), retrying",
+                    msg.id,
+                    outcome.error_message or outcome.error_class,
+                    extra=fields,
+                )
+        if outcome.status == "delivered":
+            latency = (datetime.now(UTC) - msg.created_at).total_seconds()
+            metrics.LATENCY_SECONDS.labels(endpoint.name).observe(max(0.0, latency))
         self._completions.put_nowait(outcome)
 
     async def _disable(self, endpoint: Endpoint, reason: str) -> None:
@@ -325,6 +367,7 @@ class Poller:
             return
         if result.stale:
             self.stats.stale_completions += len(result.stale)
+            metrics.STALE_COMPLETIONS.inc(len(result.stale))
             log.warning(
                 "%d completions refused by the claim fence (claims had expired): %s",
                 len(result.stale),
@@ -347,6 +390,7 @@ class Poller:
                         self._wake.set()
                 except TRANSIENT as exc:
                     self.stats.db_errors += 1
+                    metrics.DB_ERRORS.inc()
                     log.warning("%s failed, will retry: %s", type(service).__name__, exc)
 
     def in_flight_for_shard(self, shard: int) -> int:
@@ -441,7 +485,8 @@ async def serve(
     if ready is not None:
         ready.set_result(poller)
     try:
-        await poller.run(stop)
+        async with serving(settings.metrics_addr, engine):
+            await poller.run(stop)
     finally:
         manager_stop.set()
         await leadership

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from poller import migrate
+from poller import logs, migrate
 from poller.cli.common import settings_and_url
 from poller.db import poller_engine
 from poller.errors import ConfigurationError
@@ -78,7 +78,7 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None) -> N
             f"database schema is at {current or 'nothing'}, this poller needs {head}: "
             "run `poller db upgrade`"
         )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure(settings.log_format)
     name = poller_id or f"{socket.gethostname()}-{os.getpid()}"
     logging.getLogger("poller").info("poller %s starting", name)
     event_loop_run(run_service(settings, url, name))

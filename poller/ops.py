@@ -1,0 +1,91 @@
+"""Operations endpoints on ``POLLER_METRICS_ADDR``: /metrics, /healthz, /readyz.
+
+* ``/metrics`` — Prometheus text format (poller/metrics.py).
+* ``/healthz`` — the process is alive and its event loop answers (a blocked
+  loop cannot answer at all, so the prober's timeout catches it); reports the
+  loop's recent scheduling lag.
+* ``/readyz`` — PostgreSQL answers within 2 s and its schema is at the
+  revision this poller needs; 503 with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from poller.migrate import VERSION_TABLE, head_revision
+
+LAG_PROBE = 0.5
+
+
+class Ops:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.head = head_revision()
+        self.lag = 0.0
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "loop_lag_seconds": round(self.lag, 4)})
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        try:
+            async with asyncio.timeout(2.0), self.engine.connect() as conn:
+                revision = (
+                    await conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
+                ).scalar()
+        except Exception as exc:  # any failure to answer means not ready
+            return web.json_response(
+                {"status": "unavailable", "reason": f"database: {type(exc).__name__}"}, status=503
+            )
+        if revision != self.head:
+            return web.json_response(
+                {"status": "unavailable", "reason": f"schema at {revision}, needs {self.head}"},
+                status=503,
+            )
+        return web.json_response({"status": "ready", "revision": revision})
+
+    async def watch_lag(self) -> None:
+        while True:
+            began = time.monotonic()
+            await asyncio.sleep(LAG_PROBE)
+            self.lag = max(0.0, time.monotonic() - began - LAG_PROBE)
+
+
+@contextlib.asynccontextmanager
+async def serving(addr: str | None, engine: AsyncEngine) -> AsyncIterator[int | None]:
+    """Serve the ops endpoints on ``host:port`` while the block runs; yields the port."""
+    if not addr:
+        yield None
+        return
+    host, _, port = addr.rpartition(":")
+    ops = Ops(engine)
+    app = web.Application()
+    app.add_routes(
+        [
+            web.get("/metrics", ops.metrics),
+            web.get("/healthz", ops.healthz),
+            web.get("/readyz", ops.readyz),
+        ]
+    )
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host.strip("[]"), int(port))
+    await site.start()
+    lag = asyncio.create_task(ops.watch_lag(), name="ops-lag")
+    bound = runner.addresses[0][1] if runner.addresses else int(port)
+    try:
+        yield int(bound)
+    finally:
+        lag.cancel()
+        await runner.cleanup()
