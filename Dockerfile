@@ -1,0 +1,18 @@
+# webhook-poller: `poller` as the entrypoint, non-root, no build tools at run time.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md CHANGELOG.md alembic.ini ./
+COPY poller ./poller
+COPY db ./db
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin poller
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links=/wheels webhook-poller \
+    && rm -rf /wheels
+USER poller
+ENV POLLER_LOG_FORMAT=json
+EXPOSE 9108
+ENTRYPOINT ["poller"]
+CMD ["run"]
