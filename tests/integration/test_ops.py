@@ -106,7 +106,7 @@ async def test_readyz_fails_while_the_database_is_down_and_recovers(tmp_path: Pa
         server.stop()
 
 
-def test_json_logs_parse_and_never_show_the_secret(
+def test_poller_run_serves_metrics_and_logs_json_without_secrets(
     engine: Engine, db_url: str, tmp_path: Path
 ) -> None:
     from tests.acceptance.procs import poller_env, receiver, started, stats, wait_until
@@ -114,7 +114,12 @@ def test_json_logs_parse_and_never_show_the_secret(
     with receiver(tmp_path, "--fail-rate", "0.5", "--status", "500") as (_, url):
         secret = make_endpoint(engine, "a", url=url, max_attempts=2).secret
         seed(engine, 50, "a")
-        env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_LOG_FORMAT="json")
+        port = free_port()
+        env = poller_env(
+            POLLER_DATABASE_URL=db_url,
+            POLLER_LOG_FORMAT="json",
+            POLLER_METRICS_ADDR=f"127.0.0.1:{port}",
+        )
         with started(["run", "--id", "logs"], env, tmp_path / "poller.log") as poller:
             wait_until(lambda: stats(url)["received"] >= 60, timeout=30)
             wait_until(
@@ -124,10 +129,18 @@ def test_json_logs_parse_and_never_show_the_secret(
                 ),
                 timeout=30,
             )
+            scraped = _samples(httpx.get(f"http://127.0.0.1:{port}/metrics").text)
+            seen = stats(url)
             poller.signal(15)
             poller.wait(timeout=20)
             lines = [json.loads(line) for line in poller.output().splitlines() if line.strip()]
     assert secret not in poller.output()
+    assert secret not in json.dumps(list(scraped))  # nor in any metric label
+    sent = _value(scraped, "webhook_poller_attempts_total", kind="send")
+    delivered = _value(
+        scraped, "webhook_poller_delivery_outcomes_total", endpoint="a", outcome="delivered"
+    )
+    assert sent == seen["received"] and delivered == seen["unique"]
     failures = [line for line in lines if "failed" in line["message"]]
     assert failures and all(
         {"message_id", "key", "attempt", "endpoint"} <= set(line) for line in failures
