@@ -69,6 +69,8 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "MEMBER_LEAVE": {"poller_id": "p"},
     "PURGE_DELIVERED": {"age": 3600.0, "limit": 10},
     "PURGE_FAILED": {"age": 3600.0, "limit": 10},
+    "GAUGE_DUE": {},
+    "GAUGE_STATUS": {},
     "ALL_ENDPOINTS": {},
     "COMPLETE_BATCH": COMPLETE,
     "RECLAIM_EXPIRED": {"limit": 10},
