@@ -69,3 +69,25 @@ def test_sigkill_then_another_poller_delivers_everything(
     with engine.connect() as conn:
         stored = {k for (k,) in conn.execute(text("SELECT idempotency_key FROM poller_outbox"))}
     assert stored == keys
+
+
+@pytest.mark.slow
+def test_a_second_signal_exits_at_once(engine: Engine, db_url: str, tmp_path: Path) -> None:
+    with receiver(tmp_path, "--latency", "30") as (_, url):
+        make_endpoint(engine, "a", url=url)
+        seed(engine, 5, "a")
+        env = poller_env(
+            POLLER_DATABASE_URL=db_url,
+            POLLER_REQUEST_TIMEOUT="40",
+            POLLER_CLAIM_LEASE="90",
+            POLLER_SHUTDOWN_GRACE="60",
+        )
+        with started(["run", "--id", "p1"], env, tmp_path / "p1.log") as poller:
+            wait_until(lambda: stats(url)["received"] == 5, timeout=20)
+            poller.signal(signal.SIGTERM)  # graceful: would wait up to 60 s for the 5
+            poller.wait_for_output("stopping gracefully")
+            began = time.monotonic()
+            poller.signal(signal.SIGTERM)
+            assert poller.wait(timeout=10) == 130
+            assert time.monotonic() - began < 5
+    assert _by_status(engine) == {"in_flight": 5}  # left to expire and be reclaimed

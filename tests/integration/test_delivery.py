@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -178,3 +179,51 @@ async def test_lookup_answers(client: Sender) -> None:
         assert answer is LookupAnswer.FOUND and attempt.verdict is Verdict.DELIVERED
     finally:
         await receiver.stop()
+
+
+async def test_bad_tls_certificate_is_known_not_sent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import ssl
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = await asyncio.start_server(servers.answer(200), "127.0.0.1", 0, ssl=context)
+    port = server.sockets[0].getsockname()[1]
+    sender = AiohttpSender(allow_private=True)
+    try:
+        attempt = await _send(sender, f"https://127.0.0.1:{port}/hook")
+    finally:
+        await sender.aclose()
+        server.close()
+    assert attempt.verdict is Verdict.RETRY and attempt.error_class == "ConnectError"
+    assert "certificate" in (attempt.error_message or "").lower()
+
+
+def test_permanent_statuses_fail_at_once() -> None:
+    from poller.delivery import classify_status
+
+    assert classify_status(422, permanent=(400, 422)) is Verdict.FAILED
+    assert classify_status(422) is Verdict.RETRY
+    assert classify_status(410, permanent=(400,)) is Verdict.GONE
