@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test test-fast lint format bench clean
+.PHONY: help venv demo test lint format bench loadtest clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.deliveries
+
+loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults
+	FAULTS=$(FAULTS) $(BIN)/python -m loadtest.run
 
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .poller .pytest_cache .mypy_cache .ruff_cache

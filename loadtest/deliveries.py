@@ -19,11 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +30,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from loadtest.bench_db import fresh_database, server_url
+from loadtest.procs import Proc, clean_env
 from poller import Message, enqueue_many
 from poller.db import sync_engine
 from poller.endpoints import create_endpoint, new_secret
@@ -46,47 +42,8 @@ def _payload(n: int) -> dict[str, Any]:
     return {"order": n, "pad": PAD, "enqueued_at": time.time()}
 
 
-class Proc:
-    """A `python -m poller …` child that is always ended (by PID) on exit."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self.handle = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "poller", *args],
-            env=env,
-            stdout=self.handle,
-            stderr=subprocess.STDOUT,
-        )
-
-    def wait_for(self, pattern: str, timeout: float = 30) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.log.read_text())
-            if found:
-                return found
-            time.sleep(0.05)
-        raise SystemExit(f"{pattern!r} never appeared in {self.log}")
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self.handle.close()
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    env.update(extra)
-    return env
-
-
 def start_receiver(tmp: Path, secret: str, name: str) -> tuple[Proc, str]:
-    proc = Proc(["receiver", "--port", "0", "--secret", secret], _env(), tmp / f"{name}.log")
+    proc = Proc(["receiver", "--port", "0", "--secret", secret], clean_env(), tmp / f"{name}.log")
     port = proc.wait_for(r"listening on http://127\.0\.0\.1:(\d+)").group(1)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -215,7 +172,7 @@ def main() -> None:
                 )
             poller = Proc(
                 ["run", "--id", "bench"],
-                _env(
+                clean_env(
                     POLLER_DATABASE_URL=url,
                     POLLER_CONCURRENCY=str(args.concurrency),
                     POLLER_ALLOW_PRIVATE_TARGETS="true",

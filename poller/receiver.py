@@ -50,6 +50,9 @@ class Faults:
     retry_after: str | None = None
     latency: float = 0.0
     drop_after_process_rate: float = 0.0
+    # Testing the testers: answer 200 to the first N messages but never apply them
+    # (a receiver that loses data), so a load test can prove it detects loss.
+    ack_and_discard: int = 0
     rng: random.Random = field(default_factory=random.Random)
 
 
@@ -158,6 +161,9 @@ class Receiver:
             self.stats.failed_injected += 1
             extra = {"Retry-After": self.faults.retry_after} if self.faults.retry_after else {}
             return self.faults.status, extra, b"injected failure"
+        if self.faults.ack_and_discard > 0:  # acknowledged, never applied: a lost message
+            self.faults.ack_and_discard -= 1
+            return 200, {}, b"ok"
         self._apply(key, body, now)
         if (
             self.faults.drop_after_process_rate

@@ -32,6 +32,13 @@ from poller.receiver import Faults, Receiver, serve
     show_default=True,
     help="Apply, then close without answering.",
 )
+@click.option(
+    "--ack-and-discard",
+    default=0,
+    type=click.IntRange(0),
+    hidden=True,
+    help="Answer 200 to the first N messages but lose them (tests the tests).",
+)
 def receiver(
     host: str,
     port: int,
@@ -41,9 +48,11 @@ def receiver(
     retry_after: str | None,
     latency: float,
     drop_after_process_rate: float,
+    ack_and_discard: int,
 ) -> None:
     """Serve the reference receiver until SIGTERM/SIGINT."""
     faults = Faults(
+        ack_and_discard=ack_and_discard,
         fail_rate=fail_rate,
         status=status,
         retry_after=retry_after,

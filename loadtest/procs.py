@@ -1,0 +1,67 @@
+"""Child processes for benchmarks and the load test: started, logged, always ended by PID."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class Proc:
+    """``python -m <module> …`` with its output in ``log``; :meth:`stop` ends it."""
+
+    def __init__(
+        self, args: list[str], env: dict[str, str], log: Path, module: str = "poller"
+    ) -> None:
+        self.args, self.env, self.log, self.module = args, env, log, module
+        self.handle = open(log, "a")  # noqa: SIM115 - closed in stop()
+        self.popen = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", self.module, *self.args],
+            env=self.env,
+            stdout=self.handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def restart(self) -> None:
+        """After a kill: the same command again."""
+        self.popen = self._spawn()
+
+    def wait_for(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.log.read_text())
+            if found:
+                return found
+            if self.popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise SystemExit(f"{pattern!r} never appeared in {self.log}")
+
+    def kill(self) -> None:
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.handle.close()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without POLLER_ settings, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
+    env.update(extra)
+    return env
