@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test lint format bench loadtest clean
+.PHONY: help venv demo test lint format bench loadtest chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s v
 
 loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults
 	FAULTS=$(FAULTS) $(BIN)/python -m loadtest.run
+
+chaos: $(STAMP) ## Full chaos run (20,000 messages, every fault at once) with its audit
+	$(BIN)/python -m loadtest.chaos --scenario chaos --messages 20000 --deadline 300
 
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .poller .pytest_cache .mypy_cache .ruff_cache

@@ -11,7 +11,8 @@ Used by the demo, the tests and the load test, and a model for real receivers:
   lookups, faults injected, and commit→receipt latency percentiles from an
   ``enqueued_at`` (epoch seconds) field in the payload, when present.
 * ``GET /receipts`` — each applied key with the time (epoch seconds) it was
-  applied, so a load generator can compute latency from its own commit times.
+  applied, so a load generator can compute latency from its own commit times;
+  ``GET /counts`` — how many times each key arrived.
 
 Faults, each drawn per request: ``fail_rate`` answers ``status`` (default 500,
 with ``Retry-After`` if set) without applying; ``drop_after_process_rate``
@@ -53,6 +54,11 @@ class Faults:
     # Testing the testers: answer 200 to the first N messages but never apply them
     # (a receiver that loses data), so a load test can prove it detects loss.
     ack_and_discard: int = 0
+    # Chaos: answer 410 Gone once this many messages were applied (an endpoint going away).
+    gone_after: int | None = None
+    # Chaos: this share of requests waits ``spike`` seconds first (beyond a sender's timeout).
+    spike_rate: float = 0.0
+    spike: float = 0.0
     rng: random.Random = field(default_factory=random.Random)
 
 
@@ -151,6 +157,10 @@ class Receiver:
         self.stats.per_path[path] += 1
         if self.faults.latency:
             await asyncio.sleep(self.faults.latency)
+        if self.faults.spike_rate and self.faults.rng.random() < self.faults.spike_rate:
+            await asyncio.sleep(self.faults.spike)
+        if self.faults.gone_after is not None and self.stats.applied >= self.faults.gone_after:
+            return 410, {}, b"gone"
         now = time.time()
         if self.keys and not verify(self.keys, headers, body, now):
             self.stats.bad_signatures += 1
@@ -201,6 +211,8 @@ class Receiver:
             return 404, {}, b"not processed"
         if path == "/receipts":  # key -> when it was applied, for exact latency figures
             return 200, {"Content-Type": "application/json"}, json.dumps(self.first_seen).encode()
+        if path == "/counts":  # key -> how many times it arrived (wire duplicates)
+            return 200, {"Content-Type": "application/json"}, json.dumps(self.applied).encode()
         if path == "/healthz":
             return 200, {}, b"ok"
         return 404, {}, b"not found"

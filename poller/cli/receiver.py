@@ -39,6 +39,20 @@ from poller.receiver import Faults, Receiver, serve
     hidden=True,
     help="Answer 200 to the first N messages but lose them (tests the tests).",
 )
+@click.option(
+    "--gone-after",
+    type=click.IntRange(0),
+    hidden=True,
+    help="Answer 410 once N messages were applied (chaos tests).",
+)
+@click.option("--spike-rate", default=0.0, type=click.FloatRange(0, 1), hidden=True)
+@click.option(
+    "--spike",
+    default=0.0,
+    type=click.FloatRange(0),
+    hidden=True,
+    help="Seconds a spiked request waits before it is handled.",
+)
 def receiver(
     host: str,
     port: int,
@@ -49,10 +63,16 @@ def receiver(
     latency: float,
     drop_after_process_rate: float,
     ack_and_discard: int,
+    gone_after: int | None,
+    spike_rate: float,
+    spike: float,
 ) -> None:
     """Serve the reference receiver until SIGTERM/SIGINT."""
     faults = Faults(
         ack_and_discard=ack_and_discard,
+        gone_after=gone_after,
+        spike_rate=spike_rate,
+        spike=spike,
         fail_rate=fail_rate,
         status=status,
         retry_after=retry_after,
