@@ -136,6 +136,11 @@ def test_poller_run_serves_metrics_and_logs_json_without_secrets(
             lines = [json.loads(line) for line in poller.output().splitlines() if line.strip()]
     assert secret not in poller.output()
     assert secret not in json.dumps(list(scraped))  # nor in any metric label
+    with engine.connect() as conn:  # nor in any attempt row
+        from sqlalchemy import text
+
+        attempts = conn.execute(text("SELECT * FROM poller_delivery_attempts")).all()
+    assert attempts and secret not in repr(attempts)
     sent = _value(scraped, "webhook_poller_attempts_total", kind="send")
     delivered = _value(
         scraped, "webhook_poller_delivery_outcomes_total", endpoint="a", outcome="delivered"

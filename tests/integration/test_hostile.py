@@ -1,0 +1,111 @@
+"""Hostile input, each with its exact behaviour: the API, the CLI's URLs, hostile receivers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from poller import InvalidIdempotencyKey, PayloadTooLarge, UnknownEndpoint, enqueue
+from poller.delivery import Verdict, send
+from poller.endpoints import CreatedEndpoint, check_url
+from poller.errors import InvalidEndpoint
+from poller.senders import AiohttpSender, PrivateTargetRefused, _GuardedResolver
+from tests.integration import servers
+from tests.integration.test_delivery import _endpoint, _message
+
+
+def _enqueue(engine: Engine, **fields: object) -> int:
+    base: dict[str, object] = {
+        "endpoint": "billing",
+        "event_type": "e",
+        "payload": {},
+        "idempotency_key": "k",
+    }
+    base.update(fields)
+    with Session(engine) as session, session.begin():
+        return enqueue(session, **base)  # type: ignore[arg-type]
+
+
+def test_ten_megabyte_payload_and_ten_thousand_char_key(
+    engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    with pytest.raises(PayloadTooLarge, match="10485771 bytes as JSON; the limit is 262144"):
+        _enqueue(engine, payload={"blob": "x" * (10 * 1024 * 1024)})
+    with pytest.raises(InvalidIdempotencyKey, match="10000 characters"):
+        _enqueue(engine, idempotency_key="k" * 10_000)
+    with pytest.raises(UnknownEndpoint):
+        _enqueue(engine, endpoint="billing'; DROP TABLE poller_outbox; --")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/hook",
+        "http://[::1]/hook",
+        "http://localhost:8080/",
+        "http://169.254.169.254/latest",
+    ],
+)
+def test_private_urls_refused_when_saved(url: str) -> None:
+    with pytest.raises(InvalidEndpoint, match="POLLER_ALLOW_PRIVATE_TARGETS"):
+        check_url(url, allow_private=False)
+
+
+async def test_a_name_resolving_to_a_private_address_is_refused_at_connect() -> None:
+    class Resolves10:  # a DNS answer we cannot get from a real resolver here
+        async def resolve(
+            self, host: str, port: int = 0, family: int = socket.AF_INET
+        ) -> list[dict[str, object]]:
+            return [
+                {
+                    "hostname": host,
+                    "host": "10.1.2.3",
+                    "port": port,
+                    "family": family,
+                    "proto": 0,
+                    "flags": 0,
+                }
+            ]
+
+        async def close(self) -> None: ...
+
+    guard = _GuardedResolver()
+    guard._inner = Resolves10()  # type: ignore[assignment]
+    with pytest.raises(PrivateTargetRefused, match="POLLER_ALLOW_PRIVATE_TARGETS"):
+        await guard.resolve("internal.example.com", 80)
+
+
+async def slow_drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await servers.read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+    while True:
+        writer.write(b"x")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+
+
+async def huge_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await servers.read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n")
+    await writer.drain()
+
+
+async def test_slow_drip_body_is_cut_by_the_timeout_and_the_status_counts() -> None:
+    sender = AiohttpSender(allow_private=True)
+    async with servers.raw_server(slow_drip) as url:
+        attempt = await send(sender, _endpoint(url), _message(), timeout=1.0, user_agent="t")
+    await sender.aclose()
+    assert attempt.verdict is Verdict.DELIVERED and attempt.status_code == 200
+    assert 900 <= attempt.duration_ms < 3000
+
+
+async def test_a_megabyte_of_headers_is_an_unknown_outcome() -> None:
+    sender = AiohttpSender(allow_private=True)
+    async with servers.raw_server(huge_headers) as url:
+        attempt = await send(sender, _endpoint(url), _message(), timeout=2.0, user_agent="t")
+    await sender.aclose()
+    assert attempt.verdict is Verdict.UNKNOWN  # sent, and the answer was unreadable
