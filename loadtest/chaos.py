@@ -335,7 +335,8 @@ def run_scenario(
         )
         feeder.start()
         injector.start()
-        until = time.monotonic() + deadline
+        began = time.monotonic()
+        until = began + deadline
         while not _settled(engine, run):
             if time.monotonic() > until:
                 break
@@ -346,6 +347,7 @@ def run_scenario(
         if scenario.gone_midway:
             counts.update(httpx.get(f"{gone_url}/counts", timeout=30).json())
         result = audit(engine, run, counts)
+        result["seconds"] = round(time.monotonic() - began, 1)
         if time.monotonic() > until:
             result["problems"].append(f"not settled within {deadline:g}s")
         return result
