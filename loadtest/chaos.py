@@ -100,6 +100,7 @@ class Run:
     faults: list[str] = field(default_factory=list)
     feeding_done: threading.Event = field(default_factory=threading.Event)
     faults_done: threading.Event = field(default_factory=threading.Event)
+    errors: list[str] = field(default_factory=list)  # a feeder or injector that crashed
 
 
 def _feed(engine: Any, run: Run, messages: int, rate: float) -> None:
@@ -131,8 +132,27 @@ def _feed(engine: Any, run: Run, messages: int, rate: float) -> None:
     run.feeding_done.set()
 
 
+def _leader_of_a(engine: Any, pollers: list[Proc]) -> Proc:
+    """The poller leading the shard of endpoint ``a`` (the busy one); any, if unknown."""
+    with engine.connect() as conn:
+        holder = conn.execute(
+            text(
+                "SELECT f.holder FROM poller_shard_fences f JOIN poller_endpoints e "
+                "ON f.shard = e.bucket % (SELECT count(*) FROM poller_shard_fences) "
+                "WHERE e.name = 'a'"
+            )
+        ).scalar()
+    by_name = {p.args[2]: p for p in pollers}  # ["run", "--id", NAME]
+    return by_name.get(holder or "", random.choice(pollers))
+
+
 def _inject(
-    run: Run, pollers: list[Proc], pg: EmbeddedPostgres, redis: EmbeddedRedis, stop: threading.Event
+    run: Run,
+    pollers: list[Proc],
+    pg: EmbeddedPostgres,
+    redis: EmbeddedRedis,
+    stop: threading.Event,
+    engine: Any,
 ) -> None:
     s = run.scenario
     began = time.monotonic()
@@ -151,11 +171,11 @@ def _inject(
             next_kill = time.monotonic() + (s.kill_every or 1e9)
         if once["freeze"] and now > 2:
             once["freeze"] = False
-            victim = random.choice(pollers)
+            victim = _leader_of_a(engine, pollers)
             victim.popen.send_signal(signal.SIGSTOP)
             time.sleep(2 * TTL + 3)  # past its leases and its claims
             victim.popen.send_signal(signal.SIGCONT)
-            run.faults.append("SIGSTOP past lease")
+            run.faults.append("SIGSTOP the leader past its lease")
         if once["pg"] and now > 3:
             once["pg"] = False
             pg.restart()
@@ -238,6 +258,7 @@ def audit(engine: Any, run: Run, counts: dict[str, int]) -> dict[str, Any]:
     ):
         if found:
             problems.append(f"{len(found)} {label}: {sorted(found)[:5]}")
+    problems.extend(run.errors)
     status = [r.status for r in rows.values()]
     return {
         "scenario": run.scenario.name,
@@ -268,6 +289,20 @@ def summary(result: dict[str, Any]) -> str:
         f"{result['wire_duplicates_explained']}/{result['wire_duplicates']} explained"
         + (f" — PROBLEMS: {'; '.join(result['problems'])}" if result["problems"] else "")
     )
+
+
+def _guarded(run: Run, target: Any) -> Any:
+    """A thread body whose crash is reported by the audit instead of vanishing."""
+
+    def body(*args: Any) -> None:
+        try:
+            target(*args)
+        except Exception as exc:
+            run.errors.append(f"{target.__name__} crashed: {type(exc).__name__}: {exc}")
+            run.feeding_done.set()
+            run.faults_done.set()
+
+    return body
 
 
 def run_scenario(
@@ -329,9 +364,11 @@ def run_scenario(
         )
         pollers = [Proc(["run", "--id", f"p{n}"], env, tmp / f"p{n}.log") for n in range(POLLERS)]
         procs.extend(pollers)
-        feeder = threading.Thread(target=_feed, args=(engine, run, messages, rate), daemon=True)
+        feeder = threading.Thread(
+            target=_guarded(run, _feed), args=(engine, run, messages, rate), daemon=True
+        )
         injector = threading.Thread(
-            target=_inject, args=(run, pollers, pg, redis, stop), daemon=True
+            target=_guarded(run, _inject), args=(run, pollers, pg, redis, stop, engine), daemon=True
         )
         feeder.start()
         injector.start()
