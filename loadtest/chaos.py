@@ -282,7 +282,8 @@ def summary(result: dict[str, Any]) -> str:
     )
     return (
         f"{result['scenario']}: {result['messages']} messages "
-        f"({result['rolled_back']} rolled back) settled in {result.get('seconds', '?')}s, faults: {faults}; delivered "
+        f"({result['rolled_back']} rolled back) settled in {result.get('seconds', '?')}s, "
+        f"faults: {faults}; delivered "
         f"{result['delivered']}, failed {result['failed']}, waiting on a disabled endpoint "
         f"{result['waiting']}, lost {result['lost']}, "
         f"duplicate effects {result['duplicate_effects']}, wire duplicates "
