@@ -34,24 +34,35 @@ class Proc:
         """After a kill: the same command again."""
         self.popen = self._spawn()
 
+    def output(self) -> str:
+        return self.log.read_text()
+
     def wait_for(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        """The first match of ``pattern`` in the output; TimeoutError (with the output) if none."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = re.search(pattern, self.log.read_text())
+            found = re.search(pattern, self.output())
             if found:
                 return found
             if self.popen.poll() is not None:
                 break
             time.sleep(0.05)
-        raise SystemExit(f"{pattern!r} never appeared in {self.log}")
+        raise TimeoutError(f"{pattern!r} not in {self.log}:\n{self.output()[-2000:]}")
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
 
     def kill(self) -> None:
         self.popen.send_signal(signal.SIGKILL)
         self.popen.wait(timeout=10)
 
-    def stop(self, timeout: float = 20) -> None:
+    def stop(self, timeout: float = 20, *, graceful: bool = True) -> None:
+        """SIGTERM and wait (SIGKILL after ``timeout``), or SIGKILL at once."""
         if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
+            self.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -50,7 +50,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import metrics, queries
 from poller.election import MAINTENANCE, ElectionUnavailable, Elector, Lease, shard_key
-from poller.election.none import NoElector
 from poller.errors import ConfigurationError
 from poller.schema import BUCKETS
 
@@ -102,7 +101,7 @@ class ShardManager:
         self.margin = lease_ttl / 5
         self.fail_open = fail_open
         self.in_flight = in_flight
-        self.unfenced = isinstance(elector, NoElector)
+        self.unfenced = not elector.fenced
         self.held: dict[int, Lease] = {}
         self.draining: set[int] = set()
         self.maintenance: Lease | None = None

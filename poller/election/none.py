@@ -9,6 +9,8 @@ from poller.election import Holding, Lease
 
 
 class NoElector:
+    fenced = False
+
     def __init__(self, owner: str) -> None:
         self.owner = owner
 

@@ -12,6 +12,8 @@ from poller.election import ElectionUnavailable, Holding, Lease
 
 
 class PostgresElector:
+    fenced = True
+
     def __init__(self, engine: AsyncEngine, owner: str) -> None:
         self.engine = engine
         self.owner = owner

@@ -69,6 +69,8 @@ return redis.call('ZRANGE', KEYS[1], 0, -1)
 
 
 class RedisElector:
+    fenced = True
+
     def __init__(self, url: str, owner: str, prefix: str = "webhook-poller:") -> None:
         self.owner = owner
         self.prefix = prefix

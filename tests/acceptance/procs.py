@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from loadtest.procs import Proc, clean_env
 
 FAST_ENV = {
     "POLLER_RETRY_SCHEDULE": "[0.05]",
@@ -27,46 +24,7 @@ FAST_ENV = {
 
 
 def poller_env(**env: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    return {**base, **FAST_ENV, **env}
-
-
-class Proc:
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self._out = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "poller", *args],
-            env=env,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-        )
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def wait_for_output(self, pattern: str, timeout: float = 20) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.output())
-            if found:
-                return found
-            if self.popen.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"{pattern!r} not in output:\n{self.output()}")
-
-    def signal(self, signum: int) -> None:
-        self.popen.send_signal(signum)
-
-    def wait(self, timeout: float) -> int:
-        return self.popen.wait(timeout=timeout)
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(timeout=10)
-        self._out.close()
+    return clean_env(**{**FAST_ENV, **env})
 
 
 @contextlib.contextmanager
@@ -75,13 +33,13 @@ def started(args: list[str], env: dict[str, str], log: Path) -> Iterator[Proc]:
     try:
         yield proc
     finally:
-        proc.stop()
+        proc.stop(timeout=10, graceful=False)
 
 
 @contextlib.contextmanager
 def receiver(tmp: Path, *flags: str) -> Iterator[tuple[Proc, str]]:
     with started(["receiver", "--port", "0", *flags], poller_env(), tmp / "receiver.log") as proc:
-        port = proc.wait_for_output(r"listening on http://127\.0\.0\.1:(\d+)").group(1)
+        port = proc.wait_for(r"listening on http://127\.0\.0\.1:(\d+)").group(1)
         yield proc, f"http://127.0.0.1:{port}"
 
 
@@ -97,4 +55,4 @@ def wait_until(condition: Any, timeout: float = 30, interval: float = 0.05) -> N
         time.sleep(interval)
 
 
-__all__ = ["poller_env", "receiver", "signal", "started", "stats", "wait_until"]
+__all__ = ["Proc", "poller_env", "receiver", "started", "stats", "wait_until"]

@@ -12,12 +12,7 @@ from sqlalchemy import Engine, text
 from tests.acceptance.procs import poller_env, receiver, started, stats, wait_until
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed
-
-
-def _by_status(engine: Engine) -> dict[str, int]:
-    with engine.connect() as conn:
-        rows = conn.execute(text("SELECT status, count(*) FROM poller_outbox GROUP BY status"))
-        return {status: n for status, n in rows}
+from tests.integration.service_helpers import counts
 
 
 @pytest.mark.slow
@@ -60,9 +55,9 @@ def test_sigkill_then_another_poller_delivers_everything(
             wait_until(lambda: stats(url)["received"] >= 100, timeout=20)
             victim.signal(signal.SIGKILL)
             victim.wait(timeout=10)
-        assert _by_status(engine).get("in_flight", 0) > 0  # it died holding claims
+        assert counts(engine).get("in_flight", 0) > 0  # it died holding claims
         with started(["run", "--id", "rescuer"], env, tmp_path / "rescuer.log"):
-            wait_until(lambda: _by_status(engine) == {"delivered": total}, timeout=60)
+            wait_until(lambda: counts(engine) == {"delivered": total}, timeout=60)
         final = stats(url)
     assert final["unique"] == total  # 0 lost
     assert final["received"] == final["unique"] + final["duplicates"]
@@ -85,9 +80,9 @@ def test_a_second_signal_exits_at_once(engine: Engine, db_url: str, tmp_path: Pa
         with started(["run", "--id", "p1"], env, tmp_path / "p1.log") as poller:
             wait_until(lambda: stats(url)["received"] == 5, timeout=20)
             poller.signal(signal.SIGTERM)  # graceful: would wait up to 60 s for the 5
-            poller.wait_for_output("stopping gracefully")
+            poller.wait_for("stopping gracefully")
             began = time.monotonic()
             poller.signal(signal.SIGTERM)
             assert poller.wait(timeout=10) == 130
             assert time.monotonic() - began < 5
-    assert _by_status(engine) == {"in_flight": 5}  # left to expire and be reclaimed
+    assert counts(engine) == {"in_flight": 5}  # left to expire and be reclaimed

@@ -12,7 +12,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller.claims import Claims
-from poller.election import Holding, Lease
+from poller.election import Lease
+from poller.election.none import NoElector
 from poller.election.postgres import PostgresElector
 from poller.service import Poller
 from poller.shards import ShardManager, check_shard_count
@@ -91,34 +92,17 @@ async def test_three_pollers_balance_eight_shards_and_cover_a_leaver(db_url: str
         assert time.monotonic() - began < 3.0  # not after the TTL: at the next tick
 
 
-class SplitBrain:
-    """Every poller believes it leads every shard, with the same fence."""
+class SplitBrain(NoElector):
+    """Every poller believes it leads every shard, with the same fence: fenced claims all
+    pass, so only SKIP LOCKED and the claim tokens keep the rows safe."""
 
-    def __init__(self, owner: str) -> None:
-        self.owner = owner
+    fenced = True
 
     async def acquire(self, key: str, ttl: float, floor: int = 0) -> Lease | None:
-        return Lease(
-            key, self.owner, floor + 1 if key.startswith("shard") else 1, time.monotonic(), ttl
-        )
+        return Lease(key, self.owner, floor + 1, time.monotonic(), ttl)
 
     async def renew(self, lease: Lease) -> Lease | None:
         return Lease(lease.key, self.owner, lease.fence, time.monotonic(), lease.ttl)
-
-    async def release(self, lease: Lease) -> None:
-        return None
-
-    async def holders(self) -> list[Holding]:
-        return []
-
-    async def heartbeat(self, ttl: float) -> list[str]:
-        return [self.owner]
-
-    async def leave(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 @pytest.mark.slow
