@@ -3,7 +3,12 @@
 Delays are seconds after the attempt that just failed. The schedule's entry
 for attempt ``n`` (1-based) applies after attempt ``n``; past its end the last
 interval repeats. Each delay gets ±20 % jitter so a burst of failures does not
-come back as a burst.
+come back as a burst; a receiver's ``Retry-After`` is a floor, so it gets
+jitter upwards only (0 to +20 %), capped or not.
+
+``Retry-After`` is read strictly (RFC 9110 §10.2.3): ASCII digits
+(delta-seconds) or an HTTP-date. Anything else — ``²``, ``-5``, ``1e9``,
+``٣`` — is ignored, never raised: a receiver controls this header.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 JITTER = 0.2
+MAX_HEADER = 64  # longer than any valid Retry-After; longer values are ignored unread
+MAX_DELAY = 365 * 86400.0  # a delay beyond this is treated as this (and then capped)
 
 
 def backoff(schedule: Sequence[float], attempt: int, rng: random.Random | None = None) -> float:
@@ -25,20 +32,26 @@ def backoff(schedule: Sequence[float], attempt: int, rng: random.Random | None =
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP-date); None if absent/invalid."""
-    if value is None:
+    """Seconds from a Retry-After header (delta-seconds or HTTP-date); None if absent/invalid.
+
+    Never raises, whatever the receiver sent; the result is finite, 0 to MAX_DELAY.
+    """
+    if value is None or len(value) > MAX_HEADER or not value.isascii():
         return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
+    value = value.strip(" \t")
+    if value.isdigit():  # ASCII only (checked above): '²'.isdigit() is True, float('²') raises
+        return min(float(int(value)), MAX_DELAY)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    seconds = (when - (now or datetime.now(UTC))).total_seconds()
-    return max(0.0, seconds) if math.isfinite(seconds) else None
+    try:
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    except OverflowError:
+        return None
+    return min(max(0.0, seconds), MAX_DELAY) if math.isfinite(seconds) else None
 
 
 def retry_delay(
@@ -48,8 +61,9 @@ def retry_delay(
     retry_after_cap: float,
     rng: random.Random | None = None,
 ) -> float:
-    """The next delay: the schedule's, but no sooner than a (capped) Retry-After."""
+    """The next delay: the schedule's, but no sooner than a (capped, jittered) Retry-After."""
     delay = backoff(schedule, attempt, rng)
     if retry_after is not None:
-        delay = max(delay, min(retry_after, retry_after_cap))
+        floor = min(retry_after, retry_after_cap) * (1.0 + (rng or random).uniform(0.0, JITTER))
+        delay = max(delay, floor)
     return delay
