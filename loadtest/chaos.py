@@ -138,7 +138,7 @@ def _leader_of_a(engine: Any, pollers: list[Proc]) -> Proc:
         holder = conn.execute(
             text(
                 "SELECT f.holder FROM poller_shard_fences f JOIN poller_endpoints e "
-                "ON f.shard = e.bucket % (SELECT count(*) FROM poller_shard_fences) "
+                "ON f.shard = e.bucket % NULLIF((SELECT count(*) FROM poller_shard_fences), 0) "
                 "WHERE e.name = 'a'"
             )
         ).scalar()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -33,6 +33,7 @@ from typing import Any, Literal
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
+from poller.endpoints import Endpoint
 from poller.schema import BUCKETS
 
 ALL_BUCKETS: tuple[int, ...] = tuple(range(BUCKETS))
@@ -57,6 +58,7 @@ class ClaimedMessage:
     needs_lookup: bool
     created_at: datetime
     endpoint_updated_at: datetime  # a newer one than the poller's cached endpoint: reload it
+    refunds: int = 0  # attempts handed back by graceful shutdowns so far
 
     @property
     def last_attempt(self) -> bool:
@@ -76,6 +78,7 @@ class Outcome:
     needs_lookup: bool | None = None
     refund: int = 0  # 1 hands the attempt back (graceful release)
     kind: AttemptKind | None = "send"  # None: nothing reached the wire, no attempt row
+    disable_reason: str | None = None  # disable the endpoint too (410 Gone), if applied
     status_code: int | None = None
     error_class: str | None = None
     error_message: str | None = None
@@ -167,12 +170,73 @@ def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
     )
 
 
-def released(msg: ClaimedMessage, *, maybe_sent: bool = False) -> Outcome:
-    """Hand a claim back (graceful shutdown): pending now, attempt not counted.
+def crashed(msg: ClaimedMessage, delay: float, *, maybe_sent: bool, **detail: Any) -> Outcome:
+    """The delivery raised instead of coming to an answer: an attempt all the same.
 
-    ``maybe_sent``: the send was cut off by the shutdown deadline, so the
-    receiver may have it; the next attempt looks it up first.
+    Counted and recorded like a retryable failure (``error_class`` names the
+    exception), backed off, ``failed`` after the last attempt — never refunded,
+    so no input that makes the poller raise can loop a message for ever.
+    ``maybe_sent``: the request may have gone out, so the next attempt looks it up.
     """
+    needs_lookup = maybe_sent or msg.needs_lookup
+    if msg.last_attempt:
+        return Outcome(
+            msg.id, msg.claim_token, msg.attempts, "failed", "crashed", needs_lookup=False, **detail
+        )
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "pending",
+        "crashed",
+        retry_delay=delay,
+        needs_lookup=needs_lookup,
+        **detail,
+    )
+
+
+MAX_REFUNDS = 3
+"""Graceful shutdowns that may hand a message's attempt back; later ones count it."""
+
+
+def released(msg: ClaimedMessage, *, maybe_sent: bool = False) -> Outcome:
+    """Hand a claim back (graceful shutdown): pending now, the attempt not counted.
+
+    At most :data:`MAX_REFUNDS` times per message: a message whose delivery
+    keeps outlasting the shutdown grace (or that is released by pollers
+    restarting in a loop) is then charged the attempt like any other, and is
+    ``failed`` if it was its last. ``maybe_sent``: the send was cut off mid-way,
+    so the receiver may have it — the attempt is recorded and the next one
+    looks it up first.
+    """
+    needs_lookup = True if maybe_sent else None
+    kind: AttemptKind | None = "send" if maybe_sent else None
+    detail: dict[str, Any] = {"error_class": "Released", "kind": kind}
+    if msg.refunds < MAX_REFUNDS:
+        return Outcome(
+            msg.id,
+            msg.claim_token,
+            msg.attempts,
+            "pending",
+            "released",
+            retry_delay=0.0,
+            needs_lookup=needs_lookup,
+            refund=1,
+            error_message="handed back by a graceful shutdown",
+            **detail,
+        )
+    message = f"handed back by a graceful shutdown, attempt counted (refunded {msg.refunds} times)"
+    if msg.last_attempt:
+        return Outcome(
+            msg.id,
+            msg.claim_token,
+            msg.attempts,
+            "failed",
+            "released",
+            needs_lookup=False,
+            error_message=message,
+            **detail,
+        )
     return Outcome(
         msg.id,
         msg.claim_token,
@@ -180,10 +244,16 @@ def released(msg: ClaimedMessage, *, maybe_sent: bool = False) -> Outcome:
         "pending",
         "released",
         retry_delay=0.0,
-        needs_lookup=True if maybe_sent else None,
-        refund=1,
-        kind=None,
+        needs_lookup=needs_lookup,
+        error_message=message,
+        **detail,
     )
+
+
+@dataclass(slots=True)
+class ClaimBatch:
+    messages: list[ClaimedMessage]
+    endpoints: list[Endpoint]  # the claimed messages' endpoints the caller's cache lacked
 
 
 @dataclass(slots=True)
@@ -198,6 +268,16 @@ class ReclaimResult:
     failed: list[int] = field(default_factory=list)
 
 
+TEXT_CAP = 2048
+
+
+def clean_text(value: str, cap: int = TEXT_CAP) -> str:
+    """Text PostgreSQL will store whatever a receiver sent: no NUL, no lone surrogate, capped."""
+    if not value.isascii():
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value.replace("\x00", "\ufffd")[:cap]
+
+
 def outcomes_json(outcomes: Sequence[Outcome], poller_id: str) -> dict[str, str]:
     """COMPLETE_BATCH's parameters: the outcomes as one JSON array (None fields left out)."""
     records = []
@@ -206,11 +286,11 @@ def outcomes_json(outcomes: Sequence[Outcome], poller_id: str) -> dict[str, str]
         for name in _OPTIONAL_FIELDS:
             value = getattr(o, name)
             if value is not None:
-                record[name] = value
+                record[name] = clean_text(value) if isinstance(value, str) else value
         if o.started_at is not None:
             record["started_at"] = o.started_at.isoformat()
         records.append(record)
-    return {"outcomes": json.dumps(records), "poller_id": poller_id}
+    return {"outcomes": json.dumps(records), "poller_id": clean_text(poller_id)}
 
 
 _OPTIONAL_FIELDS = tuple(
@@ -242,6 +322,12 @@ class Claims:
         self.stale_leader_claims = 0
 
     async def claim_batch(
+        self, limit: int, buckets: Sequence[int] | None = None, **options: Any
+    ) -> list[ClaimedMessage]:
+        """:meth:`claim`, for callers that keep no endpoint cache: just the messages."""
+        return (await self.claim(limit, buckets, **options)).messages
+
+    async def claim(
         self,
         limit: int,
         buckets: Sequence[int] | None = None,
@@ -251,7 +337,8 @@ class Claims:
         fences: dict[int, int] | None = None,
         shards: int = 1,
         on_refused: Callable[[list[int]], None] | None = None,
-    ) -> list[ClaimedMessage]:
+        endpoint_versions: Mapping[int, datetime] | None = None,
+    ) -> ClaimBatch:
         """Claim up to ``limit`` due rows of ``buckets`` (default: all), fairly per endpoint.
 
         An endpoint gets at most its ``max_in_flight`` (else ``default_max_in_flight``,
@@ -260,9 +347,15 @@ class Claims:
         first checks and advances each shard's fence in the same transaction; a
         refused shard (a newer leader has it) claims nothing, and its number goes
         to ``on_refused``.
+
+        ``endpoint_versions`` ({id: updated_at} of the caller's endpoint cache):
+        every claimed message's endpoint that is missing or older there is read
+        in the same transaction and returned in ``endpoints``. So once the claim
+        has committed the caller needs no further I/O before sending: nothing
+        can fail between a committed claim and its deliveries.
         """
         if buckets is not None and not buckets:
-            return []
+            return ClaimBatch([], [])
         params = {
             "buckets": ALL_BUCKETS_LITERAL if buckets is None else buckets_literal(buckets),
             "limit": limit,
@@ -292,13 +385,43 @@ class Claims:
                         on_refused(refused)
                 allowed = [b for b in (buckets or ALL_BUCKETS) if b % shards in accepted]
                 if not allowed:
-                    return []
+                    return ClaimBatch([], [])
                 params["buckets"] = buckets_literal(allowed)
             result = await conn.execute(queries.CLAIM_BATCH, params)
             if tuple(result.keys()) != _CLAIMED_FIELDS:  # pragma: no cover - a schema slip
                 raise RuntimeError(f"CLAIM_BATCH returns {tuple(result.keys())}")
-            rows = result.all()
-        return [ClaimedMessage(*row) for row in rows]
+            messages = [ClaimedMessage(*row) for row in result.all()]
+            versions = endpoint_versions or {}
+            stale = sorted(
+                {
+                    m.endpoint_id
+                    for m in messages
+                    if m.endpoint_id not in versions
+                    or versions[m.endpoint_id] < m.endpoint_updated_at
+                }
+            )
+            endpoints = []
+            if stale:
+                rows = await conn.execute(queries.ENDPOINTS_BY_ID, {"ids": stale})
+                endpoints = [Endpoint.from_row(row) for row in rows]
+        return ClaimBatch(messages, endpoints)
+
+    async def extend(self, held: Mapping[int, int]) -> set[int]:
+        """Extend the claim lease of held rows ({id: claim_token}); returns the ids still held.
+
+        One statement for all of them, fenced by claim token: a row that was
+        reclaimed (and maybe claimed again) is not extended and not returned.
+        """
+        if not held:
+            return set()
+        params = {
+            "ids": list(held),
+            "tokens": list(held.values()),
+            "claim_lease": self.claim_lease,
+        }
+        async with self.engine.begin() as conn:
+            rows = (await conn.execute(queries.EXTEND_CLAIMS, params)).all()
+        return {row.id for row in rows}
 
     async def complete(self, outcomes: Sequence[Outcome]) -> CompletionResult:
         """Apply outcomes (any mix) in one fenced statement; report which were stale."""
@@ -314,29 +437,6 @@ class Claims:
         )
         self.stale_completions += len(result.stale)
         return result
-
-    # Named wrappers for a batch of one kind of outcome.
-
-    async def mark_delivered(self, messages: Sequence[ClaimedMessage]) -> CompletionResult:
-        return await self.complete([delivered(m) for m in messages])
-
-    async def schedule_retry(
-        self, messages: Sequence[ClaimedMessage], delay: float, **detail: Any
-    ) -> CompletionResult:
-        return await self.complete([retry(m, delay, **detail) for m in messages])
-
-    async def mark_unknown(
-        self, messages: Sequence[ClaimedMessage], delay: float, **detail: Any
-    ) -> CompletionResult:
-        return await self.complete([unknown(m, delay, **detail) for m in messages])
-
-    async def mark_failed(
-        self, messages: Sequence[ClaimedMessage], **detail: Any
-    ) -> CompletionResult:
-        return await self.complete([failed(m, **detail) for m in messages])
-
-    async def release(self, messages: Sequence[ClaimedMessage]) -> CompletionResult:
-        return await self.complete([released(m) for m in messages])
 
     async def reclaim_expired(self, limit: int = 1000) -> ReclaimResult:
         """Return expired claims to pending + needs_lookup (or failed at max attempts)."""

@@ -9,13 +9,34 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from poller.errors import ConfigurationError
 from poller.settings import Settings
+
+TRANSIENT: tuple[type[BaseException], ...] = (
+    OperationalError,  # connection lost, server restarting, deadlock, lock or statement timeout
+    InterfaceError,  # connection closed under us
+    PoolTimeout,  # every pooled connection busy (or being re-established)
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    OSError,
+)
+"""Database errors worth retrying with backoff. Anything else (a ProgrammingError, a
+DataError, a bug) is not transient: the loop that meets it crashes the service."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for the errors of a database that is away or busy, not of a wrong statement."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, TRANSIENT)
+
 
 _SCHEMES = {"postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg_async"}
 

@@ -18,20 +18,21 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
 import math
 import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+import idna
 from sqlalchemy import Connection, Row, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from poller.errors import EndpointExists, InvalidEndpoint, PollerError, UnknownEndpoint
+from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
 from poller.schema import BUCKETS, endpoints, outbox
 
 SECRET_PREFIX = "whsec_"
@@ -51,24 +52,47 @@ def new_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
 
 
-def is_private_host(host: str) -> bool:
-    """True for literal loopback/private/link-local/reserved addresses and localhost names.
+_LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 
-    Names are resolved again at delivery time; this check catches the obvious
-    cases when an endpoint is saved.
-    """
-    host = host.strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
+
+def _check_name_host(host: str, what: str) -> None:
+    """A DNS name: LDH labels (and ``_``), or internationalised labels that IDNA accepts."""
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253 or not all(labels):
+        raise InvalidEndpoint(f"{what} host {host!r} is not a valid host name")
+    for label in labels:
+        if label.isascii() and not label.startswith("xn--") and _LABEL_RE.fullmatch(label):
+            continue
+        try:
+            idna.encode(label, uts46=True)
+        except (idna.IDNAError, UnicodeError, ValueError):
+            raise InvalidEndpoint(f"{what} host {host!r} is not a valid host name") from None
+
+
+def _canonical_host(url: str, parts: SplitResult, what: str) -> str:
+    """The URL with a numeric host in its canonical spelling (``0x7f.1`` → ``127.0.0.1``)."""
+    host = parts.hostname or ""
     try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return not address.is_global
+        address = literal_address(host)
+    except InvalidHost as exc:
+        raise InvalidEndpoint(f"{what}: {exc}") from None
+    if address is None:
+        _check_name_host(host, what)
+        return url
+    canonical = f"[{address.compressed}]" if address.version == 6 else str(address)
+    if canonical == parts.netloc.rsplit(":", 1)[0] or canonical == parts.netloc:
+        return url
+    netloc = canonical if parts.port is None else f"{canonical}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def check_url(url: object, *, what: str = "url", allow_private: bool = False) -> str:
-    """An http(s) URL with a host and no credentials, or InvalidEndpoint."""
+    """An http(s) URL with a valid host and no credentials, or InvalidEndpoint.
+
+    Returns the URL to store: a numeric host in any spelling a client would
+    accept (``2130706433``, ``0177.0.0.1``, ``127.1``) is rewritten as the
+    canonical address, so what is stored is what is connected to.
+    """
     if not isinstance(url, str) or not url:
         raise InvalidEndpoint(f"{what} must be a non-empty http(s) URL")
     try:
@@ -86,10 +110,11 @@ def check_url(url: object, *, what: str = "url", allow_private: bool = False) ->
         raise InvalidEndpoint(f"{what} must not contain spaces or control characters")
     if port == 0:
         raise InvalidEndpoint(f"{what} has port 0")
-    if not allow_private and is_private_host(parts.hostname):
+    url = _canonical_host(url, parts, what)
+    reason = host_refusal(urlsplit(url).hostname or "")
+    if not allow_private and reason is not None:
         raise InvalidEndpoint(
-            f"{what} points at a private, loopback or link-local address ({parts.hostname}); "
-            "set POLLER_ALLOW_PRIVATE_TARGETS=true to allow it"
+            f"{what} points at a private, loopback or link-local address ({reason}); {PRIVATE_HINT}"
         )
     return url
 

@@ -1,8 +1,15 @@
-"""Leader-only maintenance: small services with ``run_once()`` on a jittered interval.
+"""Periodic services: small objects with ``run_once()``, run on a jittered interval.
 
-The poller holding the ``maintenance`` lease runs them (every poller, with
-election ``none`` or a failed-open backend — they are safe to run anywhere:
-each locks with SKIP LOCKED and touches only rows nobody holds).
+:class:`Periodic` runs one service River-style: sleep the interval (±20 %
+jitter, so pollers started together do not act together), run it if its
+condition holds, repeat. A transient database error is counted and logged
+(once per outage, then once per interval) and the next run tries again; any
+other exception escapes, and the supervisor (poller/supervise.py) stops the
+poller loudly.
+
+Leader-only maintenance — run by the poller holding the ``maintenance`` lease
+(every poller, with election ``none`` or a failed-open backend: each locks
+with SKIP LOCKED and touches only rows nobody holds, so that is safe):
 
 * :class:`Reclaimer` — expired claims back to pending + ``needs_lookup`` (or
   failed when their attempts are spent), within ``claim_lease + sweep_interval``.
@@ -10,20 +17,80 @@ each locks with SKIP LOCKED and touches only rows nobody holds).
   attempts, in batches of :data:`PURGE_BATCH` so no lock is held for long.
 * :class:`GaugeRefresher` — the cluster-wide gauges (due messages and the
   oldest one's age per endpoint, messages by status).
+
+Every poller also runs the claim-lease heartbeat (``Completer.extend_leases``,
+poller/completer.py) as a Periodic.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import metrics, queries
 from poller.claims import Claims
+from poller.completer import OutageLog
+from poller.db import is_transient
 
 log = logging.getLogger("poller.maintenance")
 
 PURGE_BATCH = 1000
+JITTER = 0.2
+
+
+class Service(Protocol):
+    async def run_once(self) -> int: ...
+
+
+class Periodic:
+    """Run ``service.run_once()`` every ``interval`` seconds (jittered) while ``when()`` holds."""
+
+    def __init__(
+        self,
+        name: str,
+        service: Service,
+        interval: float,
+        *,
+        when: Callable[[], bool] = lambda: True,
+        after: Callable[[int], object] | None = None,
+    ) -> None:
+        self.name = name
+        self.service = service
+        self.interval = interval
+        self.when = when
+        self.after = after
+        self._outage = OutageLog(name)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval * random.uniform(1 - JITTER, 1 + JITTER))
+            if not self.when():
+                continue
+            try:
+                done = await self.service.run_once()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                self._outage.failed(exc)
+                continue
+            self._outage.recovered()
+            if self.after is not None:
+                self.after(done)
+
+
+class Call:
+    """A plain coroutine function as a Service."""
+
+    def __init__(self, run: Callable[[], Awaitable[int]]) -> None:
+        self._run = run
+
+    async def run_once(self) -> int:
+        return await self._run()
 
 
 class Reclaimer:

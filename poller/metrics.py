@@ -59,6 +59,15 @@ DB_ERRORS = Counter(
     "webhook_poller_db_errors_total", "Transient database errors met (and retried)."
 )
 RECLAIMED = Counter("webhook_poller_reclaimed_total", "Expired claims reclaimed.")
+CLAIMS_LOST = Counter(
+    "webhook_poller_claims_lost_total",
+    "Held claims the lease heartbeat found taken over (this poller was too slow or cut off).",
+)
+LOOP_CRASHES = Counter(
+    "webhook_poller_loop_crashes_total",
+    "Supervised loops that crashed (the poller then stops and exits non-zero).",
+    ["loop"],
+)
 IN_FLIGHT = Gauge("webhook_poller_in_flight", "Deliveries under way in this poller.")
 DELIVERY_SECONDS = Histogram(
     "webhook_poller_delivery_duration_seconds",
@@ -86,3 +95,15 @@ OLDEST_DUE_SECONDS = Gauge(
     ["endpoint"],
 )
 MESSAGES = Gauge("webhook_poller_messages", "Messages by status (maintenance leader).", ["status"])
+
+
+def sample_total(metric: Counter, **labels: str) -> float:
+    """This process's total of a counter over the series matching ``labels`` (demo, tests)."""
+    total = 0.0
+    for family in metric.collect():
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            if all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total

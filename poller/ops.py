@@ -1,11 +1,12 @@
 """Operations endpoints on ``POLLER_METRICS_ADDR``: /metrics, /healthz, /readyz.
 
 * ``/metrics`` — Prometheus text format (poller/metrics.py).
-* ``/healthz`` — the process is alive and its event loop answers (a blocked
-  loop cannot answer at all, so the prober's timeout catches it); reports the
-  loop's recent scheduling lag.
-* ``/readyz`` — PostgreSQL answers within 2 s and its schema is at the
-  revision this poller needs; 503 with the reason otherwise.
+* ``/healthz`` — the process is alive, its event loop answers (a blocked
+  loop cannot answer at all, so the prober's timeout catches it) and none of
+  its supervised loops has crashed (503 naming the loop otherwise: the poller
+  is stopping and will exit non-zero); reports the loop's recent scheduling lag.
+* ``/readyz`` — healthy as above, PostgreSQL answers within 2 s and its schema
+  is at the revision this poller needs; 503 with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -17,33 +18,46 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller.migrate import VERSION_TABLE, head_revision
+from poller import queries
+from poller.migrate import head_revision
+from poller.supervise import Supervisor
 
 LAG_PROBE = 0.5
 
 
 class Ops:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, supervisor: Supervisor | None = None) -> None:
         self.engine = engine
+        self.supervisor = supervisor
         self.head = head_revision()
         self.lag = 0.0
+
+    def _crashed(self) -> web.Response | None:
+        if self.supervisor is None or self.supervisor.healthy:
+            return None
+        return web.json_response(
+            {"status": "crashed", "reason": self.supervisor.failure}, status=503
+        )
 
     async def metrics(self, _: web.Request) -> web.Response:
         body = generate_latest()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, _: web.Request) -> web.Response:
+        crashed = self._crashed()
+        if crashed is not None:
+            return crashed
         return web.json_response({"status": "ok", "loop_lag_seconds": round(self.lag, 4)})
 
     async def readyz(self, _: web.Request) -> web.Response:
+        crashed = self._crashed()
+        if crashed is not None:
+            return crashed
         try:
             async with asyncio.timeout(2.0), self.engine.connect() as conn:
-                revision = (
-                    await conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
-                ).scalar()
+                revision = (await conn.execute(queries.SCHEMA_REVISION)).scalar()
         except Exception as exc:  # any failure to answer means not ready
             return web.json_response(
                 {"status": "unavailable", "reason": f"database: {type(exc).__name__}"}, status=503
@@ -63,13 +77,15 @@ class Ops:
 
 
 @contextlib.asynccontextmanager
-async def serving(addr: str | None, engine: AsyncEngine) -> AsyncIterator[int | None]:
+async def serving(
+    addr: str | None, engine: AsyncEngine, supervisor: Supervisor | None = None
+) -> AsyncIterator[int | None]:
     """Serve the ops endpoints on ``host:port`` while the block runs; yields the port."""
     if not addr:
         yield None
         return
     host, _, port = addr.rpartition(":")
-    ops = Ops(engine)
+    ops = Ops(engine, supervisor)
     app = web.Application()
     app.add_routes(
         [

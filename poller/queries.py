@@ -178,31 +178,41 @@ CLAIM_BATCH = _statement(
     RETURNING o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
               o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
               o.claim_expires_at, o.needs_lookup, o.created_at,
-              e.updated_at AS endpoint_updated_at
+              e.updated_at AS endpoint_updated_at, o.refunds
     """,
 )
 
-# A receiver answered 410 Gone: stop sending to it until an operator enables it.
-DISABLE_ENDPOINT = _statement(
-    "DISABLE_ENDPOINT",
+# The endpoints of just-claimed messages that the poller's cache lacks or holds an
+# older version of (url, secrets, limits); read in the claim's own transaction.
+ENDPOINTS_BY_ID = _statement(
+    "ENDPOINTS_BY_ID",
+    "SELECT * FROM poller_endpoints WHERE id = ANY(CAST(:ids AS bigint[]))",
+)
+
+# Claim-lease heartbeat: extend the leases of rows this poller is still working
+# on (delivering, or writing the outcome of), one statement for all of them.
+# Fenced by claim token: a row reclaimed meanwhile is neither extended nor returned.
+EXTEND_CLAIMS = _statement(
+    "EXTEND_CLAIMS",
     """
-    UPDATE poller_endpoints
-    SET enabled = false, disabled_reason = :reason, updated_at = now()
-    WHERE id = :id AND enabled
+    UPDATE poller_outbox o
+    SET claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision))
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS bigint[])) AS h(id, claim_token)
+    WHERE o.id = h.id AND o.claim_token = h.claim_token AND o.status = 'in_flight'
+    RETURNING o.id
     """,
 )
-
-# Every endpoint, for the service's cache (url, secrets, limits).
-ALL_ENDPOINTS = _statement("ALL_ENDPOINTS", "SELECT * FROM poller_endpoints")
 
 # Apply a batch of outcomes, each fenced by (id, claim_token, in_flight): a
 # write from a superseded claim matches no row and changes nothing. The batch
 # is one JSON array (absent keys are NULL): json.dumps is several times
 # cheaper than adapting fifteen parallel arrays. The status,
-# retry delay and lookup flag are decided by the caller (poller/claims.py) from
-# the claimed row; this statement only applies them, and records each attempt
-# that reached the wire in poller_delivery_attempts — stale ones too, marked
-# stale, so every duplicate the receiver saw is explained.
+# retry delay, lookup flag and refund are decided by the caller
+# (poller/claims.py) from the claimed row; this statement only applies them
+# (counting refunds), disables an endpoint that answered 410 when that outcome
+# applied, and records each attempt that reached the wire in
+# poller_delivery_attempts — stale ones too, marked stale, so every duplicate
+# the receiver saw is explained.
 COMPLETE_BATCH = _statement(
     "COMPLETE_BATCH",
     """
@@ -211,11 +221,13 @@ COMPLETE_BATCH = _statement(
             id bigint, claim_token bigint, attempt integer, status text, outcome text,
             retry_delay double precision, needs_lookup boolean, refund integer,
             status_code integer, error_class text, error_message text, kind text,
-            started_at timestamptz, duration_ms double precision, response_excerpt text)
+            started_at timestamptz, duration_ms double precision, response_excerpt text,
+            disable_reason text)
     ), done AS (
         UPDATE poller_outbox o
         SET status = c.status,
             attempts = o.attempts - coalesce(c.refund, 0),
+            refunds = o.refunds + coalesce(c.refund, 0),
             needs_lookup = coalesce(c.needs_lookup, o.needs_lookup),
             next_attempt_at = CASE WHEN c.status = 'pending'
                 THEN now() + make_interval(secs => coalesce(c.retry_delay, 0))
@@ -229,7 +241,12 @@ COMPLETE_BATCH = _statement(
             updated_at = now()
         FROM c
         WHERE o.id = c.id AND o.claim_token = c.claim_token AND o.status = 'in_flight'
-        RETURNING o.id
+        RETURNING o.id, o.endpoint_id
+    ), disabled AS (
+        UPDATE poller_endpoints e
+        SET enabled = false, disabled_reason = c.disable_reason, updated_at = now()
+        FROM c JOIN done ON done.id = c.id
+        WHERE e.id = done.endpoint_id AND c.disable_reason IS NOT NULL AND e.enabled
     ), recorded AS (
         INSERT INTO poller_delivery_attempts
             (message_id, attempt, kind, claim_token, poller_id, started_at, duration_ms,
@@ -286,18 +303,19 @@ RECLAIM_EXPIRED = _statement(
 
 # --- election and shards (SPEC §6) ------------------------------------------------
 
-# The shard count every poller must agree on: the first poller records it.
-CLUSTER_SHARDS = _statement(
-    "CLUSTER_SHARDS",
+# A setting every poller must agree on (shard count, election backend): the
+# first poller records it; the recorded value comes back either way.
+CLUSTER_FACT = _statement(
+    "CLUSTER_FACT",
     """
     WITH recorded AS (
-        INSERT INTO poller_cluster (key, value) VALUES ('shards', CAST(:shards AS text))
+        INSERT INTO poller_cluster (key, value) VALUES (:key, :value)
         ON CONFLICT (key) DO NOTHING
         RETURNING value
     )
     SELECT value FROM recorded
     UNION ALL
-    SELECT value FROM poller_cluster WHERE key = 'shards'
+    SELECT value FROM poller_cluster WHERE key = :key
     """,
 )
 
@@ -315,8 +333,10 @@ ENSURE_SHARD_FENCES = _statement(
 SHARD_FENCES = _statement("SHARD_FENCES", "SELECT shard, fence FROM poller_shard_fences")
 
 # Check and advance shard fences, in the claim's own transaction: a fence below
-# the last accepted one is a superseded leader's, and its shard is refused.
-# The row locks taken here serialize claims per shard until the claim commits.
+# the last accepted one is a superseded leader's, and its shard is refused; an
+# equal fence is accepted only from the poller that set it (two holders can
+# never share one fence). The row locks taken here serialize claims per shard
+# until the claim commits.
 FENCE_SHARDS = _statement(
     "FENCE_SHARDS",
     """
@@ -326,9 +346,17 @@ FENCE_SHARDS = _statement(
     UPDATE poller_shard_fences f
     SET fence = offered.fence, holder = :holder, updated_at = now()
     FROM offered
-    WHERE f.shard = offered.shard AND f.fence <= offered.fence
+    WHERE f.shard = offered.shard
+      AND (f.fence < offered.fence
+           OR (f.fence = offered.fence AND f.holder IS NOT DISTINCT FROM :holder))
     RETURNING f.shard
     """,
+)
+
+# A newly won shard's fence write must not queue behind a frozen old leader's
+# claim transaction (which holds the fence row): fail fast, try next tick.
+LOCK_TIMEOUT = _statement(
+    "LOCK_TIMEOUT", "SELECT set_config('lock_timeout', CAST(:ms AS text), true)"
 )
 
 # postgres backend: take a free or expired lease (or keep one's own), on the
@@ -397,6 +425,9 @@ MEMBER_HEARTBEAT = _statement(
 )
 
 MEMBER_LEAVE = _statement("MEMBER_LEAVE", "DELETE FROM poller_members WHERE poller_id = :poller_id")
+
+# The schema revision Alembic recorded (readiness checks).
+SCHEMA_REVISION = _statement("SCHEMA_REVISION", "SELECT version_num FROM poller_alembic_version")
 
 # Retention: delete up to :limit delivered (or failed) rows older than :age
 # seconds, with their attempts (cascade). Small batches keep locks short.

@@ -12,7 +12,9 @@ fenced by ``claim_token``, see poller/claims.py)::
        │                   │ outcome unknown ───────────────▶ pending + needs_lookup
        │                   │ retryable and attempts = max ──▶ failed
        │                   │ 410 Gone ──────────────────────▶ failed (endpoint disabled)
+       │                   │ the delivery raised ───────────▶ as a retryable failure (counted)
        │                   │ graceful shutdown ─────────────▶ pending, attempt not counted
+       │                   │                                  (at most MAX_REFUNDS times)
        │                   └ claim lease expired ───────────▶ pending + needs_lookup, or failed
        └──── admin retry ◀── failed
 """
@@ -103,6 +105,8 @@ outbox = Table(
     Column("status", Text, nullable=False, server_default=text("'pending'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False),
+    # Attempts handed back by graceful shutdowns (bounded: poller/claims.py MAX_REFUNDS).
+    Column("refunds", Integer, nullable=False, server_default=text("0")),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("claim_token", BigInteger),
     Column("claimed_by", Text),

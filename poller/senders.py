@@ -1,49 +1,63 @@
-"""How deliveries reach the wire: one narrow seam, two implementations.
+"""How deliveries reach the wire: one narrow seam, two implementations, one guard.
 
 ``Sender.request(method, url, headers, body, timeout)`` returns a
-:class:`Reply` (status, headers, up to :data:`READ_CAP` bytes of body) or
+:class:`Reply` (status, Retry-After, up to :data:`READ_CAP` bytes of body) or
 raises :class:`SendError`, whose ``sent`` flag says whether the receiver may
 have seen the request — the distinction SPEC §4 is built on:
 
 * ``sent=False`` (*not sent*): DNS failure, connection refused, TLS failure,
-  connect or pool timeout, a private target refused. Known not delivered.
-* ``sent=True`` (*unknown*): no answer after the request went out — read
+  connect or pool timeout, an invalid URL, a private target refused. Known
+  not delivered.
+* ``sent=True`` (*unknown*): no answer after the connection was made — read
   timeout, connection reset or closed after sending, an unparseable answer.
 
-:class:`AiohttpSender` is the default: measured on a 2-core machine, one
-``poller run`` process reached 1,800 deliveries/s through httpx's API over an
-aiohttp transport and well over 3,000 with aiohttp called directly (httpx's
-request/response models cost more per message than signing, claiming and
-completing together; see README "Performance"). :class:`HttpxSender` takes any
-``httpx.AsyncClient`` — custom transports, proxies, ``httpx.MockTransport`` in
-tests — and classifies httpx's exceptions the same way.
+**Two budgets.** ``timeout`` bounds the whole exchange (a slow-drip body
+cannot hold a claim past its lease; a status already received still counts).
+Inside it, the *connect budget* — ``min(connect_timeout, timeout / 2)`` —
+bounds getting a connection (pool wait, DNS, TCP, TLS) and is enforced by the
+client itself, so it always fires first: a failure within it is *not sent*,
+and running out of the whole budget after it is *unknown*. A blackholed host
+is therefore a connect timeout, never a "maybe delivered".
 
-Either way the whole exchange is bounded by ``timeout`` (a slow-drip body
-cannot hold a claim past its lease; a status already received still counts),
-redirects are never followed, TLS is verified, and the body is read only up to
-READ_CAP before the connection is dropped. Unless private targets are allowed,
-the aiohttp sender refuses hosts that *resolve* to non-global addresses at
-connect time (every resolved address is filtered, so DNS rebinding cannot slip
-past an earlier check), and both refuse literal private IPs.
+:class:`AiohttpSender` is the default: measured on a 2-core machine, one
+``poller run`` process reached 1,800 deliveries/s through httpx's API and well
+over 3,000 with aiohttp called directly (README "Performance").
+:class:`HttpxSender` uses httpx with the same guard and the same
+classification; its ``transport`` argument is for tests
+(``httpx.MockTransport``) and owns its own connections.
+
+Both refuse private targets at the connection seam (poller/netguard.py)
+unless they are allowed, never follow redirects, verify TLS, ignore proxy
+environment variables, and read the body only up to READ_CAP before dropping
+the connection. :func:`make_sender` builds the one the settings ask for.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
+import httpcore
 import httpx
-from aiohttp.abc import AbstractResolver, ResolveResult
 
-from poller.endpoints import is_private_host
+from poller.netguard import (
+    PRIVATE_HINT,
+    GuardedBackend,
+    Resolve,
+    guarded_socket,
+    host_refusal,
+    system_resolve,
+)
+
+if TYPE_CHECKING:
+    from poller.settings import Settings
 
 READ_CAP = 64 * 1024
-PRIVATE_HINT = "set POLLER_ALLOW_PRIVATE_TARGETS=true to allow it"
+NO_CEILING = 1e9  # aiohttp rounds timeouts of 5 s or more up to whole seconds unless told not to
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,61 +84,47 @@ class Sender(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _refuse_literal_private(url: str, allow_private: bool) -> None:
-    if allow_private:
-        return
-    host = httpx.URL(url).host
-    literal = host.lower() in ("localhost",) or host.lower().endswith(".localhost")
+def connect_budget(connect_timeout: float, timeout: float) -> float:
+    """The share of ``timeout`` allowed for getting a connection (it must end first)."""
+    return min(connect_timeout, timeout / 2)
+
+
+def _message(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def preflight(url: str, allow_private: bool) -> None:
+    """Refuse a URL before any I/O: unparseable, or a private literal host / ``localhost``.
+
+    Only a courtesy (a clear error, no DNS query): the guard at connect time is
+    what holds, for every spelling and every DNS answer.
+    """
     try:
-        ipaddress.ip_address(host.strip("[]"))
-        literal = literal or is_private_host(host)
-    except ValueError:
-        pass
-    if literal:
-        raise SendError(
-            "ConnectError", f"{host} is a private or loopback address; {PRIVATE_HINT}", sent=False
-        )
+        host = urlsplit(url).hostname
+    except ValueError as exc:
+        raise SendError("InvalidURL", _message(exc), sent=False) from exc
+    if not host:
+        raise SendError("InvalidURL", f"{url!r} has no host", sent=False)
+    if not allow_private:
+        reason = host_refusal(host)
+        if reason is not None:
+            raise SendError("ConnectError", f"refused: {reason}; {PRIVATE_HINT}", sent=False)
 
 
 # --- aiohttp ---------------------------------------------------------------------
 
 
-class _GuardedResolver(AbstractResolver):
-    """aiohttp's threaded resolver, minus every non-global address."""
-
-    def __init__(self) -> None:
-        self._inner = aiohttp.ThreadedResolver()
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        allowed = [r for r in results if ipaddress.ip_address(r["host"]).is_global]
-        if not allowed:
-            raise PrivateTargetRefused(
-                f"{host} resolves only to private, loopback or link-local addresses; "
-                + PRIVATE_HINT
-            )
-        return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
-class PrivateTargetRefused(OSError):
-    """The target resolves to an address deliveries may not reach."""
-
-
 def _aiohttp_error(exc: BaseException) -> SendError:
     """Classify an aiohttp failure by the phase it happened in."""
-    message = f"{type(exc).__name__}: {exc}"[:500]
+    message = _message(exc)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return SendError("ConnectTimeout", message, sent=False)
-    if isinstance(exc, aiohttp.ClientConnectorError | PrivateTargetRefused):
+    if isinstance(exc, aiohttp.ClientConnectorError):
         return SendError("ConnectError", message, sent=False)
-    if isinstance(exc, aiohttp.InvalidURL):
+    if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
         return SendError("InvalidURL", message, sent=False)
     if isinstance(exc, aiohttp.SocketTimeoutError | TimeoutError):
+        # The connect budget had not run out, so the connection was made: maybe processed.
         return SendError("ReadTimeout", message, sent=True)
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientResponseError):
         # Closed after reading the request, or answered with garbage: maybe processed.
@@ -136,12 +136,22 @@ class AiohttpSender:
     """The default sender: one aiohttp session, created lazily on the running loop.
 
     ``limit`` bounds open connections (0: unbounded; the service bounds
-    concurrency itself).
+    concurrency itself). ``resolver`` replaces aiohttp's (tests: a DNS answer
+    no real resolver here would give); the guard checks what it returns.
     """
 
-    def __init__(self, *, limit: int = 0, allow_private: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        limit: int = 0,
+        allow_private: bool = False,
+        connect_timeout: float = 5.0,
+        resolver: aiohttp.abc.AbstractResolver | None = None,
+    ) -> None:
         self._limit = limit
         self._allow_private = allow_private
+        self._connect_timeout = connect_timeout
+        self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -150,21 +160,30 @@ class AiohttpSender:
                 limit=self._limit,
                 limit_per_host=0,
                 ttl_dns_cache=10,
-                resolver=None if self._allow_private else _GuardedResolver(),
+                resolver=self._resolver,
+                socket_factory=None if self._allow_private else guarded_socket,
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("User-Agent", "Content-Type", "Accept-Encoding"),
+                trust_env=False,
             )
         return self._session
 
     async def request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes, timeout: float
     ) -> Reply:
-        _refuse_literal_private(url, self._allow_private)
-        limits = aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+        preflight(url, self._allow_private)
+        connect = connect_budget(self._connect_timeout, timeout)
+        limits = aiohttp.ClientTimeout(
+            total=None,
+            connect=connect,
+            sock_connect=connect,
+            sock_read=timeout,
+            ceil_threshold=NO_CEILING,
+        )
         response: aiohttp.ClientResponse | None = None
         data = bytearray()
         try:
@@ -182,7 +201,7 @@ class AiohttpSender:
                     if not chunk:
                         break
                     data += chunk
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             if response is None:
                 raise _aiohttp_error(exc) from exc
             # The status arrived; a body cut short or slow does not change the answer.
@@ -212,20 +231,70 @@ HTTPX_NOT_SENT = (
 )
 
 
-class HttpxSender:
-    """Deliveries through any ``httpx.AsyncClient`` (transports, proxies, mocks)."""
+def guarded_transport(
+    *, limit: int, allow_private: bool, resolve: Resolve = system_resolve
+) -> httpx.AsyncHTTPTransport:
+    """httpx's own transport, its connection pool built on the guarded network backend."""
+    limits = httpx.Limits(max_connections=limit or None)
+    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0)
+    if allow_private:
+        return transport
+    pool = transport._pool  # httpx takes no network backend; swap in a pool that has ours
+    if not isinstance(pool, httpcore.AsyncConnectionPool):  # pragma: no cover - httpx changed
+        raise RuntimeError("httpx's transport no longer wraps an httpcore.AsyncConnectionPool")
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=pool._ssl_context,
+        max_connections=pool._max_connections,
+        max_keepalive_connections=pool._max_keepalive_connections,
+        keepalive_expiry=pool._keepalive_expiry,
+        http1=pool._http1,
+        http2=pool._http2,
+        retries=0,
+        network_backend=GuardedBackend(resolve),
+    )
+    return transport
 
-    def __init__(self, client: httpx.AsyncClient, *, allow_private: bool = False) -> None:
-        self.client = client
+
+class HttpxSender:
+    """Deliveries through httpx, guarded and classified like the aiohttp sender.
+
+    ``transport`` (tests, e.g. ``httpx.MockTransport``) replaces the guarded
+    network transport; ``resolve`` replaces the system resolver behind the guard.
+    """
+
+    def __init__(
+        self,
+        *,
+        limit: int = 0,
+        allow_private: bool = False,
+        connect_timeout: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        resolve: Resolve = system_resolve,
+    ) -> None:
+        self._connect_timeout = connect_timeout
         self._allow_private = allow_private
+        self.client = httpx.AsyncClient(
+            transport=transport
+            or guarded_transport(limit=limit, allow_private=allow_private, resolve=resolve),
+            follow_redirects=False,
+            trust_env=False,
+        )
 
     async def request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes, timeout: float
     ) -> Reply:
-        _refuse_literal_private(url, self._allow_private)
-        request = self.client.build_request(
-            method, url, headers=headers, content=body, timeout=httpx.Timeout(timeout)
-        )
+        preflight(url, self._allow_private)
+        connect = connect_budget(self._connect_timeout, timeout)
+        try:
+            request = self.client.build_request(
+                method,
+                url,
+                headers=headers,
+                content=body,
+                timeout=httpx.Timeout(timeout, connect=connect, pool=connect),
+            )
+        except (httpx.InvalidURL, ValueError) as exc:  # nothing was sent: no connection yet
+            raise SendError("InvalidURL", _message(exc), sent=False) from exc
         response: httpx.Response | None = None
         data = bytearray()
         try:
@@ -239,7 +308,7 @@ class HttpxSender:
             if response is None:
                 sent = not isinstance(exc, HTTPX_NOT_SENT)
                 name = "ReadTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
-                raise SendError(name, f"{name}: {exc}"[:500], sent=sent) from exc
+                raise SendError(name, _message(exc), sent=sent) from exc
         finally:
             if response is not None:
                 await response.aclose()
@@ -250,3 +319,13 @@ class HttpxSender:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def make_sender(settings: Settings) -> Sender:
+    """The shared HTTP sender the settings ask for (``POLLER_HTTP_CLIENT``)."""
+    limit, allow = settings.concurrency, settings.allow_private_targets
+    if settings.http_client == "aiohttp":
+        return AiohttpSender(
+            limit=limit, allow_private=allow, connect_timeout=settings.connect_timeout
+        )
+    return HttpxSender(limit=limit, allow_private=allow, connect_timeout=settings.connect_timeout)

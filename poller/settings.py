@@ -30,7 +30,14 @@ from poller.errors import ConfigurationError
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
 """Seconds after the previous attempt (±20 % jitter). Ten attempts in about three days."""
 
-PositiveSeconds = Annotated[float, Field(gt=0)]
+MAX_SECONDS = 10 * 365 * 86400.0
+"""No duration setting may exceed ten years (nor be inf or NaN): PostgreSQL's interval
+arithmetic must stay exact."""
+MAX_RETRY_SECONDS = 30 * 86400.0
+"""A retry interval, or an honoured Retry-After, is at most 30 days."""
+
+PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+RetrySeconds = Annotated[float, Field(gt=0, le=MAX_RETRY_SECONDS)]
 
 ENV_PREFIX = "POLLER_"
 
@@ -44,6 +51,7 @@ class Settings(BaseSettings):
         env_file_encoding="utf-8",
         extra="ignore",
         frozen=True,
+        allow_inf_nan=False,  # POLLER_CLAIM_LEASE=inf would pass every bound check
     )
 
     database_url: str | None = None
@@ -71,12 +79,15 @@ class Settings(BaseSettings):
     poll_interval: PositiveSeconds = 1.0
     """Fallback poll when no NOTIFY wake-up comes."""
     request_timeout: PositiveSeconds = 10.0
-    """Whole-request timeout for one delivery or one lookup."""
-    retry_schedule: tuple[PositiveSeconds, ...] = DEFAULT_RETRY_SCHEDULE
-    """JSON list of seconds, e.g. ``[5, 300, 1800]``; the last interval repeats."""
-    retry_after_max: PositiveSeconds = 3600.0
+    """Whole-exchange timeout for one delivery or one lookup (connect, send, answer)."""
+    connect_timeout: PositiveSeconds = 5.0
+    """Budget for getting a connection (pool, DNS, TCP, TLS), at most half the request
+    timeout: failing within it is *not sent*, timing out after it is *unknown*."""
+    retry_schedule: tuple[RetrySeconds, ...] = DEFAULT_RETRY_SCHEDULE
+    """JSON list of seconds (each ≤ 30 days), e.g. ``[5, 300, 1800]``; the last repeats."""
+    retry_after_max: RetrySeconds = 3600.0
     """A receiver's Retry-After is honoured up to this many seconds."""
-    permanent_statuses: tuple[int, ...] = ()
+    permanent_statuses: tuple[Annotated[int, Field(ge=100, le=599)], ...] = ()
     """JSON list of HTTP statuses that fail a message at once, e.g. ``[400, 422]``."""
     max_attempts: int = Field(default=10, ge=1, le=1000)
     """Default attempt budget of a message (endpoint and enqueue can override)."""
@@ -94,7 +105,7 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     retention_delivered: PositiveSeconds = 7 * 86400.0
     retention_failed: PositiveSeconds = 30 * 86400.0
-    shutdown_grace: float = Field(default=10.0, ge=0)
+    shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
     """On SIGTERM, how long in-flight deliveries may finish before their claims are released."""
 
     @field_validator("retry_schedule")

@@ -44,11 +44,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import metrics, queries
+from poller.db import TRANSIENT
 from poller.election import MAINTENANCE, ElectionUnavailable, Elector, Lease, shard_key
 from poller.errors import ConfigurationError
 from poller.schema import BUCKETS
@@ -66,20 +65,29 @@ class ClaimScope:
     maintenance: bool
 
 
-async def check_shard_count(engine: AsyncEngine, shards: int) -> None:
-    """Record the cluster's shard count, or refuse a poller that disagrees with it."""
+async def check_cluster(engine: AsyncEngine, shards: int, election: str = "postgres") -> None:
+    """Record the cluster's shard count and election backend, or refuse a poller that
+    disagrees: pollers electing through different backends would each lead every shard."""
     async with engine.begin() as conn:
-        recorded = None
-        while recorded is None:
-            # A poller recording the count at the same moment makes our INSERT a no-op
-            # whose snapshot predates its row: the next statement sees it.
-            result = await conn.execute(queries.CLUSTER_SHARDS, {"shards": shards})
-            recorded = result.scalar_one_or_none()
-        await conn.execute(queries.ENSURE_SHARD_FENCES, {"shards": int(recorded)})
-    if int(recorded) != shards:
+        recorded = {}
+        for key, value in (("shards", str(shards)), ("election", election)):
+            fact = None
+            while fact is None:
+                # A poller recording it at the same moment makes our INSERT a no-op
+                # whose snapshot predates its row: the next statement sees it.
+                result = await conn.execute(queries.CLUSTER_FACT, {"key": key, "value": value})
+                fact = result.scalar_one_or_none()
+            recorded[key] = fact
+        await conn.execute(queries.ENSURE_SHARD_FENCES, {"shards": int(recorded["shards"])})
+    if int(recorded["shards"]) != shards:
         raise ConfigurationError(
-            f"POLLER_SHARDS={shards}, but this database's pollers use {recorded} shards; "
-            "every poller must use the same number"
+            f"POLLER_SHARDS={shards}, but this database's pollers use {recorded['shards']} "
+            "shards; every poller must use the same number"
+        )
+    if recorded["election"] != election:
+        raise ConfigurationError(
+            f"POLLER_ELECTION={election}, but this database's pollers elect through "
+            f"{recorded['election']!r}; every poller must use the same backend"
         )
 
 
@@ -165,7 +173,7 @@ class ShardManager:
             await self._renew()
             await self._balance()
             await self._maintenance()
-        except (DBAPIError, OSError) as exc:  # PostgreSQL, not the backend: try next tick
+        except TRANSIENT as exc:  # PostgreSQL away or busy, not the backend: try next tick
             log.warning("shard bookkeeping failed, retrying next tick: %s", exc)
             return
         except ElectionUnavailable as exc:
@@ -219,7 +227,7 @@ class ShardManager:
                 continue
             try:
                 fenced = await self._fence_now(shard, lease)
-            except (DBAPIError, OSError):
+            except TRANSIENT:
                 await self.elector.release(lease)  # try again next tick
                 raise
             if fenced:
@@ -256,7 +264,7 @@ class ShardManager:
             # Do not queue behind a frozen old leader's claim: fail this tick instead
             # (its session is ended by idle_in_transaction_session_timeout).
             wait_ms = max(100, int(self.tick_interval * 1000))
-            await conn.execute(text(f"SET LOCAL lock_timeout = {wait_ms}"))
+            await conn.execute(queries.LOCK_TIMEOUT, {"ms": wait_ms})
             accepted = (await conn.execute(queries.FENCE_SHARDS, params)).all()
         if not accepted:
             log.warning("shard %d: fence %d is below PostgreSQL's; not leading", shard, lease.fence)

@@ -25,12 +25,13 @@ from rich.table import Table
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from poller import Message, enqueue_async, enqueue_many_async, migrate
-from poller.cli.run import event_loop_run, make_sender
+from poller import Message, enqueue_async, enqueue_many_async, metrics, migrate
+from poller.cli.run import event_loop_run
 from poller.db import poller_engine, sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
 from poller.receiver import Faults, Receiver
+from poller.senders import make_sender
 from poller.service import Poller, serve
 from poller.settings import load_settings
 
@@ -221,7 +222,11 @@ def _progress(counts: dict[str, int], pollers: list[Poller], elapsed: float) -> 
     table.add_column("deliveries/s", justify="right")
     table.add_column("retries", justify="right")
     delivered = counts.get("delivered", 0)
-    retries = sum(p.stats.outcomes["retry"] + p.stats.outcomes["unknown"] for p in pollers)
+    retries = int(
+        sum(
+            metrics.sample_total(metrics.DELIVERY_OUTCOMES, outcome=o) for o in ("retry", "unknown")
+        )
+    )
     table.add_row(
         *(str(counts.get(s, 0)) for s in ("pending", "in_flight", "delivered", "failed")),
         f"{delivered / max(elapsed, 1e-9):,.0f}",
@@ -267,12 +272,15 @@ async def _summary(
             "injected 5xx / dropped answers",
             f"{stats['failed_injected']} / {stats['dropped_injected']}",
         ),
-        ("unknown outcomes resolved by lookup", sum(p.stats.lookups["found"] for p in pollers)),
+        (
+            "unknown outcomes resolved by lookup",
+            int(metrics.sample_total(metrics.LOOKUPS, result="found")),
+        ),
         (
             "lookups that found nothing (re-sent)",
-            sum(p.stats.lookups["not_found"] for p in pollers),
+            int(metrics.sample_total(metrics.LOOKUPS, result="not_found")),
         ),
-        ("stale completions (fenced)", sum(p.stats.stale_completions for p in pollers)),
+        ("stale completions (fenced)", int(metrics.sample_total(metrics.STALE_COMPLETIONS))),
         ("commit→receipt p50 / p99", f"{lat['p50'] or 0:.1f} ms / {lat['p99'] or 0:.1f} ms"),
     ]
     for label, value in rows:

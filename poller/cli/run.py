@@ -7,31 +7,23 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import click
-import httpx
 
 from poller import logs, migrate
 from poller.cli.common import settings_and_url
 from poller.db import poller_engine
 from poller.errors import ConfigurationError
-from poller.senders import AiohttpSender, HttpxSender, Sender
+from poller.senders import make_sender
 from poller.service import serve
 from poller.settings import Settings
+from poller.supervise import ServiceCrashed
 
 T = TypeVar("T")
-
-
-def make_sender(settings: Settings) -> Sender:
-    """The shared HTTP sender the settings ask for (POLLER_HTTP_CLIENT)."""
-    allow = settings.allow_private_targets
-    if settings.http_client == "aiohttp":
-        return AiohttpSender(limit=settings.concurrency, allow_private=allow)
-    limits = httpx.Limits(max_connections=settings.concurrency)
-    client = httpx.AsyncClient(limits=limits, follow_redirects=False)
-    return HttpxSender(client, allow_private=allow)
+EXIT_CRASHED = 70  # EX_SOFTWARE: a loop crashed; the poller stopped gracefully, restart it
 
 
 async def run_service(settings: Settings, url: str, poller_id: str) -> None:
@@ -81,7 +73,11 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None) -> N
     logs.configure(settings.log_format)
     name = poller_id or f"{socket.gethostname()}-{os.getpid()}"
     logging.getLogger("poller").info("poller %s starting", name)
-    event_loop_run(run_service(settings, url, name))
+    try:
+        event_loop_run(run_service(settings, url, name))
+    except ServiceCrashed as exc:
+        logging.getLogger("poller").critical("poller %s stopped after a crash: %s", name, exc)
+        sys.exit(EXIT_CRASHED)
 
 
 def event_loop_run(coro: Coroutine[Any, Any, T]) -> T:

@@ -52,6 +52,7 @@ class ElectionUnavailable(Exception):
 class Elector(Protocol):
     owner: str
     fenced: bool  # False only for ``none``: every poller owns every shard, no fences
+    backend: str  # "redis", "postgres" or "none": recorded cluster-wide, all must agree
 
     async def acquire(self, key: str, ttl: float, floor: int = 0) -> Lease | None:
         """Take ``key`` if it is free (or already ours); the fence exceeds ``floor``."""

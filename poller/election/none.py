@@ -10,6 +10,7 @@ from poller.election import Holding, Lease
 
 class NoElector:
     fenced = False
+    backend = "none"
 
     def __init__(self, owner: str) -> None:
         self.owner = owner

@@ -13,6 +13,7 @@ from poller.election import ElectionUnavailable, Holding, Lease
 
 class PostgresElector:
     fenced = True
+    backend = "postgres"
 
     def __init__(self, engine: AsyncEngine, owner: str) -> None:
         self.engine = engine

@@ -70,6 +70,7 @@ return redis.call('ZRANGE', KEYS[1], 0, -1)
 
 class RedisElector:
     fenced = True
+    backend = "redis"
 
     def __init__(self, url: str, owner: str, prefix: str = "webhook-poller:") -> None:
         self.owner = owner

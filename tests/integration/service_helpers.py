@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from poller.cli.run import make_sender
 from poller.db import poller_engine
 from poller.election import Elector
 from poller.receiver import Faults, Receiver
+from poller.senders import make_sender
 from poller.service import Poller, serve
 from poller.settings import Settings, load_settings
 
@@ -80,3 +80,27 @@ def counts(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT status, count(*) FROM poller_outbox GROUP BY status"))
         return {status: n for status, n in rows}
+
+
+class CycleWatch:
+    """Counts a poller's claim cycles from now on (the claimer's on_cycle hook): wait for
+    cycles to have run instead of sleeping and hoping one did."""
+
+    def __init__(self, poller: Poller) -> None:
+        self.cycles = 0
+        self.claimed = 0
+        self._ran = asyncio.Event()
+        poller.claimer.on_cycle.append(self._on_cycle)
+
+    def _on_cycle(self, claimed: int) -> None:
+        self.cycles += 1
+        self.claimed += claimed
+        self._ran.set()
+
+    async def wait(self, cycles: int, timeout: float = 10.0) -> None:
+        """Until ``cycles`` more claim cycles have run."""
+        target = self.cycles + cycles
+        async with asyncio.timeout(timeout):
+            while self.cycles < target:
+                self._ran.clear()
+                await self._ran.wait()

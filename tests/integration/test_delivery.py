@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-import httpx
 import pytest
 from standardwebhooks import Webhook
 
@@ -61,7 +60,7 @@ async def client(request: pytest.FixtureRequest) -> AsyncIterator[Sender]:
     sender: Sender = (
         AiohttpSender(allow_private=True)
         if request.param == "aiohttp"
-        else HttpxSender(httpx.AsyncClient(), allow_private=True)
+        else HttpxSender(allow_private=True)
     )
     yield sender
     await sender.aclose()
@@ -156,7 +155,7 @@ async def test_invalid_utf8_and_nul_in_excerpt_are_stored_safely(client: Sender)
 
 
 async def test_private_targets_refused_when_not_allowed() -> None:
-    for client in (AiohttpSender(), HttpxSender(httpx.AsyncClient())):
+    for client in (AiohttpSender(), HttpxSender()):
         for url in ("http://127.0.0.1:9/", "http://localhost:9/", "http://[::1]:9/"):
             attempt = await _send(client, url)
             assert attempt.verdict is Verdict.RETRY

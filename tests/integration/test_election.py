@@ -16,7 +16,7 @@ from poller.election import Lease
 from poller.election.none import NoElector
 from poller.election.postgres import PostgresElector
 from poller.service import Poller
-from poller.shards import ShardManager, check_shard_count
+from poller.shards import ShardManager, check_cluster
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import (
@@ -30,7 +30,7 @@ from tests.integration.service_helpers import (
 async def test_a_superseded_leader_claims_nothing(aengine: AsyncEngine, engine: Engine) -> None:
     ep = make_endpoint(engine, "a").endpoint
     seed(engine, 10, "a")
-    await check_shard_count(aengine, 4)
+    await check_cluster(aengine, 4)
     shard = ep.bucket % 4
     old = ShardManager(PostgresElector(aengine, "old"), aengine, shards=4, lease_ttl=0.5)
     new = ShardManager(PostgresElector(aengine, "new"), aengine, shards=4, lease_ttl=30)
@@ -141,7 +141,7 @@ async def test_no_loss_no_double_flight_without_a_single_leader(
 async def test_lease_holdings_show_each_shard(aengine: AsyncEngine, engine: Engine) -> None:
     from poller.shards import lease_holdings
 
-    await check_shard_count(aengine, 2)
+    await check_cluster(aengine, 2)
     elector = PostgresElector(aengine, "p1")
     manager = ShardManager(elector, aengine, shards=2, lease_ttl=30)
     await manager.tick()
@@ -164,9 +164,9 @@ async def test_shard_count_is_agreed_even_when_pollers_start_together(db_url: st
         for e in engines:  # connected beforehand, so the eight really race
             async with e.connect() as conn:
                 await conn.execute(text("SELECT 1"))
-        await asyncio.gather(*(check_shard_count(e, 8) for e in engines))
+        await asyncio.gather(*(check_cluster(e, 8) for e in engines))
         with pytest.raises(ConfigurationError, match=r"POLLER_SHARDS=4.*use 8 shards"):
-            await check_shard_count(engines[0], 4)
+            await check_cluster(engines[0], 4)
     finally:
         for e in engines:
             await e.dispose()

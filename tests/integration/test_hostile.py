@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 from sqlalchemy import Engine
@@ -13,7 +12,7 @@ from poller import InvalidIdempotencyKey, PayloadTooLarge, UnknownEndpoint, enqu
 from poller.delivery import Verdict, send
 from poller.endpoints import CreatedEndpoint, check_url
 from poller.errors import InvalidEndpoint
-from poller.senders import AiohttpSender, PrivateTargetRefused, _GuardedResolver
+from poller.senders import AiohttpSender
 from tests.integration import servers
 from tests.integration.test_delivery import _endpoint, _message
 
@@ -53,30 +52,6 @@ def test_ten_megabyte_payload_and_ten_thousand_char_key(
 def test_private_urls_refused_when_saved(url: str) -> None:
     with pytest.raises(InvalidEndpoint, match="POLLER_ALLOW_PRIVATE_TARGETS"):
         check_url(url, allow_private=False)
-
-
-async def test_a_name_resolving_to_a_private_address_is_refused_at_connect() -> None:
-    class Resolves10:  # a DNS answer we cannot get from a real resolver here
-        async def resolve(
-            self, host: str, port: int = 0, family: int = socket.AF_INET
-        ) -> list[dict[str, object]]:
-            return [
-                {
-                    "hostname": host,
-                    "host": "10.1.2.3",
-                    "port": port,
-                    "family": family,
-                    "proto": 0,
-                    "flags": 0,
-                }
-            ]
-
-        async def close(self) -> None: ...
-
-    guard = _GuardedResolver()
-    guard._inner = Resolves10()  # type: ignore[assignment]
-    with pytest.raises(PrivateTargetRefused, match="POLLER_ALLOW_PRIVATE_TARGETS"):
-        await guard.resolve("internal.example.com", 80)
 
 
 async def slow_drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

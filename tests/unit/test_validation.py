@@ -7,8 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from poller import InvalidIdempotencyKey, InvalidPayload, Message, PayloadTooLarge
-from poller.endpoints import bucket_for, check_url, is_private_host, new_secret
+from poller.endpoints import bucket_for, check_url, new_secret
 from poller.errors import InvalidEndpoint
+from poller.netguard import host_refusal
 from poller.outbox import check_message, serialise_payload
 
 visible_ascii = st.text(
@@ -81,6 +82,12 @@ def test_secrets_are_standard_webhooks_secrets() -> None:
         "http://exa mple.com/",
         "not a url",
         "http://x.example:99999/",
+        "http://xn--zz/",  # an A-label that is not valid punycode: clients cannot encode it
+        "http://1.2.3.256/",  # numeric, but no address
+        "http://1.2.3.4.5/",
+        "http://09.1.1.1/",  # 09 is not octal
+        "http://[::1/",
+        "http://-bad-.example/",
     ],
 )
 def test_bad_urls_are_refused(url: str) -> None:
@@ -100,15 +107,44 @@ def test_bad_urls_are_refused(url: str) -> None:
         "api.localhost",
         "0.0.0.0",
         "[fc00::1]",
+        "2130706433",
+        "0177.0.0.1",
+        "0x7f.1",
+        "127.1",
+        "017700000001",
+        "127.0.0.1.",
+        "[::ffff:127.0.0.1]",
+        "[64:ff9b::a01:203]",  # NAT64 of 10.1.2.3
+        "[2002:c0a8:1::]",  # 6to4 of 192.168.0.1
+        "100.64.0.1",
+        "224.0.0.1",
     ],
 )
 def test_private_hosts_are_refused_unless_allowed(host: str) -> None:
-    assert is_private_host(host)
+    assert host_refusal(host.strip("[]"))
     with pytest.raises(InvalidEndpoint, match="POLLER_ALLOW_PRIVATE_TARGETS"):
         check_url(f"http://{host}/hook")
     assert check_url(f"http://{host}/hook", allow_private=True)
 
 
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        ("http://2130706433:8080/hook", "http://127.0.0.1:8080/hook"),
+        ("http://0177.0.0.1/hook", "http://127.0.0.1/hook"),
+        ("http://0x7f.1/", "http://127.0.0.1/"),
+        ("http://127.1/", "http://127.0.0.1/"),
+        ("http://[0:0:0:0:0:ffff:7f00:1]/", "http://[::ffff:7f00:1]/"),
+        ("http://127.0.0.1:9/x", "http://127.0.0.1:9/x"),
+        ("https://Hooks.Example.com/in", "https://Hooks.Example.com/in"),
+    ],
+)
+def test_numeric_hosts_are_stored_in_their_canonical_spelling(given: str, stored: str) -> None:
+    assert check_url(given, allow_private=True) == stored
+
+
 def test_public_hosts_pass() -> None:
-    assert not is_private_host("8.8.8.8")
+    assert host_refusal("8.8.8.8") is None
     assert check_url("https://hooks.example.com/in?x=1")
+    assert check_url("https://bücher.example/in")
+    assert check_url("https://_dmarc.example.com/in")

@@ -1,0 +1,157 @@
+"""Claiming: when to claim, how much, and what to do with a committed claim.
+
+The claim loop claims batches (``Claims.claim``: fair per endpoint, fenced per
+shard) while there is room under ``concurrency`` and each endpoint's
+``max_in_flight``. When a claim comes back short it sleeps until a NOTIFY
+wake-up, freed room, the poll interval or the stop, whichever comes first.
+
+**Nothing is dropped after a claim commits.** The endpoints the claimed
+messages need are read in the claim's own transaction (a failure there rolls
+the claim back); from the commit to the last ``Dispatcher.start`` there is no
+I/O and no ``await``, so every claimed row reaches a send (or, on shutdown,
+an explicit release).
+
+The listener LISTENs on its own connection and wakes the claim loop when a
+message for one of its buckets commits (``POLLER_NOTIFY=off`` for PgBouncer
+transaction pooling: then the loop only polls).
+
+``on_cycle`` callbacks receive the number of messages each claim cycle took
+(tests wait on them instead of sleeping; the demo could count them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+from poller import metrics
+from poller.claims import Claims
+from poller.completer import Completer, OutageLog
+from poller.db import is_transient, libpq_url
+from poller.dispatcher import Dispatcher, EndpointCache
+from poller.schema import NOTIFY_CHANNEL
+from poller.settings import Settings
+from poller.shards import ClaimScope
+
+log = logging.getLogger("poller.claimer")
+
+LISTEN_BACKOFF_MAX = 5.0
+
+
+class Claimer:
+    def __init__(
+        self,
+        settings: Settings,
+        claims: Claims,
+        dispatcher: Dispatcher,
+        completer: Completer,
+        endpoints: EndpointCache,
+        *,
+        scope: Callable[[], ClaimScope],
+        on_refused: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.claims = claims
+        self.dispatcher = dispatcher
+        self.completer = completer
+        self.endpoints = endpoints
+        self.scope = scope
+        self.on_refused = on_refused
+        self.on_cycle: list[Callable[[int], object]] = []
+        self.cycles = 0  # claim cycles run (each calls on_cycle with what it claimed)
+        self.wake = asyncio.Event()
+        self._outage = OutageLog("claiming")
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        # Claim in batches: with deliveries in flight, wait until a quarter of the
+        # capacity is free rather than claiming one row per finished delivery.
+        settings = self.settings
+        low_water = max(1, min(settings.batch_size, settings.concurrency) // 4)
+        backoff = 0.1
+        while not stopping.is_set():
+            self.wake.clear()
+            room = min(self.dispatcher.room, settings.batch_size)
+            if 0 < room < low_water and self.dispatcher.tasks:
+                await self._sleep(settings.poll_interval)
+                continue
+            claimed = 0
+            if room > 0:
+                try:
+                    claimed = await self._claim(room)
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    self._outage.failed(exc)
+                    await self._sleep(backoff)
+                    backoff = min(backoff * 2, settings.poll_interval, 5.0)
+                    continue
+                backoff = 0.1
+                self._outage.recovered()
+            self.cycles += 1
+            for callback in self.on_cycle:
+                callback(claimed)
+            if claimed < room or room <= 0:
+                await self._sleep(settings.poll_interval)
+
+    async def _claim(self, limit: int) -> int:
+        scope = self.scope()
+        batch = await self.claims.claim(
+            limit,
+            scope.buckets,
+            in_flight=dict(self.dispatcher.in_flight),
+            default_max_in_flight=self.settings.max_in_flight,
+            fences=scope.fences,
+            shards=scope.shards,
+            on_refused=self.on_refused,
+            endpoint_versions=self.endpoints.versions,
+        )
+        # Committed: from here to the last start, no I/O and no await.
+        self.endpoints.update(batch.endpoints)
+        for msg in batch.messages:
+            self.completer.hold(msg)
+            self.dispatcher.start(msg)
+        if batch.messages:
+            metrics.CLAIMED.inc(len(batch.messages))
+            log.debug("claimed %d messages", len(batch.messages))
+        return len(batch.messages)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until a wake-up (NOTIFY, freed room, stop) or ``seconds`` pass."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.wake.wait()
+
+    # -- LISTEN ---------------------------------------------------------------------
+
+    async def listen(self, database_url: str) -> None:
+        """Wake the claim loop on NOTIFY for our buckets; reconnect with backoff."""
+        backoff = 0.1
+        outage = OutageLog("LISTEN connection")
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    libpq_url(database_url), autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    backoff = 0.1
+                    outage.recovered()
+                    self.wake.set()  # anything committed while we were away
+                    async for note in conn.notifies():
+                        if self._wants(note.payload):
+                            self.wake.set()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                outage.failed(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, LISTEN_BACKOFF_MAX)
+
+    def _wants(self, payload: str) -> bool:
+        buckets = self.scope().buckets
+        return buckets is None or (
+            payload.isascii() and payload.isdigit() and int(payload) in buckets
+        )

@@ -1,0 +1,192 @@
+"""Writing outcomes, and keeping the claims of rows still being worked on.
+
+A claimed row is *held* by this poller from its claim until its outcome is
+written (or fenced out): while it is delivered, and while its outcome waits in
+the queue or is retried through a database outage.
+
+* :meth:`Completer.run` writes queued outcomes in batches — one fenced
+  statement each (``Claims.complete``), shielded from cancellation — and
+  retries transient database errors with backoff **until the write lands**:
+  an outcome is never dropped because it is late. A write from a claim that
+  was taken over meanwhile is refused by the claim-token fence and counted
+  (``stale_completions``). An outcome PostgreSQL refuses for its content (a
+  non-transient error) is written again alone, then stripped to its verdict,
+  so one bad outcome cannot block the others or crash the loop over and over.
+* :meth:`Completer.extend_leases` is the claim-lease heartbeat: one
+  statement, every ``claim_lease / 3`` seconds, extends the lease of every
+  held row, fenced by claim token. So a slow send plus a slow write never
+  outlives the lease of a poller that is alive; only a dead, frozen or
+  partitioned poller's rows are reclaimed. A row the heartbeat finds taken
+  over is dropped from the held set (its late outcome will be fenced out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
+
+from poller import metrics
+from poller.claims import ClaimedMessage, Claims, CompletionResult, Outcome
+from poller.db import is_transient
+
+log = logging.getLogger("poller.completer")
+
+LINGER = 0.005  # let a burst of outcomes gather into one statement
+OUTAGE_LOG_EVERY = 30.0  # while the database is away, one line per this many seconds
+
+
+class OutageLog:
+    """Log the first failure of an outage, then one line per interval with the count."""
+
+    def __init__(self, what: str, every: float = OUTAGE_LOG_EVERY) -> None:
+        self.what = what
+        self.every = every
+        self.failures = 0
+        self._last = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        metrics.DB_ERRORS.inc()
+        now = time.monotonic()
+        if self.failures == 1 or now - self._last >= self.every:
+            self._last = now
+            log.warning(
+                "%s: database unavailable (%d failures so far), retrying: %s",
+                self.what,
+                self.failures,
+                exc,
+            )
+
+    def recovered(self) -> None:
+        if self.failures:
+            log.warning("%s: database back after %d failures", self.what, self.failures)
+            self.failures = 0
+
+
+class Completer:
+    def __init__(self, claims: Claims, *, batch_limit: int = 100) -> None:
+        self.claims = claims
+        self.batch_limit = batch_limit
+        self.held: dict[int, int] = {}  # message id -> claim token
+        self._queue: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._outage = OutageLog("writing outcomes")
+
+    # -- the held set --------------------------------------------------------------
+
+    def hold(self, msg: ClaimedMessage) -> None:
+        self.held[msg.id] = msg.claim_token
+
+    def _unhold(self, outcomes: Sequence[Outcome]) -> None:
+        for o in outcomes:
+            if self.held.get(o.message_id) == o.claim_token:
+                del self.held[o.message_id]
+
+    async def extend_leases(self) -> int:
+        """The heartbeat: extend every held claim's lease; returns how many are still ours."""
+        held = dict(self.held)
+        if not held:
+            return 0
+        kept = await self.claims.extend(held)
+        lost = [msg_id for msg_id in held if msg_id not in kept]
+        for msg_id in lost:
+            if self.held.get(msg_id) == held[msg_id]:
+                del self.held[msg_id]
+        if lost:
+            metrics.CLAIMS_LOST.inc(len(lost))
+            log.warning(
+                "%d claims were taken over before their outcome was written: %s",
+                len(lost),
+                lost[:10],
+            )
+        return len(kept)
+
+    # -- outcomes ------------------------------------------------------------------
+
+    def put(self, outcome: Outcome) -> None:
+        self._queue.put_nowait(outcome)
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for every queued outcome to be written."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._queue.join()
+        except TimeoutError:
+            return False
+        return True
+
+    async def run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            await asyncio.sleep(LINGER)
+            while len(batch) < self.batch_limit and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await asyncio.shield(self._write(batch))
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _write(self, batch: list[Outcome]) -> None:
+        try:
+            result = await self._complete(batch)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            result = await self._write_apart(batch, exc)
+        self._unhold(batch)
+        if result.stale:
+            metrics.STALE_COMPLETIONS.inc(len(result.stale))
+            log.warning(
+                "%d completions refused by the claim fence (the claims were taken over): %s",
+                len(result.stale),
+                result.stale[:10],
+            )
+
+    async def _complete(self, batch: Sequence[Outcome]) -> CompletionResult:
+        """One fenced write, retried through transient database errors until it lands."""
+
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            if error is not None:
+                self._outage.failed(error)
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential(multiplier=0.1, max=5),
+            before_sleep=before_sleep,
+            reraise=True,
+        ):
+            with attempt:
+                result = await self.claims.complete(batch)
+        self._outage.recovered()
+        return result
+
+    async def _write_apart(self, batch: list[Outcome], error: Exception) -> CompletionResult:
+        """A batch PostgreSQL refused for its content: each outcome alone, stripped if need be."""
+        log.error("outcome batch refused (%s); writing its %d outcomes apart", error, len(batch))
+        total = CompletionResult()
+        for outcome in batch:
+            try:
+                result = await self._complete([outcome])
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                stripped = dataclasses.replace(
+                    outcome,
+                    error_class="UnwritableOutcome",
+                    error_message=f"outcome detail refused by the database: {type(exc).__name__}",
+                    response_excerpt=None,
+                )
+                result = await self._complete([stripped])
+            total.applied += result.applied
+            total.stale += result.stale
+        return total

@@ -1,0 +1,225 @@
+"""Deliveries under way: one task per claimed message, each ending in exactly one outcome.
+
+:meth:`Dispatcher.start` is called for every message of a committed claim
+(no I/O between the claim's commit and here: poller/claimer.py). Its task
+looks the message up first when an earlier outcome was unknown and the
+endpoint has a ``lookup_url``, sends it otherwise, and hands the outcome to
+the completer. Whatever happens, each claimed message reaches exactly one of:
+
+* an outcome of the exchange (delivered, retry, unknown, failed, gone…);
+* :func:`~poller.claims.crashed` — anything the delivery raised (a receiver's
+  header we failed to parse, a URL a client cannot encode, a malformed
+  secret, a bug). A crash is an **attempt**: counted, recorded with the
+  exception type as ``error_class``, backed off, ``failed`` after the last —
+  never refunded, so nothing a receiver or a stored value can make us raise
+  loops a message for ever;
+* :func:`~poller.claims.released` — only on graceful shutdown, for deliveries
+  still running after the grace period (refunded a bounded number of times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from poller import __version__, claims, delivery, metrics
+from poller.claims import ClaimedMessage, Outcome, clean_text
+from poller.completer import Completer
+from poller.delivery import LookupAnswer, Verdict
+from poller.endpoints import Endpoint
+from poller.retry import backoff
+from poller.senders import Sender
+from poller.settings import Settings
+
+log = logging.getLogger("poller.dispatcher")
+
+
+class EndpointCache:
+    """The endpoints of claimed messages, kept fresh by the claim that returns them."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Endpoint] = {}
+        self.versions: dict[int, datetime] = {}  # id -> updated_at, passed to every claim
+
+    def update(self, endpoints: list[Endpoint]) -> None:
+        for endpoint in endpoints:
+            self._by_id[endpoint.id] = endpoint
+            self.versions[endpoint.id] = endpoint.updated_at
+
+    def __getitem__(self, endpoint_id: int) -> Endpoint:
+        return self._by_id[endpoint_id]
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        settings: Settings,
+        sender: Sender,
+        endpoints: EndpointCache,
+        completer: Completer,
+        *,
+        on_room: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.settings = settings
+        self.sender = sender
+        self.endpoints = endpoints
+        self.completer = completer
+        self.on_room = on_room  # a delivery finished: the claimer may claim more
+        self.user_agent = f"webhook-poller/{__version__}"
+        self.tasks: dict[asyncio.Task[None], ClaimedMessage] = {}
+        self.in_flight: dict[int, int] = defaultdict(int)  # endpoint id -> deliveries
+        self._sending: set[int] = set()  # message ids whose request may be on the wire
+        self._released: set[int] = set()  # released by drain(): their task writes nothing
+
+    @property
+    def room(self) -> int:
+        return self.settings.concurrency - len(self.tasks)
+
+    def in_flight_for_shard(self, shard: int, shards: int) -> int:
+        """Deliveries under way for messages of ``shard`` (a shard being handed over)."""
+        return sum(1 for msg in self.tasks.values() if msg.bucket % shards == shard)
+
+    def start(self, msg: ClaimedMessage) -> None:
+        self.in_flight[msg.endpoint_id] += 1
+        task = asyncio.create_task(self._deliver(msg), name=f"deliver-{msg.id}")
+        self.tasks[task] = msg
+        task.add_done_callback(self._finished)
+        metrics.IN_FLIGHT.set(len(self.tasks))
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        msg = self.tasks.pop(task)
+        self._sending.discard(msg.id)
+        self.in_flight[msg.endpoint_id] -= 1
+        if not self.in_flight[msg.endpoint_id]:
+            del self.in_flight[msg.endpoint_id]
+        if not task.cancelled() and task.exception() is not None:  # pragma: no cover - a bug
+            self.completer.put(self._crash(msg, task.exception(), 0.0, datetime.now(UTC)))
+        metrics.IN_FLIGHT.set(len(self.tasks))
+        self.on_room()
+
+    async def drain(self, grace: float) -> int:
+        """Let deliveries finish up to ``grace`` seconds; release the rest. Returns how many."""
+        pending = set(self.tasks)
+        if pending:
+            log.info("waiting up to %.1fs for %d deliveries", grace, len(pending))
+            _, pending = await asyncio.wait(pending, timeout=grace)
+        for task in pending:
+            msg = self.tasks[task]
+            task.cancel()
+            self._released.add(msg.id)
+            self.completer.put(claims.released(msg, maybe_sent=msg.id in self._sending))
+            metrics.DELIVERY_OUTCOMES.labels(self._name(msg), "released").inc()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        return len(pending)
+
+    # -- one delivery ---------------------------------------------------------------
+
+    async def _deliver(self, msg: ClaimedMessage) -> None:
+        started_at = datetime.now(UTC)
+        began = time.perf_counter()
+        try:
+            outcome = await self._exchange(msg)
+        except Exception as exc:  # a crash after the claim is an attempt, never a refund
+            outcome = self._crash(msg, exc, (time.perf_counter() - began) * 1000, started_at)
+        if msg.id in self._released:  # the shutdown released it while a client swallowed
+            return  # the cancellation: one outcome per claim
+        self._record(outcome, msg)
+        self.completer.put(outcome)
+
+    async def _exchange(self, msg: ClaimedMessage) -> Outcome:
+        endpoint = self.endpoints[msg.endpoint_id]
+        timeout = min(
+            endpoint.timeout or self.settings.request_timeout, self.settings.request_timeout
+        )
+        if msg.needs_lookup and endpoint.lookup_url:
+            answer, attempt = await delivery.lookup(
+                self.sender, endpoint, msg, timeout=timeout, user_agent=self.user_agent
+            )
+            metrics.LOOKUPS.labels(answer.value).inc()
+            self._observe("lookup", endpoint, attempt)
+            if answer is not LookupAnswer.NOT_FOUND:
+                return delivery.lookup_outcome(msg, attempt, self.settings)
+        self._sending.add(msg.id)
+        attempt = await delivery.send(
+            self.sender,
+            endpoint,
+            msg,
+            timeout=timeout,
+            user_agent=self.user_agent,
+            permanent_statuses=self.settings.permanent_statuses,
+        )
+        self._observe("send", endpoint, attempt)
+        outcome = delivery.to_outcome(msg, attempt, self.settings)
+        if attempt.verdict is Verdict.GONE:
+            log.warning("endpoint %s answered 410 Gone: disabling it", endpoint.name)
+            outcome = dataclasses.replace(outcome, disable_reason=f"410 Gone from {endpoint.name}")
+        return outcome
+
+    def _crash(
+        self, msg: ClaimedMessage, exc: BaseException | None, duration_ms: float, at: datetime
+    ) -> Outcome:
+        name = type(exc).__name__
+        log.error(
+            "delivery of message %d crashed (%s); counted as attempt %d of %d",
+            msg.id,
+            name,
+            msg.attempts,
+            msg.max_attempts,
+            exc_info=exc,
+            extra={"message_id": msg.id, "attempt": msg.attempts, "error": name},
+        )
+        return claims.crashed(
+            msg,
+            backoff(self.settings.retry_schedule, msg.attempts),
+            maybe_sent=msg.id in self._sending,
+            error_class=name,
+            error_message=clean_text(f"{name}: {exc}", 500),
+            started_at=at,
+            duration_ms=duration_ms,
+        )
+
+    # -- accounting -------------------------------------------------------------------
+
+    def _name(self, msg: ClaimedMessage) -> str:
+        try:
+            return self.endpoints[msg.endpoint_id].name
+        except KeyError:  # pragma: no cover - claimed rows always have a cached endpoint
+            return str(msg.endpoint_id)
+
+    def _observe(self, kind: str, endpoint: Endpoint, attempt: delivery.Attempt) -> None:
+        metrics.ATTEMPTS.labels(kind).inc()
+        metrics.DELIVERY_SECONDS.labels(endpoint.name).observe(attempt.duration_ms / 1000)
+
+    def _record(self, outcome: Outcome, msg: ClaimedMessage) -> None:
+        name = self._name(msg)
+        metrics.DELIVERY_OUTCOMES.labels(name, outcome.outcome).inc()
+        if outcome.status == "delivered":
+            latency = (datetime.now(UTC) - msg.created_at).total_seconds()
+            metrics.LATENCY_SECONDS.labels(name).observe(max(0.0, latency))
+            return
+        fields = {
+            "message_id": msg.id,
+            "key": msg.idempotency_key,
+            "attempt": msg.attempts,
+            "endpoint": name,
+            "outcome": outcome.outcome,
+            "status_code": outcome.status_code,
+            "error": outcome.error_message,
+        }
+        if outcome.status == "failed":
+            log.warning(
+                "message %d failed for good: %s", msg.id, outcome.error_message, extra=fields
+            )
+        else:
+            log.info(
+                "delivery of message %d failed (%s), retrying",
+                msg.id,
+                outcome.error_message or outcome.error_class,
+                extra=fields,
+            )
