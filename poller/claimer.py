@@ -140,9 +140,12 @@ class Claimer:
                     backoff = 0.1
                     outage.recovered()
                     self.wake.set()  # anything committed while we were away
-                    async for note in conn.notifies():
-                        if self._wants(note.payload):
-                            self.wake.set()
+                    # aclosing: an error inside the loop must close the generator (which
+                    # holds the connection's lock) before the connection is closed.
+                    async with contextlib.aclosing(conn.notifies()) as notes:
+                        async for note in notes:
+                            if self._wants(note.payload):
+                                self.wake.set()
             except Exception as exc:
                 if not is_transient(exc):
                     raise

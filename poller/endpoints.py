@@ -126,6 +126,19 @@ def check_lookup_url(url: object, *, allow_private: bool = False) -> str:
     return checked
 
 
+def _check_secret(secret: str) -> None:
+    """A Standard Webhooks secret: ``whsec_`` + base64 of 24 to 64 random bytes."""
+    try:
+        key = base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
+    except ValueError:
+        key = b""
+    if not secret.startswith(SECRET_PREFIX) or not 24 <= len(key) <= 64:
+        raise InvalidEndpoint(
+            f"secret must be {SECRET_PREFIX} followed by base64 of 24 to 64 random bytes "
+            "(leave it out to have one generated)"
+        )
+
+
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise InvalidEndpoint(
@@ -210,8 +223,7 @@ def create_endpoint(
         "secret": secret or new_secret(),
         "bucket": bucket_for(name),
     }
-    if not values["secret"].startswith(SECRET_PREFIX):
-        raise InvalidEndpoint(f"secret must start with {SECRET_PREFIX}")
+    _check_secret(values["secret"])
     try:
         with conn.begin_nested():
             row = conn.execute(insert(endpoints).values(**values).returning(endpoints)).one()

@@ -147,7 +147,8 @@ class Poller:
             released = await self.dispatcher.drain(self.settings.shutdown_grace)
             if released:
                 log.info("released %d unfinished deliveries", released)
-            if not await self.completer.flush(FLUSH_AFTER_STOP):
+            writing = not tasks["completer"].done()  # a crashed completer writes nothing more
+            if not writing or not await self.completer.flush(FLUSH_AFTER_STOP):
                 log.error(
                     "%d outcomes could not be written before stopping; their claims will be "
                     "reclaimed when their lease expires",
@@ -218,6 +219,7 @@ async def serve(
         async with serving(settings.metrics_addr, engine, supervisor):
             await poller.run(stop)
     finally:
+        supervisor.stop()  # the shard manager returning now is expected
         manager_stop.set()
         await asyncio.wait([leadership])
         await manager.stop()

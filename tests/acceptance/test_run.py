@@ -86,3 +86,31 @@ def test_a_second_signal_exits_at_once(engine: Engine, db_url: str, tmp_path: Pa
             assert poller.wait(timeout=10) == 130
             assert time.monotonic() - began < 5
     assert counts(engine) == {"in_flight": 5}  # left to expire and be reclaimed
+
+
+@pytest.mark.slow
+def test_a_crashed_loop_makes_the_process_unhealthy_and_exit_70(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    """Crash-only (G11): a loop meeting a state nobody planned for does not limp on."""
+    from poller.embedded import free_port
+
+    with receiver(tmp_path) as (_, url):
+        make_endpoint(engine, "a", url=url)
+        port = free_port()
+        env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_METRICS_ADDR=f"127.0.0.1:{port}")
+        with started(["run", "--id", "p1"], env, tmp_path / "p1.log") as poller:
+            wait_until(lambda: _health(port) == 200, timeout=20)
+            with engine.begin() as conn:  # every claim now meets an undefined table
+                conn.execute(text("ALTER TABLE poller_shard_fences RENAME TO moved_away"))
+            assert poller.wait(timeout=30) == 70, poller.output()[-3000:]
+    assert "crashed" in poller.output() and "UndefinedTable" in poller.output()
+
+
+def _health(port: int) -> int:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code
+    except httpx.HTTPError:
+        return 0

@@ -5,11 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from poller import queries
 from poller.claims import (
+    MAX_REFUNDS,
     Claims,
+    crashed,
     delivered,
     failed,
     lookup_pending,
@@ -228,3 +231,78 @@ async def test_short_lease_expires_on_the_database_clock(
     make_due(engine)
     (again,) = await claims.claim_batch(limit=1)
     assert again.attempts == 2 and again.needs_lookup
+
+
+async def test_graceful_refunds_are_bounded_then_the_attempt_counts(
+    claims: Claims, engine: Engine
+) -> None:
+    make_endpoint(engine, "billing", max_attempts=2)
+    (msg_id,) = seed(engine, 1)
+    for _ in range(MAX_REFUNDS):
+        (msg,) = await claims.claim_batch(limit=1)
+        await claims.complete([released(msg)])
+    assert (row(engine, msg_id).attempts, row(engine, msg_id).refunds) == (0, MAX_REFUNDS)
+    (msg,) = await claims.claim_batch(limit=1)
+    await claims.complete([released(msg)])  # refunds spent: this attempt counts
+    assert (row(engine, msg_id).status, row(engine, msg_id).attempts) == ("pending", 1)
+    (msg,) = await claims.claim_batch(limit=1)
+    await claims.complete([released(msg, maybe_sent=True)])  # and on the last one: failed
+    stored = row(engine, msg_id)
+    assert (stored.status, stored.attempts) == ("failed", 2)
+    assert "graceful shutdown" in stored.last_error
+    assert [a.outcome for a in attempts_of(engine, msg_id)] == ["released"]  # the cut-off send
+
+
+async def test_a_crash_is_a_counted_recorded_attempt(claims: Claims, engine: Engine) -> None:
+    make_endpoint(engine, "billing", max_attempts=2)
+    (msg_id,) = seed(engine, 1)
+    (msg,) = await claims.claim_batch(limit=1)
+    await claims.complete([crashed(msg, 0, maybe_sent=True, error_class="ValueError")])
+    stored = row(engine, msg_id)
+    assert (stored.status, stored.attempts, stored.needs_lookup) == ("pending", 1, True)
+    (msg,) = await claims.claim_batch(limit=1)
+    await claims.complete([crashed(msg, 0, maybe_sent=False, error_class="ValueError")])
+    assert row(engine, msg_id).status == "failed"
+    recorded = [(a.outcome, a.error_class) for a in attempts_of(engine, msg_id)]
+    assert recorded == [("crashed", "ValueError"), ("crashed", "ValueError")]
+
+
+async def test_hostile_text_in_an_outcome_is_stored_not_refused(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    (msg_id,) = seed(engine, 1)
+    (msg,) = await claims.claim_batch(limit=1)
+    nasty = "nul \x00 lone surrogate \ud800 " + "x" * 10_000
+    result = await claims.complete(
+        [retry(msg, 0, error_message=nasty, response_excerpt=nasty, error_class="\x00")]
+    )
+    assert result.applied == [msg_id]
+    stored = attempts_of(engine, msg_id)[0]
+    assert "\x00" not in stored.error_message and len(stored.response_excerpt) <= 2048
+
+
+async def test_the_heartbeat_extends_held_claims_and_not_taken_over_ones(
+    engine: Engine, aengine: AsyncEngine, endpoint: CreatedEndpoint
+) -> None:
+    short = Claims(aengine, poller_id="p1", claim_lease=1.0)
+    ids = seed(engine, 2)
+    held = {m.id: m.claim_token for m in await short.claim_batch(limit=2)}
+    first = row(engine, ids[0]).claim_expires_at
+    with engine.begin() as conn:  # the second was reclaimed and claimed again elsewhere
+        conn.execute(
+            text("UPDATE poller_outbox SET claim_token = 999 WHERE id = :i"), {"i": ids[1]}
+        )
+    kept = await short.extend(held)
+    assert kept == {ids[0]}
+    assert row(engine, ids[0]).claim_expires_at > first
+
+
+async def test_an_equal_fence_is_accepted_only_from_its_holder(engine: Engine) -> None:
+    offer = '[{"shard": 0, "fence": 5}]'
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO poller_shard_fences (shard) VALUES (0)"))
+        accepted = [
+            conn.execute(queries.FENCE_SHARDS, {"fences": offer, "holder": who}).all()
+            for who in ("a", "a", "b")
+        ]
+    assert [len(rows) for rows in accepted] == [1, 1, 0]  # b cannot share a's fence

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -226,3 +228,38 @@ def test_permanent_statuses_fail_at_once() -> None:
     assert classify_status(422, permanent=(400, 422)) is Verdict.FAILED
     assert classify_status(422) is Verdict.RETRY
     assert classify_status(410, permanent=(400,)) is Verdict.GONE
+
+
+def _never_accepts() -> tuple[socket.socket, int, list[socket.socket]]:
+    """A listening socket whose backlog is full: a new connection's SYN is never answered."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    return server, port, fillers
+
+
+@pytest.mark.parametrize("kind", ["aiohttp", "httpx"])
+async def test_a_host_that_never_accepts_is_a_connect_timeout_not_unknown(kind: str) -> None:
+    """A blackholed host was never sent anything: retry, no lookup (SPEC §4)."""
+    server, port, fillers = _never_accepts()
+    sender: Sender = (
+        AiohttpSender(allow_private=True, connect_timeout=0.3)
+        if kind == "aiohttp"
+        else HttpxSender(allow_private=True, connect_timeout=0.3)
+    )
+    try:
+        attempt = await _send(sender, f"http://127.0.0.1:{port}/hook", timeout=2.0)
+    finally:
+        await sender.aclose()
+        for s in (server, *fillers):
+            s.close()
+    assert (attempt.verdict, attempt.error_class) == (Verdict.RETRY, "ConnectTimeout")
+    assert attempt.duration_ms < 1500  # the connect budget, not the whole timeout

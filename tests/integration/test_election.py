@@ -167,6 +167,8 @@ async def test_shard_count_is_agreed_even_when_pollers_start_together(db_url: st
         await asyncio.gather(*(check_cluster(e, 8) for e in engines))
         with pytest.raises(ConfigurationError, match=r"POLLER_SHARDS=4.*use 8 shards"):
             await check_cluster(engines[0], 4)
+        with pytest.raises(ConfigurationError, match=r"POLLER_ELECTION=redis.*'postgres'"):
+            await check_cluster(engines[0], 8, "redis")  # each would lead every shard
     finally:
         for e in engines:
             await e.dispose()

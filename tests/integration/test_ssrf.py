@@ -15,7 +15,7 @@ import httpcore
 import pytest
 
 from poller import senders
-from poller.delivery import Attempt, Verdict, send
+from poller.delivery import Attempt, LookupAnswer, Verdict, lookup, send
 from poller.embedded import free_port
 from poller.netguard import GuardedBackend
 from poller.receiver import Receiver
@@ -202,3 +202,21 @@ def test_aiohttp_is_recent_enough_for_the_socket_seam() -> None:
     import inspect
 
     assert "socket_factory" in inspect.signature(aiohttp.TCPConnector).parameters
+
+
+@pytest.mark.parametrize("kind", ["aiohttp", "httpx"])
+async def test_lookups_are_guarded_too(
+    receiver: tuple[Receiver, int], guard_layers: str, kind: str
+) -> None:
+    rec, port = receiver
+    endpoint = _endpoint(
+        "https://hooks.example/in",
+        lookup_url=f"http://2130706433:{port}/webhooks/{{idempotency_key}}",
+    )
+    sender = _sender(kind)
+    try:
+        answer, attempt = await lookup(sender, endpoint, _message(), timeout=2, user_agent="t")
+    finally:
+        await sender.aclose()
+    assert rec.stats.lookups_found + rec.stats.lookups_missing == 0
+    assert answer is LookupAnswer.ERROR and attempt.error_class in ("ConnectError", "InvalidURL")

@@ -48,6 +48,16 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
         ("POLLER_LOG_FORMAT", "xml"),
         ("POLLER_NOTIFY", "perhaps"),
         ("POLLER_CLAIM_LEASE", "5"),
+        ("POLLER_CLAIM_LEASE", "inf"),
+        ("POLLER_CLAIM_LEASE", "nan"),
+        ("POLLER_REQUEST_TIMEOUT", "NaN"),
+        ("POLLER_RETENTION_DELIVERED", "1e300"),
+        ("POLLER_RETRY_SCHEDULE", "[5, 1e12]"),
+        ("POLLER_RETRY_SCHEDULE", "[Infinity]"),
+        ("POLLER_RETRY_AFTER_MAX", "inf"),
+        ("POLLER_SHUTDOWN_GRACE", "inf"),
+        ("POLLER_CONNECT_TIMEOUT", "0"),
+        ("POLLER_PERMANENT_STATUSES", "[99]"),
     ],
 )
 def test_invalid_value_names_its_variable(

@@ -1,0 +1,297 @@
+"""The holes an attacker or a pessimist found (SPEC §10 G9, G11), each closed and kept closed.
+
+* whatever a delivery raises is a counted, recorded attempt — never a loop;
+* a failure between a claim and its sends spends no attempt and drops nothing;
+* a claim whose outcome is slow to be written is kept by the lease heartbeat;
+* a supervised loop that crashes stops the poller loudly (ServiceCrashed, 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from poller import enqueue, metrics, queries
+from poller.db import poller_engine
+from poller.embedded import free_port
+from poller.senders import make_sender
+from poller.service import Poller, serve
+from poller.settings import Settings
+from poller.supervise import ServiceCrashed
+from tests.conftest import make_endpoint
+from tests.integration import servers
+from tests.integration.helpers import attempts_of, row, seed, wait_for
+from tests.integration.service_helpers import (
+    counts,
+    fast_settings,
+    running_poller,
+    running_receiver,
+)
+
+
+def _counting(handler: servers.Handler, seen: list[bytes]) -> servers.Handler:
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(b"POST")
+        await handler(reader, writer)
+
+    return counted
+
+
+async def _until_settled(engine: Engine, total: int, timeout: float = 20) -> None:
+    async def settled() -> bool:
+        found = counts(engine)
+        return found.get("delivered", 0) + found.get("failed", 0) == total
+
+    await wait_for(settled, timeout=timeout)
+
+
+@pytest.mark.parametrize("retry_after", ["²", "٣", "1e9", "-5", "\udcff", "9" * 300])
+async def test_a_hostile_retry_after_spends_attempts_and_ends_failed(
+    engine: Engine, db_url: str, retry_after: str
+) -> None:
+    seen: list[bytes] = []
+    header = f"Retry-After: {retry_after}\r\n".encode("utf-8", "surrogateescape")
+
+    async def answer_429(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await servers.read_request(reader)
+        writer.write(b"HTTP/1.1 429 Slow Down\r\nContent-Length: 0\r\n" + header + b"\r\n")
+        await writer.drain()
+
+    async with servers.raw_server(_counting(answer_429, seen)) as url:
+        make_endpoint(engine, "a", url=url, max_attempts=3)
+        (msg_id,) = seed(engine, 1, "a")
+        async with running_poller(db_url, fast_settings()):
+            await _until_settled(engine, 1)
+    stored = row(engine, msg_id)
+    assert (stored.status, stored.attempts, stored.last_status_code) == ("failed", 3, 429)
+    assert len(seen) == 3 == len(attempts_of(engine, msg_id))
+
+
+def _break(engine: Engine, column: str, value: str) -> None:
+    """Store a value the API would refuse today (rows written by an older version)."""
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE poller_endpoints SET {column} = :v"), {"v": value})
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("url", "http://0177.0.0.1:{port}/"),
+        ("url", "http://xn--zz/"),
+        ("url", "http://[::1/"),
+        ("secret", "whsec_!!!not base64"),
+        ("secret", "whsec_\u00e9t\u00e9"),
+        ("lookup_url", "http://xn--zz/{{idempotency_key}}"),
+    ],
+)
+async def test_values_a_client_cannot_use_are_counted_attempts(
+    engine: Engine, db_url: str, client: str, column: str, value: str
+) -> None:
+    async with running_receiver() as (receiver, url):
+        port = url.rpartition(":")[2]
+        make_endpoint(engine, "a", url=url, max_attempts=2)
+        _break(engine, column, value.format(port=port))
+        (msg_id,) = seed(engine, 1, "a")
+        if column == "lookup_url":  # only an unknown outcome makes the poller look up
+            with engine.begin() as conn:
+                conn.execute(text("UPDATE poller_outbox SET needs_lookup = true"))
+        async with running_poller(db_url, fast_settings(http_client=client)):
+            await _until_settled(engine, 1)
+    stored = row(engine, msg_id)
+    recorded = attempts_of(engine, msg_id)
+    assert stored.attempts <= 2 and len(recorded) == stored.attempts
+    assert all(a.error_class for a in recorded if a.outcome != "delivered")
+    if column != "lookup_url":
+        assert stored.status == "failed" and receiver.stats.received == 0
+
+
+async def test_a_failure_between_claim_and_send_spends_no_attempt(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint read after a claim fails: the claim is rolled back, not dropped."""
+    dies = text(
+        "SELECT * FROM poller_endpoints WHERE id = ANY(CAST(:ids AS bigint[])) "
+        "AND pg_terminate_backend(pg_backend_pid())"
+    )
+    original = queries.ENDPOINTS_BY_ID
+    monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", dies)
+    errors = metrics.sample_total(metrics.DB_ERRORS)
+    async with running_receiver() as (receiver, url):
+        make_endpoint(engine, "a", url=url)
+        (msg_id,) = seed(engine, 1, "a")
+        async with running_poller(db_url, fast_settings()):
+
+            async def claim_failed() -> bool:
+                return metrics.sample_total(metrics.DB_ERRORS) > errors
+
+            await wait_for(claim_failed)
+            assert counts(engine) == {"pending": 1}  # rolled back, not left in flight
+            monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", original)
+            await _until_settled(engine, 1, timeout=10)
+    assert row(engine, msg_id).attempts == 1 and receiver.stats.received == 1
+
+
+async def test_a_slow_outcome_write_keeps_its_claim_through_the_heartbeat(
+    engine: Engine, db_url: str
+) -> None:
+    """On its last attempt a delivered message must end delivered, however late the write."""
+    async with running_receiver() as (receiver, url):
+        make_endpoint(engine, "a", url=url, max_attempts=1)
+        (msg_id,) = seed(engine, 1, "a")
+        async with running_poller(db_url, fast_settings(claim_lease=3.0)) as poller:
+            gate = asyncio.Event()
+            complete = poller.claims.complete
+
+            async def slow_complete(outcomes: Any) -> Any:
+                await gate.wait()
+                return await complete(outcomes)
+
+            poller.claims.complete = slow_complete  # type: ignore[method-assign]
+
+            async def sent() -> bool:
+                return receiver.stats.received == 1
+
+            await wait_for(sent)
+            first_expiry = row(engine, msg_id).claim_expires_at
+
+            async def well_past_the_first_lease() -> bool:
+                with engine.connect() as conn:
+                    now = conn.execute(text("SELECT now()")).scalar_one()
+                return bool((now - first_expiry).total_seconds() > 1.0)
+
+            await wait_for(well_past_the_first_lease, timeout=10)
+            assert row(engine, msg_id).status == "in_flight"  # held, not reclaimed
+            gate.set()
+            await _until_settled(engine, 1)
+    assert row(engine, msg_id).status == "delivered"
+    assert [a.outcome for a in attempts_of(engine, msg_id)] == ["delivered"]
+
+
+# --- crash-only ---------------------------------------------------------------------
+
+
+class _Boom:
+    async def run_once(self) -> int:
+        raise RuntimeError("injected")
+
+
+async def _raise(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("injected")
+
+
+def _inject(poller: Poller, loop: str) -> None:
+    if loop == "claimer":
+        poller.claims.claim = _raise  # type: ignore[method-assign]
+    elif loop == "completer":
+        poller.claims.complete = _raise  # type: ignore[method-assign]
+    elif loop == "listener":
+        poller.claimer._wants = lambda payload: 1 / 0  # type: ignore[method-assign, assignment, return-value]
+    elif loop == "shard-manager":
+        assert poller.shards is not None
+        poller.shards.elector.heartbeat = _raise  # type: ignore[method-assign]
+    else:
+        (periodic,) = [p for p in poller.periodic if p.name == loop]
+        periodic.service = _Boom()
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    db_url: str, settings: Settings
+) -> AsyncIterator[tuple[Poller, asyncio.Task[Poller]]]:
+    engine = poller_engine(db_url, settings, pool_size=4)
+    sender = make_sender(settings)
+    ready: asyncio.Future[Poller] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        serve(
+            settings,
+            engine=engine,
+            sender=sender,
+            database_url=db_url,
+            poller_id="p1",
+            stop=stop,
+            ready=ready,
+        )
+    )
+    try:
+        yield await asyncio.wait_for(ready, 20), task
+    finally:
+        stop.set()
+        with contextlib.suppress(ServiceCrashed):
+            await asyncio.wait_for(task, 30)
+        await sender.aclose()
+        await engine.dispose()
+
+
+LOOPS = [
+    "claimer",
+    "completer",
+    "listener",
+    "lease-keeper",
+    "reclaimer",
+    "gauges",
+    "purger",
+    "shard-manager",
+]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_a_crashed_loop_stops_the_poller_gracefully_and_loudly(
+    engine: Engine, db_url: str, loop: str
+) -> None:
+    crashes = metrics.sample_total(metrics.LOOP_CRASHES, loop=loop)
+    async with running_receiver() as (_, url):
+        make_endpoint(engine, "a", url=url)
+        settings = fast_settings(election="postgres", lease_ttl=1.5)
+        async with _serving(db_url, settings) as (poller, task):
+            _inject(poller, loop)
+            with Session(engine) as session, session.begin():  # something for every loop to do
+                enqueue(session, endpoint="a", event_type="e", payload={}, idempotency_key="k")
+            while not task.done():  # NOTIFY until the listener, connecting meanwhile, hears one
+                with engine.begin() as conn:
+                    conn.execute(text("NOTIFY poller_outbox, '0'"))
+                await asyncio.wait([task], timeout=0.1)
+            with pytest.raises(ServiceCrashed, match=loop):
+                await task
+    assert metrics.sample_total(metrics.LOOP_CRASHES, loop=loop) == crashes + 1
+    assert counts(engine).get("in_flight", 0) == 0 or loop == "completer"  # released
+    with engine.connect() as conn:
+        live = conn.execute(text("SELECT count(*) FROM poller_leases WHERE expires_at > now()"))
+        assert live.scalar_one() == 0  # every lease given up
+
+
+async def test_healthz_turns_unhealthy_when_a_loop_crashes(engine: Engine, db_url: str) -> None:
+    from poller.receiver import Faults
+
+    port = free_port()
+    async with running_receiver(Faults(latency=1.5)) as (_, url):
+        make_endpoint(engine, "a", url=url)
+        seed(engine, 1, "a")
+        settings = fast_settings(metrics_addr=f"127.0.0.1:{port}", request_timeout=3, claim_lease=8)
+        async with _serving(db_url, settings) as (poller, task), httpx.AsyncClient() as http:
+            health = f"http://127.0.0.1:{port}/healthz"
+            assert (await http.get(health)).status_code == 200
+
+            async def delivering() -> bool:
+                return bool(poller.dispatcher.tasks)
+
+            await wait_for(delivering)
+            poller.claims.claim = _raise  # type: ignore[method-assign]
+            poller.claimer.wake.set()
+
+            async def unhealthy() -> bool:
+                answer = await http.get(health)
+                return answer.status_code == 503 and "claimer" in answer.json()["reason"]
+
+            await wait_for(unhealthy)  # while the in-flight delivery drains
+            with pytest.raises(ServiceCrashed):
+                await asyncio.wait_for(task, 30)
+    assert counts(engine) == {"delivered": 1}  # the drain let it finish
