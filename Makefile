@@ -42,8 +42,9 @@ bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s v
 loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults
 	FAULTS=$(FAULTS) $(BIN)/python -m loadtest.run
 
-chaos: $(STAMP) ## Full chaos run (20,000 messages, every fault at once) with its audit
+chaos: $(STAMP) ## Full chaos run (20,000 messages, every fault at once) + a long fault hunt (SEEDS=30)
 	$(BIN)/python -m loadtest.chaos --scenario chaos --messages 20000 --deadline 300
+	$(BIN)/python -m loadtest.hunt --seeds $(or $(SEEDS),30) --messages 1000
 
 clean: ## Remove the virtualenv and local data
 	rm -rf $(VENV) .poller .pytest_cache .mypy_cache .ruff_cache

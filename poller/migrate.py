@@ -15,8 +15,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller.db import sqlalchemy_url, sync_engine
+from poller.errors import ConfigurationError
 
 VERSION_TABLE = "poller_alembic_version"
 
@@ -57,3 +60,23 @@ def current_revision(url: str) -> str | None:
             return context.get_current_revision()
     finally:
         engine.dispose()
+
+
+async def check_schema(engine: AsyncEngine) -> None:
+    """Raise ConfigurationError unless the database is at the revision this code needs.
+
+    Connection errors propagate as they are (the service waits them out).
+    """
+    from poller import queries
+
+    try:
+        async with engine.connect() as conn:
+            current = (await conn.execute(queries.SCHEMA_REVISION)).scalar()
+    except ProgrammingError:  # no version table: never migrated
+        current = None
+    head = head_revision()
+    if current != head:
+        raise ConfigurationError(
+            f"database schema is at {current or 'nothing'}, this poller needs {head}: "
+            "run `poller db upgrade`"
+        )

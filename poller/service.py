@@ -31,6 +31,7 @@ second signal exits at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -39,10 +40,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller.claimer import Claimer
 from poller.claims import Claims
-from poller.completer import Completer
+from poller.completer import Completer, OutageLog
+from poller.db import is_transient
 from poller.dispatcher import Dispatcher, EndpointCache
 from poller.election import Elector, make_elector
 from poller.maintenance import Call, GaugeRefresher, Periodic, Purger, Reclaimer
+from poller.migrate import check_schema
 from poller.ops import serving
 from poller.senders import Sender
 from poller.settings import Settings
@@ -165,6 +168,31 @@ class Poller:
         self.supervisor.stop()
 
 
+async def _started(
+    engine: AsyncEngine, settings: Settings, backend: str, stop: asyncio.Event
+) -> bool:
+    """Check the schema and the cluster's settings, waiting out a database that is away
+    (a poller restarted while PostgreSQL restarts must not exit). False if stopped first."""
+    outage = OutageLog("starting")
+    delay = 0.1
+    while not stop.is_set():
+        try:
+            await check_schema(engine)
+            await check_cluster(engine, settings.shards, backend)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            outage.failed(exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await stop.wait()
+            delay = min(delay * 2, 5.0)
+            continue
+        outage.recovered()
+        return True
+    return False
+
+
 async def serve(
     settings: Settings,
     *,
@@ -184,7 +212,6 @@ async def serve(
     Raises ServiceCrashed when a loop crashed (after stopping gracefully).
     """
     backend = elector.backend if elector is not None else settings.election_backend
-    await check_cluster(engine, settings.shards, backend)
     elector = elector or make_elector(
         settings.election_backend, owner=poller_id, engine=engine, redis_url=settings.redis_url
     )
@@ -210,6 +237,9 @@ async def serve(
     )
     holder.append(poller)
     poller.shards = manager
+    if not await _started(engine, settings, backend, stop):
+        await elector.close()
+        return poller  # stopped while waiting for the database: nothing claimed
     await manager.tick()
     manager_stop = asyncio.Event()
     leadership = supervisor.spawn("shard-manager", manager.run(manager_stop))

@@ -13,10 +13,9 @@ from typing import Any, TypeVar
 
 import click
 
-from poller import logs, migrate
+from poller import logs
 from poller.cli.common import settings_and_url
 from poller.db import poller_engine
-from poller.errors import ConfigurationError
 from poller.senders import make_sender
 from poller.service import serve
 from poller.settings import Settings
@@ -64,12 +63,6 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None) -> N
         from poller.settings import load_settings
 
         settings = load_settings(**{**settings.model_dump(), **overrides})
-    current, head = migrate.current_revision(url), migrate.head_revision()
-    if current != head:
-        raise ConfigurationError(
-            f"database schema is at {current or 'nothing'}, this poller needs {head}: "
-            "run `poller db upgrade`"
-        )
     logs.configure(settings.log_format)
     name = poller_id or f"{socket.gethostname()}-{os.getpid()}"
     logging.getLogger("poller").info("poller %s starting", name)

@@ -114,3 +114,43 @@ def _health(port: int) -> int:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code
     except httpx.HTTPError:
         return 0
+
+
+def test_run_on_an_unmigrated_database_is_one_line_and_exit_2(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    env = poller_env(POLLER_DATABASE_URL=empty_db_url)
+    with started(["run", "--id", "p1"], env, tmp_path / "p1.log") as poller:
+        assert poller.wait(timeout=30) == 2
+    assert "error: database schema is at nothing" in poller.output()
+    assert "Traceback" not in poller.output()
+
+
+@pytest.mark.slow
+def test_a_poller_started_while_postgres_is_down_waits_for_it(tmp_path: Path) -> None:
+    """Found by the fault hunt: a poller restarted during a PostgreSQL restart exited 2."""
+    from poller import migrate
+    from poller.db import sync_engine
+    from poller.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(tmp_path / "pg", durable=False)
+    (tmp_path / "pg").mkdir()
+    url = server.start()
+    migrate.upgrade(url)
+    engine = sync_engine(url)
+    try:
+        with receiver(tmp_path) as (_, receiver_url):
+            make_endpoint(engine, "a", url=receiver_url)
+            seed(engine, 10, "a")
+            engine.dispose()
+            server.stop()
+            env = poller_env(POLLER_DATABASE_URL=url)
+            with started(["run", "--id", "p1"], env, tmp_path / "p1.log") as poller:
+                wait_until(lambda: "database unavailable" in poller.output(), timeout=30)
+                server.start()
+                wait_until(lambda: stats(receiver_url)["unique"] == 10, timeout=30)
+                poller.signal(signal.SIGTERM)
+                assert poller.wait(timeout=20) == 0, poller.output()[-2000:]
+    finally:
+        engine.dispose()
+        server.stop()

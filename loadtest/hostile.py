@@ -1,0 +1,241 @@
+"""A receiver whose every answer is drawn at random from what real servers get wrong.
+
+Used by the fault hunt (loadtest/hunt.py). A raw asyncio HTTP/1.1 server on
+127.0.0.1, running on its own thread and event loop, so the hunt can read its
+counts directly. For each request it draws one behaviour from a seeded RNG:
+
+* honest answers: 200/201/204 (the message is *applied* first), 3xx, 4xx, 5xx;
+* ``429``/``503`` with a ``Retry-After`` that is valid, huge, negative,
+  non-ASCII (``²``), a date, or garbage;
+* hangs past the sender's timeout (applied or not); a reset before the body
+  is read, or after (applied or not); garbage bytes for an answer; a megabyte
+  of headers; an oversized or slowly dripped body after a 2xx; an answer with
+  no length that ends with the connection; an impossible status code.
+
+The lookup (``GET /lookup/<key>``) is honest most of the time (200 if applied,
+404 if not) and otherwise fails, hangs or resets.
+
+It records what the invariants need: POSTs that *arrived* per key (counted
+when the request head is read, before anything else is decided), and the keys
+it applied (every 2xx is preceded by applying).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+from collections import Counter
+from urllib.parse import unquote
+
+HANG = 3.0  # longer than the hunt's request timeout
+
+RETRY_AFTERS = [
+    b"0",
+    b"1",
+    b"2",
+    b"-1",
+    "²".encode(),
+    "٣".encode(),
+    b"1e3",
+    b"99999999999999999999999",
+    b"9" * 300,
+    b"Wed, 21 Oct 2015 07:28:00 GMT",
+    b"Fri, 31 Dec 9999 23:59:59 GMT",
+    b"Mon, 32 Foo 2026 25:61:61 GMT",
+    b"soon",
+    b"",
+    b"\xff\xfe",
+]
+
+# (behaviour, weight)
+POST_BEHAVIOURS = [
+    ("ok", 40),
+    ("ok_other_2xx", 5),
+    ("status", 10),
+    ("retry_after", 10),
+    ("hang", 4),
+    ("reset_before_body", 3),
+    ("reset_after_body", 3),
+    ("apply_then_reset", 4),
+    ("garbage", 3),
+    ("huge_headers", 2),
+    ("huge_body", 2),
+    ("drip_body", 2),
+    ("no_length_close", 2),
+    ("bad_status", 2),
+]
+# A 2xx is only ever sent after applying; these failures applied the message, or may have.
+APPLIED_FIRST = {
+    "ok",
+    "ok_other_2xx",
+    "huge_body",
+    "drip_body",
+    "no_length_close",
+    "huge_headers",
+    "apply_then_reset",
+}
+MAYBE_APPLIED = {"hang", "garbage", "bad_status"}
+LOOKUP_BEHAVIOURS = [("honest", 70), ("status", 10), ("hang", 10), ("reset", 10)]
+
+
+def _draw(rng: random.Random, table: list[tuple[str, int]]) -> str:
+    names, weights = zip(*table, strict=True)
+    return rng.choices(names, weights)[0]
+
+
+class HostileReceiver:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.posts: Counter[str] = Counter()  # key -> POSTs that arrived
+        self.applied: set[str] = set()
+        self.behaviours: Counter[str] = Counter()
+        self.lookups = 0
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hostile-receiver", daemon=True)
+
+    # -- lifecycle (from the hunt's thread) -----------------------------------------
+
+    def start(self) -> str:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the hostile receiver did not start")
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._connection, "127.0.0.1", 0, limit=2**20)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+            server.close()
+
+    # -- one connection -------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            while await self._one(reader, writer):
+                pass
+        with contextlib.suppress(Exception):
+            writer.transport.abort()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One request; True to keep the connection for the next one."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path = lines[0].split(" ")[:2]
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0") or 0)
+        if method == "GET" and path.startswith("/lookup/"):
+            await reader.readexactly(length)
+            return await self._lookup(unquote(path.removeprefix("/lookup/")), writer)
+        key = headers.get("webhook-id", "")
+        self.posts[key] += 1
+        behaviour = _draw(self.rng, POST_BEHAVIOURS)
+        self.behaviours[behaviour] += 1
+        if behaviour == "reset_before_body":
+            writer.transport.abort()
+            return False
+        await reader.readexactly(length)
+        return await self._answer(behaviour, key, writer)
+
+    async def _answer(self, behaviour: str, key: str, writer: asyncio.StreamWriter) -> bool:
+        """Answer as ``behaviour`` says; True to keep the connection."""
+        if behaviour in APPLIED_FIRST or (behaviour in MAYBE_APPLIED and self.rng.random() < 0.5):
+            self.applied.add(key)  # every 2xx (and some failures) comes after applying
+        keep = await getattr(self, f"_{behaviour}")(writer)
+        await writer.drain()
+        return bool(keep)
+
+    async def _ok(self, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        return True
+
+    async def _ok_other_2xx(self, writer: asyncio.StreamWriter) -> bool:
+        status = self.rng.choice([201, 202, 204])
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Length: 0\r\n\r\n" % status)
+        return True
+
+    async def _status(self, writer: asyncio.StreamWriter) -> bool:
+        status = self.rng.choice([301, 302, 400, 401, 404, 409, 422, 500, 502, 503])
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Length: 4\r\n\r\nnope" % status)
+        return True
+
+    async def _retry_after(self, writer: asyncio.StreamWriter) -> bool:
+        status, value = self.rng.choice([429, 503]), self.rng.choice(RETRY_AFTERS)
+        writer.write(
+            b"HTTP/1.1 %d X\r\nRetry-After: %s\r\nContent-Length: 0\r\n\r\n" % (status, value)
+        )
+        return True
+
+    async def _hang(self, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(HANG)  # maybe processed, and the answer never comes
+        return False
+
+    async def _reset_after_body(self, writer: asyncio.StreamWriter) -> bool:
+        writer.transport.abort()
+        return False
+
+    _apply_then_reset = _reset_after_body
+
+    async def _garbage(self, writer: asyncio.StreamWriter) -> bool:
+        writer.write(self.rng.choice([b"\x00\xff\xfe garbage\r\n\r\n", b"HTTP/9 what\r\n\r\n"]))
+        return False
+
+    async def _huge_headers(self, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (1024 * 1024) + b"\r\n\r\n")
+        return False
+
+    async def _huge_body(self, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n" + b"x" * 2_000_000)
+        return False
+
+    async def _drip_body(self, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(20):
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _no_length_close(self, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\nok, bye")
+        return False
+
+    async def _bad_status(self, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 999 Whatever\r\nContent-Length: 0\r\n\r\n")
+        return False
+
+    async def _lookup(self, key: str, writer: asyncio.StreamWriter) -> bool:
+        self.lookups += 1
+        behaviour = _draw(self.rng, LOOKUP_BEHAVIOURS)
+        if behaviour == "honest":
+            found = key in self.applied
+            writer.write(b"HTTP/1.1 %d X\r\nContent-Length: 0\r\n\r\n" % (200 if found else 404))
+        elif behaviour == "status":
+            writer.write(b"HTTP/1.1 500 X\r\nContent-Length: 0\r\n\r\n")
+        elif behaviour == "hang":
+            await asyncio.sleep(HANG)
+            return False
+        else:
+            writer.transport.abort()
+            return False
+        await writer.drain()
+        return True

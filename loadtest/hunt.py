@@ -1,0 +1,442 @@
+"""The fault hunt: a seeded random schedule of hostile answers and process faults, then invariants.
+
+    python -m loadtest.hunt [--seeds 20] [--seed N …] [--messages 400] [--deadline 120]
+
+Each seed draws, reproducibly, a whole run: the election backend, the HTTP
+client, the attempt budget, a :class:`~loadtest.hostile.HostileReceiver`
+answering every request in a randomly chosen bad way, and a schedule of faults
+— SIGKILL, SIGSTOP past the leases, SIGTERM (graceful) with restarts of
+``poller run`` processes, PostgreSQL restarts (and Redis's, on the redis
+backend). A feeder commits messages (some transactions rolled back) while the
+faults run. When all is settled the rows and the receiver must agree with
+SPEC §10:
+
+* every committed message is ``delivered`` or ``failed``: none pending, none
+  in flight, nothing rolled back stored;
+* ``attempts ≤ max_attempts`` and ``refunds ≤ MAX_REFUNDS`` on every row;
+* POSTs that arrived per key ≤ send attempts recorded for its message (G9:
+  every send is counted and recorded);
+* every ``delivered`` message was applied by the receiver (nothing lost);
+* no ``poller run`` exited unless the hunt ended it, and every graceful stop
+  exited 0 (G11: a crash would exit 70).
+
+A failing seed prints itself and the command that replays it. ``make test``
+runs a small budget (tests/faults/test_hunt.py); ``make chaos`` a long one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from loadtest.hostile import HostileReceiver
+from loadtest.procs import Proc, clean_env
+from poller import Message, enqueue_many, migrate
+from poller.claims import MAX_REFUNDS
+from poller.db import sync_engine
+from poller.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.endpoints import create_endpoint
+
+TTL = 1.5
+CLAIM_LEASE = 3.0
+# A graceful stop exits 0; a SIGTERM that lands while Python is still importing (before
+# the handler exists) ends the process by the default action: nothing claimed yet.
+STOPPED = (0, -signal.SIGTERM)
+
+
+@dataclass
+class Plan:
+    """Everything one seed decides."""
+
+    seed: int
+    election: str
+    http_client: str
+    pollers: int
+    max_attempts: int
+    faults: list[tuple[float, str]]  # (seconds after the start, fault)
+    lookup: bool
+
+    @classmethod
+    def draw(cls, seed: int, duration: float) -> Plan:
+        rng = random.Random(seed)
+        kinds = ["kill", "kill", "freeze", "term", "postgres-restart"]
+        election = rng.choice(["redis", "postgres"])
+        if election == "redis":
+            kinds.append("redis-restart")
+        count = rng.randint(2, 5)
+        faults = sorted((rng.uniform(1.0, duration), rng.choice(kinds)) for _ in range(count))
+        return cls(
+            seed=seed,
+            election=election,
+            http_client=rng.choice(["aiohttp", "httpx"]),
+            pollers=rng.randint(2, 3),
+            max_attempts=rng.randint(2, 5),
+            faults=faults,
+            lookup=rng.random() < 0.8,
+        )
+
+    def describe(self) -> str:
+        faults = ", ".join(f"{kind}@{at:.1f}s" for at, kind in self.faults)
+        return (
+            f"seed {self.seed}: {self.pollers} pollers, election {self.election}, "
+            f"{self.http_client}, max_attempts {self.max_attempts}, "
+            f"lookup {'on' if self.lookup else 'off'}, faults: {faults}"
+        )
+
+
+@dataclass
+class Run:
+    plan: Plan
+    committed: set[str] = field(default_factory=set)
+    rolled_back: set[str] = field(default_factory=set)
+    injected: list[str] = field(default_factory=list)
+    unexpected_exits: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    feeding_done: threading.Event = field(default_factory=threading.Event)
+    faults_done: threading.Event = field(default_factory=threading.Event)
+
+
+class Fleet:
+    """The ``poller run`` processes; knows which exits the hunt caused."""
+
+    def __init__(self, env: dict[str, str], count: int, tmp: Path, run: Run) -> None:
+        self.run = run
+        self.procs = [Proc(["run", "--id", f"p{n}"], env, tmp / f"p{n}.log") for n in range(count)]
+        self.expected: set[int] = set()  # indexes whose current exit we caused
+        self.lock = threading.Lock()
+
+    def check(self) -> None:
+        """Record any poller that exited without being told to."""
+        with self.lock:
+            for i, proc in enumerate(self.procs):
+                code = proc.popen.poll()
+                if code is not None and i not in self.expected:
+                    tail = proc.output()[-1500:]
+                    self.run.unexpected_exits.append(f"p{i} exited {code}: …{tail}")
+                    self.expected.add(i)  # report once
+
+    def kill(self, i: int) -> None:
+        with self.lock:
+            self.expected.add(i)
+        self.procs[i].kill()
+        self._restart(i)
+
+    def term(self, i: int) -> None:
+        with self.lock:
+            self.expected.add(i)
+        proc = self.procs[i]
+        proc.signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        if code not in STOPPED:
+            self.run.unexpected_exits.append(f"p{i} exited {code} after SIGTERM")
+        self._restart(i)
+
+    def freeze(self, i: int) -> None:
+        proc = self.procs[i]
+        proc.signal(signal.SIGSTOP)
+        time.sleep(max(TTL, CLAIM_LEASE) + 1.5)  # past its leases and its claims
+        proc.signal(signal.SIGCONT)
+
+    def _restart(self, i: int) -> None:
+        with self.lock:
+            self.procs[i].restart()
+            self.expected.discard(i)
+
+    def stop_all(self) -> None:
+        for i, proc in enumerate(self.procs):
+            with self.lock:
+                self.expected.add(i)
+            if proc.popen.poll() is None:
+                proc.signal(signal.SIGTERM)
+        for i, proc in enumerate(self.procs):
+            try:
+                code = proc.wait(timeout=60)
+            except Exception:
+                proc.stop(timeout=5, graceful=False)
+                code = -9
+            if code not in STOPPED:
+                self.run.unexpected_exits.append(f"p{i} exited {code} at the end (SIGTERM)")
+            proc.handle.close()
+
+
+def _feed(engine: Any, run: Run, messages: int) -> None:
+    n = tx = 0
+    while len(run.committed) < messages:
+        tx += 1
+        size = random.Random(run.plan.seed * 7919 + tx).randint(1, 20)
+        batch = [Message("hostile", "hunt.event", {"n": n + i}, f"k{n + i}") for i in range(size)]
+        n += size
+        keys = {m.idempotency_key for m in batch}
+        try:
+            with Session(engine) as session:
+                enqueue_many(session, batch)
+                if tx % 7 == 0:
+                    session.rollback()
+                    run.rolled_back |= keys
+                    continue
+                session.commit()
+            run.committed |= keys
+        except Exception:  # PostgreSQL restarting: this transaction did not commit
+            time.sleep(0.2)
+        time.sleep(0.01)
+    run.feeding_done.set()
+
+
+def _inject(
+    run: Run, fleet: Fleet, pg: EmbeddedPostgres, redis: EmbeddedRedis | None, stop: threading.Event
+) -> None:
+    rng = random.Random(run.plan.seed * 31 + 1)
+    began = time.monotonic()
+    for at, kind in run.plan.faults:
+        while time.monotonic() - began < at:
+            if stop.wait(0.1):
+                return
+            fleet.check()
+        victim = rng.randrange(len(fleet.procs))
+        if kind == "kill":
+            fleet.kill(victim)
+        elif kind == "term":
+            fleet.term(victim)
+        elif kind == "freeze":
+            fleet.freeze(victim)
+        elif kind == "postgres-restart":
+            pg.restart()
+        elif kind == "redis-restart" and redis is not None:
+            redis.stop()
+            time.sleep(0.5)
+            redis.start()
+        run.injected.append(kind)
+    run.faults_done.set()
+    while not stop.wait(0.2):
+        fleet.check()
+
+
+def _guarded(run: Run, target: Any) -> Any:
+    def body(*args: Any) -> None:
+        try:
+            target(*args)
+        except Exception as exc:
+            run.errors.append(f"{target.__name__} crashed: {type(exc).__name__}: {exc}")
+        finally:
+            run.feeding_done.set()
+            run.faults_done.set()
+
+    return body
+
+
+def _open_rows(engine: Any) -> int:
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM poller_outbox WHERE status IN ('pending','in_flight')"
+                    )
+                ).scalar_one()
+            )
+    except Exception:  # PostgreSQL restarting
+        return -1
+
+
+def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
+    """The invariants of the module docstring; one line per broken one."""
+    with engine.connect() as conn:
+        rows = {
+            r.idempotency_key: r
+            for r in conn.execute(
+                text(
+                    "SELECT id, idempotency_key, status, attempts, max_attempts, refunds "
+                    "FROM poller_outbox"
+                )
+            )
+        }
+        sends = Counter(
+            {
+                r.idempotency_key: r.n
+                for r in conn.execute(
+                    text(
+                        "SELECT o.idempotency_key, count(*) AS n FROM poller_delivery_attempts a "
+                        "JOIN poller_outbox o ON o.id = a.message_id WHERE a.kind = 'send' "
+                        "GROUP BY 1"
+                    )
+                )
+            }
+        )
+    problems = []
+    checks: list[tuple[str, list[str]]] = [
+        ("committed but missing", sorted(run.committed - set(rows))),
+        ("rolled back yet stored", sorted(run.rolled_back & set(rows))),
+        (
+            "not settled (pending or in flight)",
+            sorted(k for k, r in rows.items() if r.status not in ("delivered", "failed")),
+        ),
+        (
+            "over their attempt budget",
+            sorted(k for k, r in rows.items() if r.attempts > r.max_attempts),
+        ),
+        ("refunded too often", sorted(k for k, r in rows.items() if r.refunds > MAX_REFUNDS)),
+        (
+            "POSTed more often than sends recorded",
+            sorted(f"{k} ({n} > {sends[k]})" for k, n in receiver.posts.items() if n > sends[k]),
+        ),
+        (
+            "delivered but never applied (lost)",
+            sorted(
+                k for k, r in rows.items() if r.status == "delivered" and k not in receiver.applied
+            ),
+        ),
+    ]
+    for label, found in checks:
+        if found:
+            problems.append(f"{len(found)} {label}: {found[:5]}")
+    problems += run.unexpected_exits + run.errors
+    return problems
+
+
+def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]:
+    """One seed's run; ``problems`` lists every broken invariant."""
+    plan = Plan.draw(seed, duration=8.0)
+    run = Run(plan)
+    pg = EmbeddedPostgres(tmp / "pg", durable=False)
+    (tmp / "pg").mkdir(exist_ok=True)
+    redis = None
+    if plan.election == "redis":
+        (tmp / "redis").mkdir(exist_ok=True)
+        redis = EmbeddedRedis(tmp / "redis")
+    db_url = pg.start()
+    redis_url = redis.start() if redis is not None else None
+    migrate.upgrade(db_url)
+    engine = sync_engine(db_url)
+    receiver = HostileReceiver(seed)
+    stop = threading.Event()
+    fleet: Fleet | None = None
+    began = time.monotonic()
+    try:
+        url = receiver.start()
+        with engine.begin() as conn:
+            create_endpoint(
+                conn,
+                "hostile",
+                f"{url}/hook",
+                lookup_url=f"{url}/lookup/{{idempotency_key}}" if plan.lookup else None,
+                max_attempts=plan.max_attempts,
+                allow_private=True,
+            )
+        env = clean_env(
+            POLLER_DATABASE_URL=db_url,
+            POLLER_ELECTION=plan.election,
+            POLLER_SHARDS="4",
+            POLLER_LEASE_TTL=str(TTL),
+            POLLER_CLAIM_LEASE=str(CLAIM_LEASE),
+            POLLER_REQUEST_TIMEOUT="1",
+            POLLER_CONNECT_TIMEOUT="0.5",
+            POLLER_SWEEP_INTERVAL="0.3",
+            POLLER_POLL_INTERVAL="0.3",
+            POLLER_RETRY_SCHEDULE="[0.05, 0.2, 0.4]",
+            POLLER_RETRY_AFTER_MAX="0.5",
+            POLLER_SHUTDOWN_GRACE="0.5",
+            POLLER_HTTP_CLIENT=plan.http_client,
+            POLLER_ALLOW_PRIVATE_TARGETS="true",
+            POLLER_LOG_FORMAT="json",
+            **({"POLLER_REDIS_URL": redis_url} if redis_url else {}),
+        )
+        fleet = Fleet(env, plan.pollers, tmp, run)
+        threads = [
+            threading.Thread(
+                target=_guarded(run, _feed), args=(engine, run, messages), daemon=True
+            ),
+            threading.Thread(
+                target=_guarded(run, _inject), args=(run, fleet, pg, redis, stop), daemon=True
+            ),
+        ]
+        for thread in threads:
+            thread.start()
+        until = began + deadline
+        while time.monotonic() < until:
+            if run.feeding_done.is_set() and run.faults_done.is_set() and _open_rows(engine) == 0:
+                break
+            time.sleep(0.3)
+        else:
+            run.errors.append(f"not settled within {deadline:g}s")
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        fleet.check()
+        fleet.stop_all()
+        problems = check(engine, run, receiver)
+        statuses = Counter(
+            s for (s,) in engine.connect().execute(text("SELECT status FROM poller_outbox"))
+        )
+        return {
+            "seed": seed,
+            "plan": plan.describe(),
+            "messages": len(run.committed),
+            "delivered": statuses["delivered"],
+            "failed": statuses["failed"],
+            "posts": sum(receiver.posts.values()),
+            "lookups": receiver.lookups,
+            "behaviours": dict(receiver.behaviours),
+            "injected": run.injected,
+            "seconds": round(time.monotonic() - began, 1),
+            "problems": problems,
+        }
+    finally:
+        stop.set()
+        if fleet is not None:
+            for proc in fleet.procs:
+                if proc.popen.poll() is None:
+                    proc.stop(timeout=5, graceful=False)
+        receiver.stop()
+        engine.dispose()
+        if redis is not None:
+            redis.stop()
+        pg.stop()
+
+
+def summary(result: dict[str, Any]) -> str:
+    verdict = "ok" if not result["problems"] else "PROBLEMS: " + "; ".join(result["problems"])
+    return (
+        f"{result['plan']} → {result['messages']} messages in {result['seconds']}s: "
+        f"delivered {result['delivered']}, failed {result['failed']}, "
+        f"{result['posts']} POSTs, {result['lookups']} lookups; {verdict}"
+    )
+
+
+def replay_command(seed: int, messages: int) -> str:
+    return f"python -m loadtest.hunt --seed {seed} --messages {messages}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, action="append", help="replay this seed")
+    parser.add_argument("--seeds", type=int, default=5, help="how many random seeds")
+    parser.add_argument("--messages", type=int, default=400)
+    parser.add_argument("--deadline", type=float, default=120.0)
+    args = parser.parse_args()
+    seeds = args.seed or [random.randrange(2**31) for _ in range(args.seeds)]
+    failed = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix=f"poller-hunt-{seed}-") as tmp:
+            result = hunt(seed, args.messages, args.deadline, Path(tmp))
+        print(summary(result), flush=True)
+        if result["problems"]:
+            failed.append(seed)
+            print(f"  replay: {replay_command(seed, args.messages)}", flush=True)
+    print(f"{len(seeds) - len(failed)} passed, {len(failed)} failed", flush=True)
+    if failed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
