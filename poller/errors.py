@@ -78,6 +78,22 @@ class IdempotencyConflict(PollerError):
         self.existing_id = existing_id
 
 
+class IdempotencyKeySpent(PollerError):
+    """The key belonged to a message that was delivered or failed and then purged.
+
+    Spent keys are kept for ``POLLER_RETENTION_KEYS`` so a late retry of the
+    application's transaction cannot start a second message with the same key.
+    """
+
+    def __init__(self, endpoint: str, idempotency_key: str) -> None:
+        super().__init__(
+            f"idempotency key {idempotency_key!r} on endpoint {endpoint!r} was used by a message "
+            "that has been purged; it cannot start a new message (POLLER_RETENTION_KEYS)"
+        )
+        self.endpoint = endpoint
+        self.idempotency_key = idempotency_key
+
+
 # --- endpoints ---------------------------------------------------------------
 
 

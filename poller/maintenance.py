@@ -14,7 +14,8 @@ with SKIP LOCKED and touches only rows nobody holds, so that is safe):
 * :class:`Reclaimer` — expired claims back to pending + ``needs_lookup`` (or
   failed when their attempts are spent), within ``claim_lease + sweep_interval``.
 * :class:`Purger` — delivered and failed rows past their retention, with their
-  attempts, in batches of :data:`PURGE_BATCH` so no lock is held for long.
+  attempts, in batches of :data:`PURGE_BATCH` so no lock is held for long; their
+  keys stay *spent* for ``POLLER_RETENTION_KEYS`` (re-enqueueing one is refused).
 * :class:`GaugeRefresher` — the cluster-wide gauges (due messages and the
   oldest one's age per endpoint, messages by status).
 
@@ -111,9 +112,20 @@ class Reclaimer:
 
 
 class Purger:
-    def __init__(self, engine: AsyncEngine, *, delivered_age: float, failed_age: float) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        delivered_age: float,
+        failed_age: float,
+        keys_age: float = 90 * 86400.0,
+    ) -> None:
         self.engine = engine
-        self.ages = ((queries.PURGE_DELIVERED, delivered_age), (queries.PURGE_FAILED, failed_age))
+        self.ages = (
+            (queries.PURGE_DELIVERED, delivered_age),
+            (queries.PURGE_FAILED, failed_age),
+            (queries.PURGE_SPENT_KEYS, keys_age),
+        )
         self.purged = 0
 
     async def run_once(self) -> int:
@@ -122,7 +134,7 @@ class Purger:
         for statement, age in self.ages:
             async with self.engine.begin() as conn:
                 result = await conn.execute(statement, {"age": age, "limit": PURGE_BATCH})
-                count += result.rowcount or 0
+                count += int(result.scalar_one())
         if count:
             self.purged += count
             log.info("purged %d rows past their retention", count)

@@ -42,6 +42,7 @@ from poller import queries
 from poller.errors import (
     EndpointDisabled,
     IdempotencyConflict,
+    IdempotencyKeySpent,
     InvalidEventType,
     InvalidIdempotencyKey,
     InvalidPayload,
@@ -216,8 +217,8 @@ def _enqueue_one_steps(message: _Checked) -> _Steps:
     row = found[0]
     if not row.enabled:
         raise EndpointDisabled(message.endpoint, row.disabled_reason)
-    if row.existing_id is None:  # pragma: no cover - a concurrent purge of the same key
-        raise IdempotencyConflict(message.endpoint, message.idempotency_key, -1)
+    if row.existing_id is None:  # purged meanwhile, or long ago
+        raise IdempotencyKeySpent(message.endpoint, message.idempotency_key)
     if not row.same_content:
         raise IdempotencyConflict(message.endpoint, message.idempotency_key, row.existing_id)
     return int(row.existing_id)
@@ -276,6 +277,9 @@ def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
                 name = next(n for n, e in endpoints.items() if e.id == row.endpoint_id)
                 raise IdempotencyConflict(name, row.idempotency_key, row.id)
             ids[(row.endpoint_id, row.idempotency_key)] = int(row.id)
+        for m in unique:
+            if (endpoints[m.endpoint].id, m.idempotency_key) not in ids:
+                raise IdempotencyKeySpent(m.endpoint, m.idempotency_key)
     if inserted and settings.notify:
         buckets = sorted({endpoints[m.endpoint].bucket for m in unique})
         yield queries.NOTIFY_BUCKETS, {"buckets": buckets}

@@ -43,6 +43,8 @@ ENQUEUE_ONE = _statement(
                         now() + make_interval(secs => CAST(:delay AS double precision)))
         FROM poller_endpoints e
         WHERE e.name = :endpoint AND e.enabled
+          AND NOT EXISTS (SELECT 1 FROM poller_spent_keys k
+                          WHERE k.endpoint_id = e.id AND k.idempotency_key = :idempotency_key)
         ON CONFLICT (endpoint_id, idempotency_key) DO NOTHING
         RETURNING id, bucket
     )
@@ -54,12 +56,15 @@ ENQUEUE_ONE = _statement(
 )
 
 # Why ENQUEUE_ONE inserted nothing: unknown endpoint (no row), disabled
-# endpoint, or an existing message with this key (same content or not).
+# endpoint, an existing message with this key (same content or not), or a key
+# whose message was purged (spent).
 ENQUEUE_EXPLAIN = _statement(
     "ENQUEUE_EXPLAIN",
     """
     SELECT e.enabled, e.disabled_reason, o.id AS existing_id,
-           (o.payload = CAST(:payload AS jsonb) AND o.event_type = :event_type) AS same_content
+           (o.payload = CAST(:payload AS jsonb) AND o.event_type = :event_type) AS same_content,
+           EXISTS (SELECT 1 FROM poller_spent_keys k
+                   WHERE k.endpoint_id = e.id AND k.idempotency_key = :idempotency_key) AS spent
     FROM poller_endpoints e
     LEFT JOIN poller_outbox o ON o.endpoint_id = e.id AND o.idempotency_key = :idempotency_key
     WHERE e.name = :endpoint
@@ -77,7 +82,7 @@ ENDPOINTS_BY_NAME = _statement(
 )
 
 # Insert a batch in one statement; rows whose (endpoint, key) exists are
-# skipped and resolved by ENQUEUE_MANY_EXISTING.
+# skipped and resolved by ENQUEUE_MANY_EXISTING, and so are spent keys.
 ENQUEUE_MANY = _statement(
     "ENQUEUE_MANY",
     """
@@ -92,6 +97,8 @@ ENQUEUE_MANY = _statement(
         CAST(:deliver_ats AS timestamptz[]), CAST(:delays AS double precision[])
     ) WITH ORDINALITY AS m(endpoint_id, bucket, event_type, payload, idempotency_key,
                            max_attempts, deliver_at, delay, ord)
+    WHERE NOT EXISTS (SELECT 1 FROM poller_spent_keys k
+                      WHERE k.endpoint_id = m.endpoint_id AND k.idempotency_key = m.idempotency_key)
     ORDER BY m.ord
     ON CONFLICT (endpoint_id, idempotency_key) DO NOTHING
     RETURNING id, endpoint_id, idempotency_key
@@ -430,30 +437,64 @@ MEMBER_LEAVE = _statement("MEMBER_LEAVE", "DELETE FROM poller_members WHERE poll
 SCHEMA_REVISION = _statement("SCHEMA_REVISION", "SELECT version_num FROM poller_alembic_version")
 
 # Retention: delete up to :limit delivered (or failed) rows older than :age
-# seconds, with their attempts (cascade). Small batches keep locks short.
+# seconds, with their attempts (cascade), keeping their keys as spent keys so
+# the same key cannot start a second message. Small batches keep locks short.
 PURGE_DELIVERED = _statement(
     "PURGE_DELIVERED",
     """
-    DELETE FROM poller_outbox WHERE id IN (
-        SELECT id FROM poller_outbox
-        WHERE status = 'delivered'
-          AND delivered_at < now() - make_interval(secs => CAST(:age AS double precision))
-        ORDER BY delivered_at LIMIT :limit
-        FOR UPDATE SKIP LOCKED
+    WITH gone AS (
+        DELETE FROM poller_outbox WHERE id IN (
+            SELECT id FROM poller_outbox
+            WHERE status = 'delivered'
+              AND delivered_at < now() - make_interval(secs => CAST(:age AS double precision))
+            ORDER BY delivered_at LIMIT :limit
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING endpoint_id, idempotency_key
+    ), kept AS (
+        INSERT INTO poller_spent_keys (endpoint_id, idempotency_key)
+        SELECT endpoint_id, idempotency_key FROM gone
+        ON CONFLICT DO NOTHING
     )
+    SELECT count(*) AS purged FROM gone
     """,
 )
 
 PURGE_FAILED = _statement(
     "PURGE_FAILED",
     """
-    DELETE FROM poller_outbox WHERE id IN (
-        SELECT id FROM poller_outbox
-        WHERE status = 'failed'
-          AND failed_at < now() - make_interval(secs => CAST(:age AS double precision))
-        ORDER BY failed_at LIMIT :limit
-        FOR UPDATE SKIP LOCKED
+    WITH gone AS (
+        DELETE FROM poller_outbox WHERE id IN (
+            SELECT id FROM poller_outbox
+            WHERE status = 'failed'
+              AND failed_at < now() - make_interval(secs => CAST(:age AS double precision))
+            ORDER BY failed_at LIMIT :limit
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING endpoint_id, idempotency_key
+    ), kept AS (
+        INSERT INTO poller_spent_keys (endpoint_id, idempotency_key)
+        SELECT endpoint_id, idempotency_key FROM gone
+        ON CONFLICT DO NOTHING
     )
+    SELECT count(*) AS purged FROM gone
+    """,
+)
+
+# Spent keys past POLLER_RETENTION_KEYS: from then on the key may start a new message.
+PURGE_SPENT_KEYS = _statement(
+    "PURGE_SPENT_KEYS",
+    """
+    WITH gone AS (
+        DELETE FROM poller_spent_keys WHERE (endpoint_id, idempotency_key) IN (
+            SELECT endpoint_id, idempotency_key FROM poller_spent_keys
+            WHERE purged_at < now() - make_interval(secs => CAST(:age AS double precision))
+            ORDER BY purged_at LIMIT :limit
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING 1
+    )
+    SELECT count(*) AS purged FROM gone
     """,
 )
 
@@ -482,4 +523,28 @@ GAUGE_STATUS = _statement(
     UNION ALL
     SELECT 'failed', count(*) FROM poller_outbox WHERE status = 'failed'
     """,
+)
+
+
+# --- summaries (the demo) -----------------------------------------------------------
+
+# Messages by status (all of them: the demo's table is small).
+COUNT_BY_STATUS = _statement(
+    "COUNT_BY_STATUS", "SELECT status, count(*) FROM poller_outbox GROUP BY 1"
+)
+
+# Failed messages by endpoint and last error, most common first.
+FAILED_BY_REASON = _statement(
+    "FAILED_BY_REASON",
+    """
+    SELECT e.name, o.last_error, count(*) FROM poller_outbox o
+    JOIN poller_endpoints e ON e.id = o.endpoint_id
+    WHERE o.status = 'failed'
+    GROUP BY 1, 2 ORDER BY 3 DESC
+    """,
+)
+
+# Messages with this idempotency key, on any endpoint.
+COUNT_WITH_KEY = _statement(
+    "COUNT_WITH_KEY", "SELECT count(*) FROM poller_outbox WHERE idempotency_key = :key"
 )

@@ -180,6 +180,23 @@ delivery_attempts = Table(
 )
 
 
+# Keys of purged messages, kept for POLLER_RETENTION_KEYS: re-enqueueing one is refused
+# (the message was delivered or failed already) instead of starting a second message.
+spent_keys = Table(
+    "poller_spent_keys",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("poller_endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("idempotency_key", Text, primary_key=True),
+    Column("purged_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_poller_spent_keys_purged_at", "purged_at"),
+)
+
+
 # --- election (SPEC §6) ---------------------------------------------------------
 
 # The last fence PostgreSQL accepted for each shard. A claim under a smaller

@@ -113,6 +113,7 @@ class Poller:
                     engine,
                     delivered_age=settings.retention_delivered,
                     failed_age=settings.retention_failed,
+                    keys_age=settings.retention_keys,
                 ),
                 settings.sweep_interval,
                 when=maintenance,

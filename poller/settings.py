@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     retention_delivered: PositiveSeconds = 7 * 86400.0
     retention_failed: PositiveSeconds = 30 * 86400.0
+    retention_keys: PositiveSeconds = 90 * 86400.0
+    """How long the key of a purged message stays spent: re-enqueueing it is refused
+    (IdempotencyKeySpent) instead of delivering the same key twice."""
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
     """On SIGTERM, how long in-flight deliveries may finish before their claims are released."""
 

@@ -22,10 +22,9 @@ import click
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from poller import Message, enqueue_async, enqueue_many_async, metrics, migrate
+from poller import Message, enqueue_async, enqueue_many_async, metrics, migrate, queries
 from poller.cli.run import event_loop_run
 from poller.db import poller_engine, sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -190,7 +189,7 @@ async def _enqueue(engine: AsyncEngine, count: int) -> None:
 
 async def _counts(engine: AsyncEngine) -> dict[str, int]:
     async with engine.connect() as conn:
-        rows = await conn.execute(text("SELECT status, count(*) FROM poller_outbox GROUP BY 1"))
+        rows = await conn.execute(queries.COUNT_BY_STATUS)
         return {status: n for status, n in rows}
 
 
@@ -240,21 +239,9 @@ async def _summary(
 ) -> Group:
     counts = await _counts(engine)
     async with engine.connect() as conn:
-        reasons = (
-            await conn.execute(
-                text(
-                    "SELECT e.name, o.last_error, count(*) FROM poller_outbox o "
-                    "JOIN poller_endpoints e ON e.id = o.endpoint_id WHERE o.status = 'failed' "
-                    "GROUP BY 1, 2 ORDER BY 3 DESC"
-                )
-            )
-        ).all()
+        reasons = (await conn.execute(queries.FAILED_BY_REASON)).all()
         rolled_back = (
-            await conn.execute(
-                text(
-                    "SELECT count(*) FROM poller_outbox WHERE idempotency_key = 'order:rolled-back'"
-                )
-            )
+            await conn.execute(queries.COUNT_WITH_KEY, {"key": "order:rolled-back"})
         ).scalar_one()
     stats = receiver.stats.as_dict()
     lat = stats["latency_ms"]

@@ -1,10 +1,14 @@
-"""Maintenance: purge by retention removes only old finished rows, with their attempts."""
+"""Maintenance: purge by retention removes only old finished rows, with their attempts; keys
+stay spent for their own retention."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session
 
+from poller import IdempotencyKeySpent, Message, enqueue, enqueue_many
 from poller.claims import Claims, delivered, failed
 from poller.endpoints import CreatedEndpoint
 from poller.maintenance import Purger
@@ -41,3 +45,28 @@ async def test_purge_removes_only_old_finished_rows(
     assert set(left) == set(ids) - {ids[0], ids[2]}  # young finished rows and pending stay
     assert attempts_of(engine, ids[0]) == [] and attempts_of(engine, ids[1]) != []
     assert await purger.run_once() == 0
+
+
+async def test_a_purged_key_stays_spent_until_its_own_retention(
+    aengine: AsyncEngine, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    """Re-enqueueing a delivered-then-purged key must not deliver the same key twice."""
+    (msg_id,) = seed(engine, 1)
+    claims = Claims(aengine, poller_id="p", claim_lease=30)
+    (msg,) = await claims.claim_batch(1)
+    await claims.complete([delivered(msg)])
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_outbox SET delivered_at = now() - interval '8 days'"))
+    purger = Purger(aengine, delivered_age=7 * 86400, failed_age=30 * 86400, keys_age=60)
+    assert await purger.run_once() == 1
+    again = {"endpoint": "billing", "event_type": "test.event", "payload": {"n": 0}}
+    with Session(engine) as session, pytest.raises(IdempotencyKeySpent, match="purged"):
+        enqueue(session, **again, idempotency_key="billing:0")
+    with Session(engine) as session, pytest.raises(IdempotencyKeySpent, match="purged"):
+        fresh = Message("billing", "e", {}, "fresh")
+        enqueue_many(session, [Message(**again, idempotency_key="billing:0"), fresh])
+    with engine.begin() as conn:  # the key's own retention passes: it may start anew
+        conn.execute(text("UPDATE poller_spent_keys SET purged_at = now() - interval '2 minutes'"))
+    assert await purger.run_once() == 1
+    with Session(engine) as session, session.begin():
+        assert enqueue(session, **again, idempotency_key="billing:0") != msg_id
