@@ -101,53 +101,24 @@ def delivered(msg: ClaimedMessage, *, kind: AttemptKind = "send", **detail: Any)
     )
 
 
-def retry(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
-    """A retryable failure known not to have been processed; ``failed`` on the last attempt."""
-    if msg.last_attempt:
-        return Outcome(
-            msg.id, msg.claim_token, msg.attempts, "failed", "failed", needs_lookup=False, **detail
-        )
-    return Outcome(
-        msg.id,
-        msg.claim_token,
-        msg.attempts,
-        "pending",
-        "retry",
-        retry_delay=delay,
-        needs_lookup=False,
-        **detail,
-    )
-
-
-def unknown(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
-    """Sent but no answer: maybe processed. Retry with ``needs_lookup``; ``failed`` at the end."""
-    if msg.last_attempt:
-        return Outcome(
-            msg.id, msg.claim_token, msg.attempts, "failed", "unknown", needs_lookup=False, **detail
-        )
-    return Outcome(
-        msg.id,
-        msg.claim_token,
-        msg.attempts,
-        "pending",
-        "unknown",
-        retry_delay=delay,
-        needs_lookup=True,
-        **detail,
-    )
-
-
-def lookup_pending(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
-    """The lookup answered neither 200 nor 404: ask again later, still ``needs_lookup``."""
+def _again_or_failed(
+    msg: ClaimedMessage,
+    outcome: str,
+    delay: float,
+    *,
+    needs_lookup: bool,
+    final_outcome: str | None = None,
+    **detail: Any,
+) -> Outcome:
+    """Pending again after ``delay`` — or ``failed`` when this was the last attempt."""
     if msg.last_attempt:
         return Outcome(
             msg.id,
             msg.claim_token,
             msg.attempts,
             "failed",
-            "lookup_failed",
+            final_outcome or outcome,
             needs_lookup=False,
-            kind="lookup",
             **detail,
         )
     return Outcome(
@@ -155,9 +126,33 @@ def lookup_pending(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
         msg.claim_token,
         msg.attempts,
         "pending",
-        "lookup_retry",
+        outcome,
         retry_delay=delay,
+        needs_lookup=needs_lookup,
+        **detail,
+    )
+
+
+def retry(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """A retryable failure known not to have been processed; ``failed`` on the last attempt."""
+    return _again_or_failed(
+        msg, "retry", delay, needs_lookup=False, final_outcome="failed", **detail
+    )
+
+
+def unknown(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """Sent but no answer: maybe processed. Retry with ``needs_lookup``; ``failed`` at the end."""
+    return _again_or_failed(msg, "unknown", delay, needs_lookup=True, **detail)
+
+
+def lookup_pending(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """The lookup answered neither 200 nor 404: ask again later, still ``needs_lookup``."""
+    return _again_or_failed(
+        msg,
+        "lookup_retry",
+        delay,
         needs_lookup=True,
+        final_outcome="lookup_failed",
         kind="lookup",
         **detail,
     )
@@ -179,20 +174,7 @@ def crashed(msg: ClaimedMessage, delay: float, *, maybe_sent: bool, **detail: An
     ``maybe_sent``: the request may have gone out, so the next attempt looks it up.
     """
     needs_lookup = maybe_sent or msg.needs_lookup
-    if msg.last_attempt:
-        return Outcome(
-            msg.id, msg.claim_token, msg.attempts, "failed", "crashed", needs_lookup=False, **detail
-        )
-    return Outcome(
-        msg.id,
-        msg.claim_token,
-        msg.attempts,
-        "pending",
-        "crashed",
-        retry_delay=delay,
-        needs_lookup=needs_lookup,
-        **detail,
-    )
+    return _again_or_failed(msg, "crashed", delay, needs_lookup=needs_lookup, **detail)
 
 
 MAX_REFUNDS = 3
@@ -226,27 +208,8 @@ def released(msg: ClaimedMessage, *, maybe_sent: bool = False) -> Outcome:
             **detail,
         )
     message = f"handed back by a graceful shutdown, attempt counted (refunded {msg.refunds} times)"
-    if msg.last_attempt:
-        return Outcome(
-            msg.id,
-            msg.claim_token,
-            msg.attempts,
-            "failed",
-            "released",
-            needs_lookup=False,
-            error_message=message,
-            **detail,
-        )
-    return Outcome(
-        msg.id,
-        msg.claim_token,
-        msg.attempts,
-        "pending",
-        "released",
-        retry_delay=0.0,
-        needs_lookup=needs_lookup,
-        error_message=message,
-        **detail,
+    return _again_or_failed(
+        msg, "released", 0.0, needs_lookup=bool(maybe_sent), error_message=message, **detail
     )
 
 

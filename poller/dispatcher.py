@@ -198,7 +198,10 @@ class Dispatcher:
 
     def _record(self, outcome: Outcome, msg: ClaimedMessage) -> None:
         name = self._name(msg)
-        metrics.DELIVERY_OUTCOMES.labels(name, outcome.outcome).inc()
+        # Final states by their name (a last attempt's "unknown" or "crashed" is "failed"),
+        # so alerts on outcome="failed" count exactly the messages that failed for good.
+        final = outcome.status in ("delivered", "failed")
+        metrics.DELIVERY_OUTCOMES.labels(name, outcome.status if final else outcome.outcome).inc()
         if outcome.status == "delivered":
             latency = (datetime.now(UTC) - msg.created_at).total_seconds()
             metrics.LATENCY_SECONDS.labels(name).observe(max(0.0, latency))

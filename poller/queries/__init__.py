@@ -1,0 +1,25 @@
+"""Every SQL statement the runtime issues, named, with what it guarantees.
+
+Statements use ``:name`` parameters and ``CAST(… AS …)`` (never ``::``) so the
+same text runs through SQLAlchemy's ``text()`` and, after a mechanical rewrite,
+through plain psycopg (see loadtest/claims.py, which measures the difference).
+Batches travel as arrays or one JSON document and are unnested server-side:
+one statement per batch, never one per row.
+
+``STATEMENTS`` maps each name to its SQL; tests/integration/test_queries.py
+runs every one against the migrated schema.
+
+The statements live in one module per part of the flow — ``enqueue``,
+``claims``, ``cluster`` (election, shards), ``maintenance`` — and are all
+reachable here as ``queries.NAME``.
+"""
+
+from __future__ import annotations
+
+from poller.queries._registry import STATEMENTS
+from poller.queries.claims import *  # noqa: F403
+from poller.queries.cluster import *  # noqa: F403
+from poller.queries.enqueue import *  # noqa: F403
+from poller.queries.maintenance import *  # noqa: F403
+
+__all__ = ["STATEMENTS"]
