@@ -192,3 +192,20 @@ async def test_graceful_stop_releases_without_counting(engine: Engine, db_url: s
     assert {r.attempts for r in states} == {0}  # no attempt wasted
     cut_off = [r for r in states if r.needs_lookup]
     assert len(cut_off) == 8  # sent but unanswered: looked up (or re-sent) next time
+
+
+async def test_an_endpoint_changed_by_hand_in_sql_is_reloaded_at_once(
+    engine: Engine, db_url: str
+) -> None:
+    """A trigger keeps updated_at current, so the claim notices even a raw UPDATE."""
+    async with running_receiver() as (old, old_url), running_receiver() as (new, new_url):
+        make_endpoint(engine, "a", url=old_url)
+        seed(engine, 1, "a")
+        async with running_poller(db_url, fast_settings()):
+            await wait_for(_done(engine, 1))
+            with engine.begin() as conn:
+                conn.execute(text("UPDATE poller_endpoints SET url = :u"), {"u": new_url})
+            with Session(engine) as session, session.begin():
+                enqueue(session, endpoint="a", event_type="e", payload={}, idempotency_key="k2")
+            await wait_for(_done(engine, 2))
+    assert (old.stats.received, new.stats.received) == (1, 1)
