@@ -295,3 +295,14 @@ async def test_healthz_turns_unhealthy_when_a_loop_crashes(engine: Engine, db_ur
             with pytest.raises(ServiceCrashed):
                 await asyncio.wait_for(task, 30)
     assert counts(engine) == {"delivered": 1}  # the drain let it finish
+
+
+@pytest.mark.parametrize("payload", ["²", "٣", "-1", "", "1e3", "999999999999999999999", "x"])
+def test_a_notify_payload_that_is_not_a_bucket_is_ignored(payload: str) -> None:
+    from types import SimpleNamespace
+
+    from poller.claimer import Claimer
+    from poller.shards import ClaimScope
+
+    claimer = SimpleNamespace(scope=lambda: ClaimScope((1, 2), None, 1, maintenance=False))
+    assert Claimer._wants(claimer, payload) is False  # type: ignore[arg-type]
