@@ -30,8 +30,8 @@ import psycopg
 
 from poller import metrics
 from poller.claims import Claims
-from poller.completer import Completer, OutageLog
-from poller.db import is_transient, libpq_url
+from poller.completer import Completer
+from poller.db import OutageLog, is_transient, libpq_url
 from poller.dispatcher import Dispatcher, EndpointCache
 from poller.schema import NOTIFY_CHANNEL
 from poller.settings import Settings

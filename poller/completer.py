@@ -25,47 +25,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Sequence
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
 from poller import metrics
 from poller.claims import ClaimedMessage, Claims, CompletionResult, Outcome
-from poller.db import is_transient
+from poller.db import OutageLog, is_transient
 
 log = logging.getLogger("poller.completer")
 
 LINGER = 0.005  # let a burst of outcomes gather into one statement
-OUTAGE_LOG_EVERY = 30.0  # while the database is away, one line per this many seconds
-
-
-class OutageLog:
-    """Log the first failure of an outage, then one line per interval with the count."""
-
-    def __init__(self, what: str, every: float = OUTAGE_LOG_EVERY) -> None:
-        self.what = what
-        self.every = every
-        self.failures = 0
-        self._last = 0.0
-
-    def failed(self, exc: BaseException) -> None:
-        self.failures += 1
-        metrics.DB_ERRORS.inc()
-        now = time.monotonic()
-        if self.failures == 1 or now - self._last >= self.every:
-            self._last = now
-            log.warning(
-                "%s: database unavailable (%d failures so far), retrying: %s",
-                self.what,
-                self.failures,
-                exc,
-            )
-
-    def recovered(self) -> None:
-        if self.failures:
-            log.warning("%s: database back after %d failures", self.what, self.failures)
-            self.failures = 0
 
 
 class Completer:

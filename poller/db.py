@@ -7,6 +7,8 @@ under ``POLLER_DATA_DIR`` is started (or found running) and used.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import psycopg
@@ -16,8 +18,11 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, Operationa
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from poller import metrics
 from poller.errors import ConfigurationError
 from poller.settings import Settings
+
+log = logging.getLogger("poller.db")
 
 TRANSIENT: tuple[type[BaseException], ...] = (
     OperationalError,  # connection lost, server restarting, deadlock, lock or statement timeout
@@ -36,6 +41,37 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(exc, TRANSIENT)
+
+
+OUTAGE_LOG_EVERY = 30.0  # while the database is away, one line per this many seconds
+
+
+class OutageLog:
+    """Log the first failure of an outage, then one line per interval with the count."""
+
+    def __init__(self, what: str, every: float = OUTAGE_LOG_EVERY) -> None:
+        self.what = what
+        self.every = every
+        self.failures = 0
+        self._last = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        metrics.DB_ERRORS.inc()
+        now = time.monotonic()
+        if self.failures == 1 or now - self._last >= self.every:
+            self._last = now
+            log.warning(
+                "%s: database unavailable (%d failures so far), retrying: %s",
+                self.what,
+                self.failures,
+                exc,
+            )
+
+    def recovered(self) -> None:
+        if self.failures:
+            log.warning("%s: database back after %d failures", self.what, self.failures)
+            self.failures = 0
 
 
 _SCHEMES = {"postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg_async"}

@@ -35,8 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import metrics, queries
 from poller.claims import Claims
-from poller.completer import OutageLog
-from poller.db import is_transient
+from poller.db import OutageLog, is_transient
 
 log = logging.getLogger("poller.maintenance")
 

@@ -40,8 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller.claimer import Claimer
 from poller.claims import Claims
-from poller.completer import Completer, OutageLog
-from poller.db import is_transient
+from poller.completer import Completer
+from poller.db import OutageLog, is_transient
 from poller.dispatcher import Dispatcher, EndpointCache
 from poller.election import Elector, make_elector
 from poller.maintenance import Call, GaugeRefresher, Periodic, Purger, Reclaimer

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import metrics, queries
-from poller.db import TRANSIENT
+from poller.db import TRANSIENT, OutageLog
 from poller.election import MAINTENANCE, ElectionUnavailable, Elector, Lease, shard_key
 from poller.errors import ConfigurationError
 from poller.schema import BUCKETS
@@ -119,6 +119,7 @@ class ShardManager:
         self.stale_leader_claims = 0
         self.backend_errors = 0
         self.tick_interval = lease_ttl / 3
+        self._outage = OutageLog("shard bookkeeping")
 
     # -- the scope the claimer asks for -------------------------------------------
 
@@ -174,7 +175,7 @@ class ShardManager:
             await self._balance()
             await self._maintenance()
         except TRANSIENT as exc:  # PostgreSQL away or busy, not the backend: try next tick
-            log.warning("shard bookkeeping failed, retrying next tick: %s", exc)
+            self._outage.failed(exc)
             return
         except ElectionUnavailable as exc:
             self.backend_errors += 1
@@ -189,6 +190,7 @@ class ShardManager:
                 log.error("election backend unavailable, %s: %s", mode, exc)
             self.backend_ok = False
             return
+        self._outage.recovered()
         if not self.backend_ok:
             log.warning("election backend is back; claiming by lease again")
         self.backend_ok = True

@@ -58,7 +58,8 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
 def run(poller_id: str | None, shards: int | None, concurrency: int | None) -> None:
     """Deliver messages until SIGTERM/SIGINT (graceful), a second signal exits at once."""
     settings, url = settings_and_url()
-    overrides = {k: v for k, v in (("shards", shards), ("concurrency", concurrency)) if v}
+    given = (("shards", shards), ("concurrency", concurrency))
+    overrides = {k: v for k, v in given if v is not None}  # 0 is a value, and is refused
     if overrides:
         from poller.settings import load_settings
 

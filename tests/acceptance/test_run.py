@@ -154,3 +154,15 @@ def test_a_poller_started_while_postgres_is_down_waits_for_it(tmp_path: Path) ->
     finally:
         engine.dispose()
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("flag", "variable"), [("--shards", "SHARDS"), ("--concurrency", "CONCURRENCY")]
+)
+def test_run_flags_are_validated_like_the_settings_they_override(
+    db_url: str, tmp_path: Path, flag: str, variable: str
+) -> None:
+    env = poller_env(POLLER_DATABASE_URL=db_url)
+    with started(["run", flag, "0"], env, tmp_path / "p.log") as poller:
+        assert poller.wait(timeout=30) == 2
+    assert f"POLLER_{variable}=0" in poller.output() and "Traceback" not in poller.output()
