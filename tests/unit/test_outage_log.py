@@ -1,4 +1,4 @@
-"""A database outage is logged once when it starts, then once per interval, and once when it ends."""
+"""A database outage is logged when it starts, once per interval, and when it ends."""
 
 from __future__ import annotations
 
