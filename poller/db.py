@@ -105,8 +105,12 @@ def database_url(settings: Settings) -> str:
 
 
 def sync_engine(url: str, **kwargs: Any) -> Engine:
-    """Engine for the CLI and admin paths (pre-ping: a stale pooled connection is replaced)."""
+    """Engine for the CLI and admin paths (pre-ping: a stale pooled connection is replaced).
+
+    Like every engine here it hides SQL parameters from errors: a failed
+    ``INSERT`` of an endpoint would otherwise print its signing secret."""
     kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("hide_parameters", True)
     return create_engine(sqlalchemy_url(url), **kwargs)
 
 
@@ -132,4 +136,5 @@ def async_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """The poller's engine. No pre-ping: it would cost a round trip per transaction on the
     hot path; the service retries a transaction that meets a dropped connection instead."""
     kwargs.setdefault("pool_pre_ping", False)
+    kwargs.setdefault("hide_parameters", True)  # no payload or secret in an error message
     return create_async_engine(sqlalchemy_url(url), **kwargs)

@@ -15,6 +15,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -62,6 +63,30 @@ def current_revision(url: str) -> str | None:
         engine.dispose()
 
 
+def _schema_error(current: str | None) -> ConfigurationError | None:
+    head = head_revision()
+    if current == head:
+        return None
+    return ConfigurationError(
+        f"database schema is at {current or 'nothing'}, this version needs {head}: "
+        "run `poller db upgrade`"
+    )
+
+
+def require_schema(engine: Engine) -> None:
+    """Raise ConfigurationError unless the database is at the revision this code needs."""
+    from poller import queries
+
+    try:
+        with engine.connect() as conn:
+            current = conn.execute(queries.SCHEMA_REVISION).scalar()
+    except ProgrammingError:  # no version table: never migrated
+        current = None
+    error = _schema_error(current)
+    if error is not None:
+        raise error
+
+
 async def check_schema(engine: AsyncEngine) -> None:
     """Raise ConfigurationError unless the database is at the revision this code needs.
 
@@ -74,9 +99,6 @@ async def check_schema(engine: AsyncEngine) -> None:
             current = (await conn.execute(queries.SCHEMA_REVISION)).scalar()
     except ProgrammingError:  # no version table: never migrated
         current = None
-    head = head_revision()
-    if current != head:
-        raise ConfigurationError(
-            f"database schema is at {current or 'nothing'}, this poller needs {head}: "
-            "run `poller db upgrade`"
-        )
+    error = _schema_error(current)
+    if error is not None:
+        raise error

@@ -252,6 +252,7 @@ def leases(as_json: bool) -> None:
     from poller.shards import lease_holdings
 
     settings, url = settings_and_url()
+    command_engine()  # the schema check, and a clear error if the database is away
 
     async def read() -> list[Any]:
         engine = async_engine(url)

@@ -6,6 +6,7 @@ import click
 from sqlalchemy import Engine
 
 from poller.db import database_url, sync_engine
+from poller.migrate import require_schema
 from poller.settings import Settings, load_settings
 
 
@@ -16,8 +17,13 @@ def settings_and_url() -> tuple[Settings, str]:
 
 
 def command_engine() -> Engine:
-    """A sync engine for this command, disposed when the command ends."""
+    """A sync engine for this command, disposed when the command ends.
+
+    The schema must be at the newest revision: a command on an unmigrated
+    database says so in one line instead of failing on a missing table.
+    """
     _, url = settings_and_url()
     engine = sync_engine(url)
     click.get_current_context().call_on_close(engine.dispose)
+    require_schema(engine)
     return engine
