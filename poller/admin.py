@@ -318,12 +318,8 @@ def purge(
         deleted[status] = 0
         while True:
             with engine.begin() as conn:
-                n = (
-                    conn.execute(
-                        statement, {"age": older.total_seconds(), "limit": PURGE_BATCH}
-                    ).rowcount
-                    or 0
-                )
+                params = {"age": older.total_seconds(), "limit": PURGE_BATCH}
+                n = int(conn.execute(statement, params).scalar_one())
             deleted[status] += n
             if n < PURGE_BATCH:
                 break
