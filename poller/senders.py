@@ -114,13 +114,24 @@ def preflight(url: str, allow_private: bool) -> None:
 # --- aiohttp ---------------------------------------------------------------------
 
 
+def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
+    """What went wrong connecting, in words a person reads (no ``ssl:default`` noise)."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        reason = f"TLS certificate refused: {exc.certificate_error}"
+    else:
+        reason = exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
+    return f"cannot connect to {exc.host}:{exc.port}: {reason}"[:500]
+
+
 def _aiohttp_error(exc: BaseException) -> SendError:
     """Classify an aiohttp failure by the phase it happened in."""
     message = _message(exc)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return SendError("ConnectTimeout", message, sent=False)
+        return SendError(
+            "ConnectTimeout", "connect timeout: no connection within the budget", sent=False
+        )
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return SendError("ConnectError", message, sent=False)
+        return SendError("ConnectError", _connect_failure(exc), sent=False)
     if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
         return SendError("InvalidURL", message, sent=False)
     if isinstance(exc, aiohttp.SocketTimeoutError | TimeoutError):

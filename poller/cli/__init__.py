@@ -72,5 +72,19 @@ def _register() -> None:
 _register()
 
 
+VERBOSE_FLAGS = ("--verbose", "-v")
+
+
+def hoist_verbose(args: list[str]) -> list[str]:
+    """``poller admin show 7 --verbose`` means what ``poller --verbose admin show 7`` does:
+    the flag is the group's, so move it in front (never past a ``--``)."""
+    end = args.index("--") if "--" in args else len(args)
+    found = [a for a in args[:end] if a in VERBOSE_FLAGS]
+    if not found:
+        return args
+    rest = [a for a in args[:end] if a not in VERBOSE_FLAGS] + args[end:]
+    return ["--verbose", *rest]
+
+
 def main() -> None:
-    cli(prog_name="poller")
+    cli(args=hoist_verbose(sys.argv[1:]), prog_name="poller")

@@ -86,3 +86,19 @@ def test_embedded_default_starts_once_and_stops(tmp_path: Path) -> None:
     assert out.count("stopped") == 2
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_verbose_is_accepted_after_the_sub_command() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
+    env["POLLER_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:1/x"
+    done = subprocess.run(
+        [sys.executable, "-m", "poller", "db", "current", "--verbose"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "Traceback" in done.stderr  # --verbose took effect
+    assert done.stderr.rstrip().splitlines()[-1].startswith("error: cannot reach the database")

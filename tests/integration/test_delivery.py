@@ -263,3 +263,13 @@ async def test_a_host_that_never_accepts_is_a_connect_timeout_not_unknown(kind: 
             s.close()
     assert (attempt.verdict, attempt.error_class) == (Verdict.RETRY, "ConnectTimeout")
     assert attempt.duration_ms < 1500  # the connect budget, not the whole timeout
+
+
+async def test_connect_errors_read_plainly(client: Sender) -> None:
+    from poller.embedded import free_port
+
+    port = free_port()
+    attempt = await _send(client, f"http://127.0.0.1:{port}/hook")
+    assert attempt.verdict is Verdict.RETRY and "ssl:default" not in (attempt.error_message or "")
+    if isinstance(client, AiohttpSender):
+        assert (attempt.error_message or "").startswith(f"cannot connect to 127.0.0.1:{port}: ")
