@@ -13,6 +13,7 @@ before it exits.
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +35,8 @@ from poller.senders import make_sender
 from poller.service import Poller, serve
 from poller.settings import load_settings
 
+# The default schedule waits 5 s, 5 min, 30 min… between attempts: right for a real
+# receiver, far too slow to watch. The demo retries after 0.2, 0.5 and 1 s instead.
 DEMO_SETTINGS: dict[str, Any] = {
     "lease_ttl": 3.0,
     "retry_schedule": [0.2, 0.5, 1.0],
@@ -51,6 +54,9 @@ DEMO_SETTINGS: dict[str, Any] = {
 def demo(messages: int, timeout: float) -> None:
     """Deliver messages end to end on embedded PostgreSQL + Redis in a temporary folder."""
     console = Console()
+    # One line per failed message would drown the progress table: the summary says it.
+    # Errors (a crashed loop) still show.
+    logging.getLogger("poller").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="poller-demo-") as tmp:
         pg, redis = EmbeddedPostgres(Path(tmp), durable=False), EmbeddedRedis(Path(tmp))
         try:
@@ -94,6 +100,11 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
     console.print(
         f"receivers: orders → {healthy_url} (5 % 5xx, 2 % dropped after processing), "
         f"legacy → {broken_url} (always 500, 3 attempts)"
+    )
+    schedule = ", ".join(f"{s:g}" for s in DEMO_SETTINGS["retry_schedule"])
+    console.print(
+        f"retries after {schedule} s (the default waits 5 s, 5 min, 30 min…: "
+        "shortened so the demo settles in seconds)"
     )
 
     settings = load_settings(**DEMO_SETTINGS, redis_url=redis_url)

@@ -67,7 +67,18 @@ def receiver(
     spike_rate: float,
     spike: float,
 ) -> None:
-    """Serve the reference receiver until SIGTERM/SIGINT."""
+    """Serve the reference receiver until SIGTERM/SIGINT.
+
+    It verifies signatures with --secret (without one it accepts anything),
+    applies each webhook-id once, answers lookups at GET /webhooks/{key}, and
+    reports GET /stats — including commit→receipt latency, read from an
+    ``enqueued_at`` field (epoch seconds) in the payload when there is one.
+    """
+    if not secrets:
+        click.echo(
+            "warning: no --secret given: signatures are not checked, any request is accepted",
+            err=True,
+        )
     faults = Faults(
         ack_and_discard=ack_and_discard,
         gone_after=gone_after,

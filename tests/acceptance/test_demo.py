@@ -21,7 +21,6 @@ def _row(output: str, label: str) -> str:
 @pytest.mark.slow
 def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    env["COLUMNS"] = "200"
     done = subprocess.run(
         [sys.executable, "-m", "poller", "demo", "--messages", "500"],
         env=env,
@@ -38,6 +37,9 @@ def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
     assert int(_row(out, "still open")) == 0
     assert int(_row(out, "rolled-back message stored")) == 0
     assert int(_row(out, "applied by the receiver (unique keys)")) == 490
+    assert "failed for good" not in out + done.stderr  # the summary says it, once
+    assert max(len(line) for line in out.splitlines()) <= 80  # piped: fits a terminal
+    assert "retries after 0.2, 0.5, 1 s" in out
     ports = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", out)}
     assert len(ports) == 4  # PostgreSQL, Redis, two receivers
     for port in ports:

@@ -166,3 +166,11 @@ def test_run_flags_are_validated_like_the_settings_they_override(
     with started(["run", flag, "0"], env, tmp_path / "p.log") as poller:
         assert poller.wait(timeout=30) == 2
     assert f"POLLER_{variable}=0" in poller.output() and "Traceback" not in poller.output()
+
+
+def test_the_reference_receiver_warns_when_it_checks_no_signature(tmp_path: Path) -> None:
+    with receiver(tmp_path) as (proc, _):
+        assert "warning: no --secret given" in proc.output()
+    (tmp_path / "signed").mkdir()
+    with receiver(tmp_path / "signed", "--secret", "whsec_" + "A" * 32) as (proc, _):
+        assert "warning" not in proc.output()
