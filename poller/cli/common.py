@@ -10,10 +10,22 @@ from poller.migrate import require_schema
 from poller.settings import Settings, load_settings
 
 
-def settings_and_url() -> tuple[Settings, str]:
-    """Validated settings and the database URL (starting the embedded server if unset)."""
+def settings_and_url(*, create: bool = False) -> tuple[Settings, str]:
+    """Validated settings and the database URL (the embedded server's when none is set;
+    ``create``: make one if there is none)."""
     settings = load_settings()
-    return settings, database_url(settings)
+    return settings, database_url(settings, create=create)
+
+
+def where(settings: Settings, url: str) -> str:
+    """Which database is in use, for people: the URL without its password, or the folder."""
+    if settings.database_url:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    from poller.embedded import default_data_dir
+
+    return f"embedded PostgreSQL in {default_data_dir(settings.data_dir)}"
 
 
 def command_engine() -> Engine:

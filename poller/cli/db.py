@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from poller import migrate
-from poller.cli.common import settings_and_url
+from poller.cli.common import settings_and_url, where
 
 
 @click.group()
@@ -17,20 +17,22 @@ def db() -> None:
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
 def upgrade(revision: str) -> None:
     """Migrate the database to the newest schema (idempotent)."""
-    _, url = settings_and_url()
+    settings, url = settings_and_url(create=True)
     migrate.upgrade(url, revision)
-    click.echo(f"database at revision {migrate.current_revision(url)}")
+    click.echo(f"database at revision {migrate.current_revision(url)} ({where(settings, url)})")
 
 
 @db.command()
 def current() -> None:
-    """Show the database's revision and whether it is the newest."""
-    _, url = settings_and_url()
+    """Show the database's revision and whether it is the newest (exit 1 if it is not)."""
+    settings, url = settings_and_url()
     revision = migrate.current_revision(url)
     head = migrate.head_revision()
+    if revision == head:
+        click.echo(f"{revision} (head) — {where(settings, url)}")
+        return
     if revision is None:
         click.echo(f"not migrated (newest is {head}); run: poller db upgrade")
-    elif revision == head:
-        click.echo(f"{revision} (head)")
     else:
         click.echo(f"{revision} (newest is {head}; run: poller db upgrade)")
+    raise SystemExit(1)

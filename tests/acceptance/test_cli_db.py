@@ -22,11 +22,11 @@ def invoke(*args: str, **env: str) -> tuple[int, str, str]:
 
 def test_upgrade_then_current(empty_db_url: str) -> None:
     code, out, _ = invoke("db", "current", POLLER_DATABASE_URL=empty_db_url)
-    assert code == 0 and out.startswith("not migrated")
+    assert code == 1 and out.startswith("not migrated")  # scripts: `current || upgrade`
     code, out, _ = invoke("db", "upgrade", POLLER_DATABASE_URL=empty_db_url)
     assert code == 0 and "database at revision" in out
     code, out, _ = invoke("db", "current", POLLER_DATABASE_URL=empty_db_url)
-    assert code == 0 and out.strip().endswith("(head)")
+    assert code == 0 and " (head) — postgresql://postgres@127.0.0.1:" in out
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_embedded_default_starts_once_and_stops(tmp_path: Path) -> None:
         assert first == second  # idempotent: the same running servers
         port = int(re.search(r"127\.0\.0\.1:(\d+)/postgres", first).group(1))  # type: ignore[union-attr]
         code, out, _ = invoke("db", "current", **env)
-        assert out.strip().endswith("(head)")  # data survived between commands
+        assert " (head) — embedded PostgreSQL in " in out  # data survived between commands
     finally:
         code, out, _ = invoke("embedded", "stop", **env)
     assert code == 0
@@ -102,3 +102,32 @@ def test_verbose_is_accepted_after_the_sub_command() -> None:
     assert done.returncode == 2
     assert "Traceback" in done.stderr  # --verbose took effect
     assert done.stderr.rstrip().splitlines()[-1].startswith("error: cannot reach the database")
+
+
+def test_a_read_only_command_never_starts_an_empty_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = invoke("admin", "stats")
+    assert code == 2 and "no embedded PostgreSQL in" in err and "poller embedded start" in err
+    assert not (tmp_path / ".poller").exists()
+
+
+@pytest.mark.slow
+def test_the_embedded_server_is_found_from_a_subfolder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As git finds .git: `poller admin stats` in project/src/app uses project/.poller."""
+    project = tmp_path / "project"
+    (project / "src" / "app").mkdir(parents=True)
+    monkeypatch.chdir(project)
+    try:
+        code, out, _ = invoke("db", "upgrade")
+        assert code == 0 and f"embedded PostgreSQL in {project / '.poller'}" in out
+        monkeypatch.chdir(project / "src" / "app")
+        code, out, _ = invoke("db", "current")
+        assert code == 0 and f"embedded PostgreSQL in {project / '.poller'}" in out
+        assert not (project / "src" / "app" / ".poller").exists()
+    finally:
+        monkeypatch.chdir(project)
+        invoke("embedded", "stop")

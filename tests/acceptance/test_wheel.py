@@ -67,4 +67,4 @@ def test_installed_wheel_upgrades_an_empty_database(
     current = _run(
         installed_wheel, tmp_path, "-m", "poller", "db", "current", POLLER_DATABASE_URL=empty_db_url
     )
-    assert current.stdout.strip().endswith("(head)"), current.stdout + current.stderr
+    assert " (head) — " in current.stdout, current.stdout + current.stderr
