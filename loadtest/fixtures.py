@@ -9,7 +9,7 @@ _HISTORY = text("""
     INSERT INTO poller_outbox
         (endpoint_id, bucket, event_type, payload, idempotency_key, status, attempts,
          max_attempts, next_attempt_at, claim_token, delivered_at, created_at)
-    SELECT :endpoint_id, :bucket, 'history.event', jsonb_build_object('n', g),
+    SELECT :endpoint_id, :bucket, 'history.event', json_build_object('n', g),
            'history:' || g, 'delivered', 1, 10, now() - interval '1 day', 0,
            now() - interval '1 day' + g * interval '1 millisecond', now() - interval '1 day'
     FROM generate_series(1, :rows) AS g
@@ -20,7 +20,7 @@ _DUE = text("""
     INSERT INTO poller_outbox
         (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts, next_attempt_at)
     SELECT :endpoint_id, :bucket, 'due.event',
-           jsonb_build_object('n', g, 'pad', CAST(:pad AS text)), CAST(:prefix AS text) || g,
+           json_build_object('n', g, 'pad', CAST(:pad AS text)), CAST(:prefix AS text) || g,
            10, now() - interval '1 second'
     FROM generate_series(1, :rows) AS g
 """)

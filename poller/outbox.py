@@ -26,13 +26,17 @@ that yields ``(statement, params)`` and receives the result rows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from enum import Enum
 from typing import Any
+from uuid import UUID
 
 from sqlalchemy import Connection, Row, TextClause
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -59,12 +63,14 @@ MAX_KEY_LENGTH = 255
 MAX_EVENT_TYPE_LENGTH = 255
 # Keys travel in HTTP headers (webhook-id, Idempotency-Key): visible ASCII only.
 _KEY_RE = re.compile(r"[\x21-\x7e]+")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Event types are names like "invoice.paid", "order/created", "billing:v2.charge".
+_EVENT_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 # JSON text of a NUL character, not preceded by an escaping backslash:
 # PostgreSQL's jsonb cannot store it.
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 DeliverAfter = datetime | timedelta | None
+JsonDefault = Callable[[Any], Any]
 SyncConn = Session | Connection
 AsyncConn = AsyncSession | AsyncConnection
 _Steps = Generator[tuple[TextClause, Mapping[str, Any]], list[Row[Any]], Any]
@@ -118,19 +124,99 @@ def _check_event_type(event_type: object) -> str:
         raise InvalidEventType("event_type must be a non-empty string")
     if len(event_type) > MAX_EVENT_TYPE_LENGTH:
         raise InvalidEventType(f"event_type is over {MAX_EVENT_TYPE_LENGTH} characters")
-    if _CONTROL_RE.search(event_type):
-        raise InvalidEventType("event_type must not contain control characters")
+    if not _EVENT_TYPE_RE.fullmatch(event_type):
+        raise InvalidEventType(
+            f"event_type {event_type[:80]!r} must be letters, digits and . _ : / - "
+            "(starting with a letter or digit), e.g. 'invoice.paid'"
+        )
     return event_type
 
 
-def serialise_payload(payload: Any, max_bytes: int) -> str:
-    """The payload as compact JSON text, or InvalidPayload/PayloadTooLarge."""
+def encode_value(value: Any) -> Any:
+    """How values JSON has no type for are sent — stable, documented (README "Payloads"):
+
+    ====================================  ==========================================
+    value                                 JSON
+    ====================================  ==========================================
+    aware ``datetime``                    ISO 8601 with its offset, ``"2026-11-30T09:00:00+00:00"``
+    naive ``datetime``                    refused (``NaiveDatetime``): no instant
+    ``date`` / ``time``                   ISO 8601, ``"2026-11-30"`` / ``"09:00:00"``
+    ``Decimal``                           a string of its exact digits, ``"12.50"``
+    ``UUID``                              a string, ``"7d4e…"``
+    ``Enum``                              its value (encoded in turn)
+    pydantic model                        ``model_dump()`` (its own serializers apply)
+    dataclass instance                    its fields as an object
+    anything else                         refused (``InvalidPayload``)
+    ====================================  ==========================================
+    """
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise NaiveDatetime(
+                f"payload holds a naive datetime ({value.isoformat()}): give it a timezone"
+            )
+        return value.isoformat()
+    if isinstance(value, date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise InvalidPayload(f"payload holds a non-finite Decimal ({value})")
+        return str(value)
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    model_dump = getattr(value, "model_dump", None)  # pydantic v2, without importing it
+    if callable(model_dump) and not isinstance(value, type):
+        return model_dump()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _encoder(json_default: JsonDefault | None) -> JsonDefault:
+    if json_default is None:
+        return encode_value
+
+    def chained(value: Any) -> Any:
+        try:
+            return json_default(value)
+        except TypeError:
+            return encode_value(value)
+
+    return chained
+
+
+def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | None = None) -> str:
+    """The payload as compact JSON text — the exact bytes receivers will get.
+
+    The payload must be a JSON object: a ``dict`` (or anything
+    :func:`encode_value` turns into one: a pydantic model, a dataclass).
+    Keys keep their order, numbers their spelling (``1.0`` stays ``1.0``),
+    non-ASCII text is sent as UTF-8. ``json_default`` encodes other values
+    first (like ``json.dumps(default=…)``); raising TypeError hands a value on
+    to the built-in encoding. Raises InvalidPayload, PayloadTooLarge or
+    NaiveDatetime.
+    """
+    default = _encoder(json_default)
     try:
-        body = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        top = payload if isinstance(payload, Mapping) else default(payload)
+    except TypeError:
+        top = payload
+    if not isinstance(top, Mapping):
+        raise InvalidPayload(
+            f"payload must be a JSON object (a dict, pydantic model or dataclass), "
+            f"not {type(payload).__name__}"
+        )
+    try:
+        body = json.dumps(
+            top, allow_nan=False, separators=(",", ":"), ensure_ascii=False, default=default
+        )
     except (TypeError, ValueError) as exc:
+        if isinstance(exc, _EnqueueError):
+            raise
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
     if _JSON_NUL_RE.search(body):
-        raise InvalidPayload("payload contains a NUL character (\\u0000), which jsonb cannot store")
+        raise InvalidPayload("payload contains a NUL character (\\u0000), which is not stored")
     size = len(body.encode("utf-8", errors="surrogatepass"))
     if size > max_bytes:
         raise PayloadTooLarge(
@@ -178,13 +264,15 @@ def _check_endpoint_name(endpoint: object) -> str:
     return endpoint
 
 
-def check_message(message: Message, max_payload_bytes: int) -> _Checked:
+def check_message(
+    message: Message, max_payload_bytes: int, json_default: JsonDefault | None = None
+) -> _Checked:
     """Validate one message completely, writing nothing; raise the specific error."""
     deliver_at, delay = _check_schedule(message.deliver_after)
     return _Checked(
         endpoint=_check_endpoint_name(message.endpoint),
         event_type=_check_event_type(message.event_type),
-        payload=serialise_payload(message.payload, max_payload_bytes),
+        payload=serialise_payload(message.payload, max_payload_bytes, json_default),
         idempotency_key=_check_key(message.idempotency_key),
         deliver_at=deliver_at,
         delay=delay,
@@ -316,20 +404,22 @@ def _message(
     idempotency_key: str,
     deliver_after: DeliverAfter,
     max_attempts: int | None,
+    json_default: JsonDefault | None,
 ) -> _Checked:
     return check_message(
         Message(endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts),
         default_settings().max_payload_bytes,
+        json_default,
     )
 
 
-def _check_all(messages: Iterable[Message]) -> list[_Checked]:
+def _check_all(messages: Iterable[Message], json_default: JsonDefault | None) -> list[_Checked]:
     limit = default_settings().max_payload_bytes
     checked = []
     for index, message in enumerate(messages):
         if not isinstance(message, Message):
             raise _EnqueueError(f"messages[{index}] must be a poller.Message")
-        checked.append(check_message(message, limit))
+        checked.append(check_message(message, limit, json_default))
     return checked
 
 
@@ -345,25 +435,33 @@ def enqueue(
     idempotency_key: str,
     deliver_after: DeliverAfter = None,
     max_attempts: int | None = None,
+    json_default: JsonDefault | None = None,
 ) -> int:
     """Add one webhook message in the caller's transaction; return its id.
 
     ``conn`` is a SQLAlchemy ``Session`` or ``Connection`` whose transaction the
-    caller commits. ``deliver_after`` (aware datetime, or timedelta from the
-    database's now) delays the first attempt; ``max_attempts`` overrides the
-    endpoint's and the global attempt budget.
+    caller commits. ``payload`` is a JSON object — a dict, a pydantic model or
+    a dataclass, holding datetimes, Decimals, UUIDs… as :func:`encode_value`
+    describes; ``json_default`` encodes other types. The JSON text it becomes
+    is stored and sent byte for byte. ``deliver_after`` (aware datetime, or
+    timedelta from the database's now) delays the first attempt;
+    ``max_attempts`` overrides the endpoint's and the global attempt budget.
     """
-    message = _message(endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts)
+    message = _message(
+        endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts, json_default
+    )
     return int(_drive(conn, _enqueue_one_steps(message)))
 
 
-def enqueue_many(conn: SyncConn, messages: Iterable[Message]) -> list[int]:
+def enqueue_many(
+    conn: SyncConn, messages: Iterable[Message], *, json_default: JsonDefault | None = None
+) -> list[int]:
     """Add many messages in one statement; return their ids in the order given.
 
     Validation happens for all of them before any write; an idempotency
     conflict rolls back this call's rows (savepoint) and raises.
     """
-    checked = _check_all(messages)
+    checked = _check_all(messages, json_default)
     if not checked:
         return []
     with conn.begin_nested():
@@ -379,15 +477,20 @@ async def enqueue_async(
     idempotency_key: str,
     deliver_after: DeliverAfter = None,
     max_attempts: int | None = None,
+    json_default: JsonDefault | None = None,
 ) -> int:
     """:func:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``."""
-    message = _message(endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts)
+    message = _message(
+        endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts, json_default
+    )
     return int(await _drive_async(conn, _enqueue_one_steps(message)))
 
 
-async def enqueue_many_async(conn: AsyncConn, messages: Iterable[Message]) -> list[int]:
+async def enqueue_many_async(
+    conn: AsyncConn, messages: Iterable[Message], *, json_default: JsonDefault | None = None
+) -> list[int]:
     """:func:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``."""
-    checked = _check_all(messages)
+    checked = _check_all(messages, json_default)
     if not checked:
         return []
     async with conn.begin_nested():

@@ -41,7 +41,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -100,7 +100,8 @@ outbox = Table(
     ),
     Column("bucket", SmallInteger, nullable=False),
     Column("event_type", Text, nullable=False),
-    Column("payload", JSONB, nullable=False),
+    # json, not jsonb: the exact text the application's payload serialized to.
+    Column("payload", JSON, nullable=False),
     Column("idempotency_key", Text, nullable=False),
     Column("status", Text, nullable=False, server_default=text("'pending'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),

@@ -17,7 +17,7 @@ ENQUEUE_ONE = _statement(
         INSERT INTO poller_outbox
             (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts,
              next_attempt_at)
-        SELECT e.id, e.bucket, :event_type, CAST(:payload AS jsonb), :idempotency_key,
+        SELECT e.id, e.bucket, :event_type, CAST(:payload AS json), :idempotency_key,
                coalesce(CAST(:max_attempts AS integer), e.max_attempts,
                         CAST(:default_max_attempts AS integer)),
                coalesce(CAST(:deliver_at AS timestamptz),
@@ -43,7 +43,8 @@ ENQUEUE_EXPLAIN = _statement(
     "ENQUEUE_EXPLAIN",
     """
     SELECT e.enabled, e.disabled_reason, o.id AS existing_id,
-           (o.payload = CAST(:payload AS jsonb) AND o.event_type = :event_type) AS same_content,
+           (CAST(o.payload AS jsonb) = CAST(:payload AS jsonb)
+            AND o.event_type = :event_type) AS same_content,
            EXISTS (SELECT 1 FROM poller_spent_keys k
                    WHERE k.endpoint_id = e.id AND k.idempotency_key = :idempotency_key) AS spent
     FROM poller_endpoints e
@@ -73,7 +74,7 @@ ENQUEUE_MANY = _statement(
            coalesce(m.deliver_at, now() + make_interval(secs => m.delay))
     FROM unnest(
         CAST(:endpoint_ids AS bigint[]), CAST(:buckets AS smallint[]),
-        CAST(:event_types AS text[]), CAST(:payloads AS jsonb[]),
+        CAST(:event_types AS text[]), CAST(:payloads AS json[]),
         CAST(:idempotency_keys AS text[]), CAST(:max_attempts AS integer[]),
         CAST(:deliver_ats AS timestamptz[]), CAST(:delays AS double precision[])
     ) WITH ORDINALITY AS m(endpoint_id, bucket, event_type, payload, idempotency_key,
@@ -86,12 +87,13 @@ ENQUEUE_MANY = _statement(
     """,
 )
 
-# The existing rows for keys ENQUEUE_MANY skipped, and whether their content matches.
+# The existing rows for keys ENQUEUE_MANY skipped, and whether their content matches
+# (as JSON values: the same payload serialized with another key order is the same).
 ENQUEUE_MANY_EXISTING = _statement(
     "ENQUEUE_MANY_EXISTING",
     """
     SELECT o.id, o.endpoint_id, o.idempotency_key,
-           (o.payload = m.payload AND o.event_type = m.event_type) AS same_content
+           (CAST(o.payload AS jsonb) = m.payload AND o.event_type = m.event_type) AS same_content
     FROM unnest(
         CAST(:endpoint_ids AS bigint[]), CAST(:idempotency_keys AS text[]),
         CAST(:payloads AS jsonb[]), CAST(:event_types AS text[])

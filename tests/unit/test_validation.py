@@ -41,20 +41,20 @@ def test_other_keys_are_refused(key: str) -> None:
 )
 def test_json_payloads_serialise_or_fail_with_invalid_payload(payload: object) -> None:
     try:
-        body = serialise_payload(payload, 1 << 20)
+        body = serialise_payload({"v": payload}, 1 << 20)
     except InvalidPayload:
         return  # NUL characters or lone surrogates
     assert "\\u0000" not in body.replace("\\\\", "")
 
 
 def test_escaped_backslash_before_u0000_text_is_fine() -> None:
-    assert serialise_payload("\\u0000", 100) == '"\\\\u0000"'
+    assert serialise_payload({"v": "\\u0000"}, 100) == '{"v":"\\\\u0000"}'
 
 
 def test_size_limit_counts_utf8_bytes() -> None:
-    serialise_payload("é" * 4, 10)  # 8 bytes + 2 quotes
+    serialise_payload({"v": "é" * 4}, 16)  # 8 bytes + 8 for {"v":""}
     with pytest.raises(PayloadTooLarge):
-        serialise_payload("é" * 5, 10)
+        serialise_payload({"v": "é" * 5}, 16)
 
 
 def test_buckets_are_stable_and_in_range() -> None:
