@@ -39,7 +39,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from loadtest.procs import Proc, clean_env
+from loadtest.procs import Proc, clean_env, guarded
 from poller import Message, enqueue_many, migrate
 from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -292,20 +292,6 @@ def summary(result: dict[str, Any]) -> str:
     )
 
 
-def _guarded(run: Run, target: Any) -> Any:
-    """A thread body whose crash is reported by the audit instead of vanishing."""
-
-    def body(*args: Any) -> None:
-        try:
-            target(*args)
-        except Exception as exc:
-            run.errors.append(f"{target.__name__} crashed: {type(exc).__name__}: {exc}")
-            run.feeding_done.set()
-            run.faults_done.set()
-
-    return body
-
-
 def run_scenario(
     scenario: Scenario, messages: int, deadline: float, tmp: Path, rate: float = 1000.0
 ) -> dict[str, Any]:
@@ -366,10 +352,14 @@ def run_scenario(
         pollers = [Proc(["run", "--id", f"p{n}"], env, tmp / f"p{n}.log") for n in range(POLLERS)]
         procs.extend(pollers)
         feeder = threading.Thread(
-            target=_guarded(run, _feed), args=(engine, run, messages, rate), daemon=True
+            target=guarded(_feed, run.errors, run.feeding_done, run.faults_done),
+            args=(engine, run, messages, rate),
+            daemon=True,
         )
         injector = threading.Thread(
-            target=_guarded(run, _inject), args=(run, pollers, pg, redis, stop, engine), daemon=True
+            target=guarded(_inject, run.errors, run.feeding_done, run.faults_done),
+            args=(run, pollers, pg, redis, stop, engine),
+            daemon=True,
         )
         feeder.start()
         injector.start()

@@ -41,7 +41,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from loadtest.hostile import HostileReceiver
-from loadtest.procs import Proc, clean_env
+from loadtest.procs import Proc, clean_env, guarded
 from poller import Message, enqueue_many, migrate
 from poller.claims import MAX_REFUNDS
 from poller.db import sync_engine
@@ -222,19 +222,6 @@ def _inject(
         fleet.check()
 
 
-def _guarded(run: Run, target: Any) -> Any:
-    def body(*args: Any) -> None:
-        try:
-            target(*args)
-        except Exception as exc:
-            run.errors.append(f"{target.__name__} crashed: {type(exc).__name__}: {exc}")
-        finally:
-            run.feeding_done.set()
-            run.faults_done.set()
-
-    return body
-
-
 def _open_rows(engine: Any) -> int:
     try:
         with engine.connect() as conn:
@@ -354,10 +341,14 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
         fleet = Fleet(env, plan.pollers, tmp, run)
         threads = [
             threading.Thread(
-                target=_guarded(run, _feed), args=(engine, run, messages), daemon=True
+                target=guarded(_feed, run.errors, run.feeding_done, run.faults_done),
+                args=(engine, run, messages),
+                daemon=True,
             ),
             threading.Thread(
-                target=_guarded(run, _inject), args=(run, fleet, pg, redis, stop), daemon=True
+                target=guarded(_inject, run.errors, run.feeding_done, run.faults_done),
+                args=(run, fleet, pg, redis, stop),
+                daemon=True,
             ),
         ]
         for thread in threads:
@@ -388,6 +379,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             "lookups": receiver.lookups,
             "behaviours": dict(receiver.behaviours),
             "injected": run.injected,
+            "planned": len(plan.faults),
             "seconds": round(time.monotonic() - began, 1),
             "problems": problems,
         }
@@ -409,7 +401,8 @@ def summary(result: dict[str, Any]) -> str:
     return (
         f"{result['plan']} → {result['messages']} messages in {result['seconds']}s: "
         f"delivered {result['delivered']}, failed {result['failed']}, "
-        f"{result['posts']} POSTs, {result['lookups']} lookups; {verdict}"
+        f"{result['posts']} POSTs, {result['lookups']} lookups, "
+        f"{len(result['injected'])}/{result['planned']} faults injected; {verdict}"
     )
 
 

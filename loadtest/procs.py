@@ -7,8 +7,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 class Proc:
@@ -76,3 +79,24 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
     env.update(extra)
     return env
+
+
+def guarded(
+    target: Callable[..., Any], errors: list[str], *release: threading.Event
+) -> Callable[..., None]:
+    """A thread body whose crash is reported (in ``errors``) instead of vanishing.
+
+    On a crash it also sets ``release``, so nobody waits for work the thread
+    will never finish; a normal return sets nothing (the target says itself
+    when it is done).
+    """
+
+    def body(*args: Any) -> None:
+        try:
+            target(*args)
+        except Exception as exc:
+            errors.append(f"{target.__name__} crashed: {type(exc).__name__}: {exc}")
+            for event in release:
+                event.set()
+
+    return body

@@ -35,6 +35,7 @@ def test_the_hunt_breaks_no_invariant(seed: int, tmp_path: Path) -> None:
     print("\n" + summary(result))
     assert result["problems"] == [], f"{summary(result)}\nreplay: {replay_command(seed, MESSAGES)}"
     assert result["messages"] >= MESSAGES and result["posts"] > 0
+    assert len(result["injected"]) == result["planned"]  # every drawn fault happened
 
 
 def test_the_checker_catches_an_unrecorded_send_and_a_loss(engine, endpoint) -> None:  # type: ignore[no-untyped-def]

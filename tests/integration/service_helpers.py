@@ -15,6 +15,7 @@ from poller.receiver import Faults, Receiver
 from poller.senders import make_sender
 from poller.service import Poller, serve
 from poller.settings import Settings, load_settings
+from poller.supervise import ServiceCrashed
 
 FAST: dict[str, Any] = {
     "retry_schedule": [0.05],
@@ -43,10 +44,10 @@ async def running_receiver(faults: Faults | None = None) -> AsyncIterator[tuple[
 
 
 @contextlib.asynccontextmanager
-async def running_poller(
+async def serving(
     db_url: str, settings: Settings, poller_id: str = "p1", elector: Elector | None = None
-) -> AsyncIterator[Poller]:
-    """A whole poller (shard manager included) in this event loop; stopped gracefully."""
+) -> AsyncIterator[tuple[Poller, asyncio.Task[Poller]]]:
+    """serve() in this event loop: the running Poller and its task (which may crash)."""
     engine = poller_engine(db_url, settings, pool_size=4)
     sender = make_sender(settings)
     stop = asyncio.Event()
@@ -63,17 +64,28 @@ async def running_poller(
             ready=ready,
         )
     )
-    await asyncio.wait([ready, task], timeout=20, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        await task  # raises the startup error
-    poller = ready.result()
     try:
-        yield poller
+        await asyncio.wait([ready, task], timeout=20, return_when=asyncio.FIRST_COMPLETED)
+        if task.done() and not ready.done():
+            await task  # raises the startup error
+        yield ready.result(), task
     finally:
         stop.set()
-        await asyncio.wait_for(task, timeout=30)
+        with contextlib.suppress(ServiceCrashed):
+            await asyncio.wait_for(task, timeout=30)
         await sender.aclose()
         await engine.dispose()
+
+
+@contextlib.asynccontextmanager
+async def running_poller(
+    db_url: str, settings: Settings, poller_id: str = "p1", elector: Elector | None = None
+) -> AsyncIterator[Poller]:
+    """A whole poller (shard manager included) in this event loop; stopped gracefully."""
+    async with serving(db_url, settings, poller_id, elector) as (poller, task):
+        yield poller
+    if not task.cancelled() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
 
 
 def counts(engine: Engine) -> dict[str, int]:

@@ -9,8 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -19,11 +17,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from poller import enqueue, metrics, queries
-from poller.db import poller_engine
 from poller.embedded import free_port
-from poller.senders import make_sender
-from poller.service import Poller, serve
-from poller.settings import Settings
+from poller.service import Poller
 from poller.supervise import ServiceCrashed
 from tests.conftest import make_endpoint
 from tests.integration import servers
@@ -33,6 +28,7 @@ from tests.integration.service_helpers import (
     fast_settings,
     running_poller,
     running_receiver,
+    serving,
 )
 
 
@@ -202,35 +198,6 @@ def _inject(poller: Poller, loop: str) -> None:
         periodic.service = _Boom()
 
 
-@contextlib.asynccontextmanager
-async def _serving(
-    db_url: str, settings: Settings
-) -> AsyncIterator[tuple[Poller, asyncio.Task[Poller]]]:
-    engine = poller_engine(db_url, settings, pool_size=4)
-    sender = make_sender(settings)
-    ready: asyncio.Future[Poller] = asyncio.get_running_loop().create_future()
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        serve(
-            settings,
-            engine=engine,
-            sender=sender,
-            database_url=db_url,
-            poller_id="p1",
-            stop=stop,
-            ready=ready,
-        )
-    )
-    try:
-        yield await asyncio.wait_for(ready, 20), task
-    finally:
-        stop.set()
-        with contextlib.suppress(ServiceCrashed):
-            await asyncio.wait_for(task, 30)
-        await sender.aclose()
-        await engine.dispose()
-
-
 LOOPS = [
     "claimer",
     "completer",
@@ -251,7 +218,7 @@ async def test_a_crashed_loop_stops_the_poller_gracefully_and_loudly(
     async with running_receiver() as (_, url):
         make_endpoint(engine, "a", url=url)
         settings = fast_settings(election="postgres", lease_ttl=1.5)
-        async with _serving(db_url, settings) as (poller, task):
+        async with serving(db_url, settings) as (poller, task):
             _inject(poller, loop)
             with Session(engine) as session, session.begin():  # something for every loop to do
                 enqueue(session, endpoint="a", event_type="e", payload={}, idempotency_key="k")
@@ -276,7 +243,7 @@ async def test_healthz_turns_unhealthy_when_a_loop_crashes(engine: Engine, db_ur
         make_endpoint(engine, "a", url=url)
         seed(engine, 1, "a")
         settings = fast_settings(metrics_addr=f"127.0.0.1:{port}", request_timeout=3, claim_lease=8)
-        async with _serving(db_url, settings) as (poller, task), httpx.AsyncClient() as http:
+        async with serving(db_url, settings) as (poller, task), httpx.AsyncClient() as http:
             health = f"http://127.0.0.1:{port}/healthz"
             assert (await http.get(health)).status_code == 200
 
