@@ -27,13 +27,13 @@ test: $(STAMP) ## Run the whole test suite (real PostgreSQL, Redis and HTTP on 1
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
-	$(BIN)/ruff check poller tests loadtest db
-	$(BIN)/ruff format --check poller tests loadtest db
+	$(BIN)/ruff check poller tests loadtest db examples
+	$(BIN)/ruff format --check poller tests loadtest db examples
 	$(BIN)/mypy
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
-	$(BIN)/ruff check --fix poller tests loadtest db
-	$(BIN)/ruff format poller tests loadtest db
+	$(BIN)/ruff check --fix poller tests loadtest db examples
+	$(BIN)/ruff format poller tests loadtest db examples
 
 bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp
 	$(BIN)/python -m loadtest.claims

@@ -41,8 +41,17 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Migrate the database at ``url`` to ``revision`` (default: the newest)."""
+def upgrade(target: str | Engine, revision: str = "head") -> None:
+    """Migrate the database (a URL, or your app's SQLAlchemy ``Engine``) to ``revision``.
+
+    Idempotent, so an app can call it at startup, and a test suite in a
+    session fixture::
+
+        from poller import migrate
+
+        migrate.upgrade(engine)   # creates or updates the poller_* tables only
+    """
+    url = target if isinstance(target, str) else target.url.render_as_string(hide_password=False)
     command.upgrade(alembic_config(url), revision)
 
 

@@ -110,3 +110,19 @@ NOTIFY_BUCKETS = _statement(
     FROM unnest(CAST(:buckets AS integer[])) AS b
     """,
 )
+
+# The messages enqueued after :after (an id), with their endpoint's name: what a
+# test's transaction added, read in that transaction (poller/testing.py).
+ENQUEUED_AFTER = _statement(
+    "ENQUEUED_AFTER",
+    """
+    SELECT o.id, e.name AS endpoint, o.event_type, CAST(o.payload AS text) AS payload,
+           o.idempotency_key
+    FROM poller_outbox o JOIN poller_endpoints e ON e.id = o.endpoint_id
+    WHERE o.id > :after
+    ORDER BY o.id
+    """,
+)
+
+# The newest message id (0 when there is none): where a test's recording starts.
+LAST_MESSAGE_ID = _statement("LAST_MESSAGE_ID", "SELECT coalesce(max(id), 0) FROM poller_outbox")

@@ -76,6 +76,8 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "COUNT_BY_STATUS": {},
     "FAILED_BY_REASON": {},
     "COUNT_WITH_KEY": {"key": "k"},
+    "ENQUEUED_AFTER": {"after": 0},
+    "LAST_MESSAGE_ID": {},
     "GAUGE_DUE": {},
     "GAUGE_STATUS": {},
     "COMPLETE_BATCH": COMPLETE,
