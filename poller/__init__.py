@@ -27,7 +27,14 @@ from poller.errors import (
     PollerError,
     UnknownEndpoint,
 )
-from poller.outbox import Message, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from poller.outbox import (
+    Message,
+    RawJSON,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_async,
+)
 from poller.settings import Settings, load_settings
 
 try:
@@ -50,6 +57,7 @@ __all__ = [
     "NaiveDatetime",
     "PayloadTooLarge",
     "PollerError",
+    "RawJSON",
     "Settings",
     "UnknownEndpoint",
     "__version__",

@@ -132,6 +132,29 @@ def _check_event_type(event_type: object) -> str:
     return event_type
 
 
+@dataclass(frozen=True, slots=True)
+class RawJSON:
+    """A payload your code already serialized: its text is checked (a JSON object,
+    no NUL escape, within the size limit) and then stored and sent exactly as given.
+
+    ``enqueue(..., payload=RawJSON(request_body.decode()))``
+    """
+
+    text: str
+
+
+def _raw_json(raw: RawJSON) -> str:
+    if not isinstance(raw.text, str):
+        raise InvalidPayload("RawJSON takes the JSON text as a str")
+    try:
+        value = json.loads(raw.text)
+    except ValueError as exc:
+        raise InvalidPayload(f"RawJSON is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidPayload(f"payload must be a JSON object, not {type(value).__name__}")
+    return raw.text
+
+
 def encode_value(value: Any) -> Any:
     """How values JSON has no type for are sent — stable, documented (README "Payloads"):
 
@@ -186,17 +209,7 @@ def _encoder(json_default: JsonDefault | None) -> JsonDefault:
     return chained
 
 
-def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | None = None) -> str:
-    """The payload as compact JSON text — the exact bytes receivers will get.
-
-    The payload must be a JSON object: a ``dict`` (or anything
-    :func:`encode_value` turns into one: a pydantic model, a dataclass).
-    Keys keep their order, numbers their spelling (``1.0`` stays ``1.0``),
-    non-ASCII text is sent as UTF-8. ``json_default`` encodes other values
-    first (like ``json.dumps(default=…)``); raising TypeError hands a value on
-    to the built-in encoding. Raises InvalidPayload, PayloadTooLarge or
-    NaiveDatetime.
-    """
+def _dumps(payload: Any, json_default: JsonDefault | None) -> str:
     default = _encoder(json_default)
     try:
         top = payload if isinstance(payload, Mapping) else default(payload)
@@ -208,13 +221,28 @@ def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | 
             f"not {type(payload).__name__}"
         )
     try:
-        body = json.dumps(
+        return json.dumps(
             top, allow_nan=False, separators=(",", ":"), ensure_ascii=False, default=default
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, _EnqueueError):
             raise
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+
+
+def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | None = None) -> str:
+    """The payload as compact JSON text — the exact bytes receivers will get.
+
+    The payload must be a JSON object: a ``dict`` (or anything
+    :func:`encode_value` turns into one: a pydantic model, a dataclass), or
+    :class:`RawJSON` text, which is kept exactly as given.
+    Keys keep their order, numbers their spelling (``1.0`` stays ``1.0``),
+    non-ASCII text is sent as UTF-8. ``json_default`` encodes other values
+    first (like ``json.dumps(default=…)``); raising TypeError hands a value on
+    to the built-in encoding. Raises InvalidPayload, PayloadTooLarge or
+    NaiveDatetime.
+    """
+    body = _raw_json(payload) if isinstance(payload, RawJSON) else _dumps(payload, json_default)
     if _JSON_NUL_RE.search(body):
         raise InvalidPayload("payload contains a NUL character (\\u0000), which is not stored")
     size = len(body.encode("utf-8", errors="surrogatepass"))

@@ -14,14 +14,17 @@ from poller import enqueue as api_enqueue
 from poller.cli.common import command_engine
 from poller.cli.output import Duration
 from poller.errors import InvalidPayload
+from poller.outbox import RawJSON
 
 
 def _payload(data: str) -> Any:
+    """The --data text, sent exactly as written (a JSON object)."""
     text = Path(data[1:]).read_text() if data.startswith("@") else data
     try:
-        return json.loads(text)
+        json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidPayload(f"--data is not JSON: {exc}") from None
+    return RawJSON(text)
 
 
 @click.command()

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from poller import InvalidPayload, Message, NaiveDatetime, enqueue, enqueue_many
+from poller import InvalidPayload, Message, NaiveDatetime, RawJSON, enqueue, enqueue_many
 from poller.endpoints import CreatedEndpoint
 from poller.outbox import serialise_payload
 from tests.conftest import make_endpoint
@@ -139,3 +139,30 @@ def test_a_json_default_hook_encodes_other_types_first() -> None:
 def test_what_cannot_be_sent_is_refused_before_any_write(payload: object, error: type) -> None:
     with pytest.raises(error):
         _body(payload)
+
+
+def test_raw_json_is_kept_exactly_as_written() -> None:
+    text = '{"total": 1e3, "name" : "Zo\\u00eb",\n "a":1}'
+    assert _body(RawJSON(text)) == text
+    for bad in ("[1, 2]", "null", "{nope", '{"x": "\\u0000"}'):
+        with pytest.raises(InvalidPayload):
+            _body(RawJSON(bad))
+
+
+def test_the_cli_sends_data_as_written(engine: Engine, endpoint: CreatedEndpoint) -> None:
+    from click.testing import CliRunner
+    from sqlalchemy import text
+
+    from poller.cli import cli
+
+    data = '{"total": 1e3, "b": 1, "a": 2}'
+    url = engine.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(
+        cli,
+        ["enqueue", "billing", "order.created", "--data", data, "--key", "k"],
+        env={"POLLER_DATABASE_URL": url},
+    )
+    assert result.exit_code == 0, result.output
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT CAST(payload AS text) FROM poller_outbox")).scalar_one()
+    assert stored == data
