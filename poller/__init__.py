@@ -29,12 +29,12 @@ from poller.errors import (
 )
 from poller.outbox import (
     Message,
-    RawJSON,
     enqueue,
     enqueue_async,
     enqueue_many,
     enqueue_many_async,
 )
+from poller.payloads import RawJSON
 from poller.settings import Settings, load_settings
 
 try:

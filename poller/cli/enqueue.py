@@ -14,7 +14,7 @@ from poller import enqueue as api_enqueue
 from poller.cli.common import command_engine
 from poller.cli.output import Duration
 from poller.errors import InvalidPayload
-from poller.outbox import RawJSON
+from poller.payloads import RawJSON
 
 
 def _payload(data: str) -> Any:

@@ -49,17 +49,22 @@ def test_expected_errors_are_one_line_and_exit_2(env: dict[str, str], message: s
     assert "Traceback" not in out + err
 
 
-def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
+def _unreachable(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m poller ARGS` against a database nobody listens for."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
     env["POLLER_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:1/x"
-    done = subprocess.run(
-        [sys.executable, "-m", "poller", "db", "current"],
+    return subprocess.run(
+        [sys.executable, "-m", "poller", *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
+    done = _unreachable("db", "current")
     assert done.returncode == 2
     assert (
         done.stderr.startswith("error: cannot reach the database")
@@ -89,16 +94,7 @@ def test_embedded_default_starts_once_and_stops(tmp_path: Path) -> None:
 
 
 def test_verbose_is_accepted_after_the_sub_command() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLER_")}
-    env["POLLER_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:1/x"
-    done = subprocess.run(
-        [sys.executable, "-m", "poller", "db", "current", "--verbose"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _unreachable("db", "current", "--verbose")
     assert done.returncode == 2
     assert "Traceback" in done.stderr  # --verbose took effect
     assert done.stderr.rstrip().splitlines()[-1].startswith("error: cannot reach the database")

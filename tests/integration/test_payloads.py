@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from poller import InvalidPayload, Message, NaiveDatetime, RawJSON, enqueue, enqueue_many
 from poller.endpoints import CreatedEndpoint
-from poller.outbox import serialise_payload
+from poller.payloads import serialise_payload
 from tests.conftest import make_endpoint
 from tests.integration import servers
 from tests.integration.helpers import wait_for

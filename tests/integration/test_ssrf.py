@@ -52,8 +52,12 @@ async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
     await rec.stop()
 
 
-async def _send_to(sender: Sender, url: str) -> Attempt:
-    return await send(sender, _endpoint(url), _message(), timeout=2, user_agent="t")
+async def _send_once(sender: Sender, url: str) -> Attempt:
+    """One send, then the sender is closed."""
+    try:
+        return await send(sender, _endpoint(url), _message(), timeout=2, user_agent="t")
+    finally:
+        await sender.aclose()
 
 
 def _sender(kind: str, **options: object) -> Sender:
@@ -75,11 +79,7 @@ async def test_no_spelling_of_loopback_reaches_the_receiver(
     receiver: tuple[Receiver, int], guard_layers: str, kind: str, host: str
 ) -> None:
     rec, port = receiver
-    sender = _sender(kind)
-    try:
-        attempt = await _send_to(sender, f"http://{host}:{port}/hook")
-    finally:
-        await sender.aclose()
+    attempt = await _send_once(_sender(kind), f"http://{host}:{port}/hook")
     assert rec.stats.received == 0
     assert attempt.verdict is Verdict.RETRY  # known not sent: retried, never "maybe delivered"
 
@@ -113,16 +113,7 @@ async def test_a_name_resolving_to_a_private_address_is_refused_by_aiohttp(
 ) -> None:
     rec, port = receiver
     sender = AiohttpSender(resolver=_Resolves(address))  # type: ignore[arg-type]
-    try:
-        attempt = await send(
-            sender,
-            _endpoint(f"http://hooks.example:{port}/"),
-            _message(),
-            timeout=2,
-            user_agent="t",
-        )
-    finally:
-        await sender.aclose()
+    attempt = await _send_once(sender, f"http://hooks.example:{port}/")
     assert rec.stats.received == 0 and attempt.verdict is Verdict.RETRY
     assert f"refused to connect to {address}" in (attempt.error_message or "")
 
@@ -137,16 +128,7 @@ async def test_a_name_resolving_to_a_private_address_is_refused_by_httpx(
         return [address]
 
     sender = HttpxSender(resolve=resolve)
-    try:
-        attempt = await send(
-            sender,
-            _endpoint(f"http://hooks.example:{port}/"),
-            _message(),
-            timeout=2,
-            user_agent="t",
-        )
-    finally:
-        await sender.aclose()
+    attempt = await _send_once(sender, f"http://hooks.example:{port}/")
     assert rec.stats.received == 0 and attempt.verdict is Verdict.RETRY
     assert "POLLER_ALLOW_PRIVATE_TARGETS" in (attempt.error_message or "")
 
@@ -184,16 +166,7 @@ async def test_proxy_environment_variables_are_ignored(
         AiohttpSender(allow_private=True) if kind == "aiohttp" else HttpxSender(allow_private=True)
     )
 
-    try:
-        attempt = await send(
-            sender,
-            _endpoint(f"http://127.0.0.1:{free_port()}/hook"),
-            _message(),
-            timeout=2,
-            user_agent="t",
-        )
-    finally:
-        await sender.aclose()
+    attempt = await _send_once(sender, f"http://127.0.0.1:{free_port()}/hook")
     assert rec.stats.received == 0  # a proxy would have relayed it to the receiver
     assert attempt.verdict is Verdict.RETRY and attempt.error_class in ("ConnectError",)
 

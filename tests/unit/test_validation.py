@@ -10,7 +10,8 @@ from poller import InvalidIdempotencyKey, InvalidPayload, Message, PayloadTooLar
 from poller.endpoints import bucket_for, check_url, new_secret
 from poller.errors import InvalidEndpoint
 from poller.netguard import host_refusal
-from poller.outbox import check_message, serialise_payload
+from poller.outbox import check_message
+from poller.payloads import serialise_payload
 
 visible_ascii = st.text(
     st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=255

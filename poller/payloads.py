@@ -1,0 +1,156 @@
+"""Payloads: what an application may enqueue, and the exact JSON text it becomes.
+
+The text :func:`serialise_payload` returns is stored (a ``json`` column) and
+sent as the body byte for byte: key order, number spellings and UTF-8 text
+arrive as produced. A payload is a JSON object — a ``dict``, a pydantic
+model, a dataclass — or :class:`RawJSON` text kept exactly as given; values
+JSON has no type for are encoded by :func:`encode_value` (README "Payloads").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from decimal import Decimal
+from enum import Enum
+from typing import Any
+from uuid import UUID
+
+from poller.errors import EnqueueError, InvalidPayload, NaiveDatetime, PayloadTooLarge
+
+JsonDefault = Callable[[Any], Any]
+
+# JSON text of a NUL character, not preceded by an escaping backslash:
+# PostgreSQL's jsonb cannot store it.
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+@dataclass(frozen=True, slots=True)
+class RawJSON:
+    """A payload your code already serialized: its text is checked (a JSON object,
+    no NUL escape, within the size limit) and then stored and sent exactly as given.
+
+    ``enqueue(..., payload=RawJSON(request_body.decode()))``
+    """
+
+    text: str
+
+
+def _raw_json(raw: RawJSON) -> str:
+    if not isinstance(raw.text, str):
+        raise InvalidPayload("RawJSON takes the JSON text as a str")
+    try:
+        value = json.loads(raw.text)
+    except ValueError as exc:
+        raise InvalidPayload(f"RawJSON is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidPayload(f"payload must be a JSON object, not {type(value).__name__}")
+    return raw.text
+
+
+def encode_value(value: Any) -> Any:
+    """How values JSON has no type for are sent — stable, documented (README "Payloads"):
+
+    ====================================  ==========================================
+    value                                 JSON
+    ====================================  ==========================================
+    aware ``datetime``                    ISO 8601 with its offset, ``"2026-11-30T09:00:00+00:00"``
+    naive ``datetime``                    refused (``NaiveDatetime``): no instant
+    ``date`` / ``time``                   ISO 8601, ``"2026-11-30"`` / ``"09:00:00"``
+    ``Decimal``                           a string of its exact digits, ``"12.50"``
+    ``UUID``                              a string, ``"7d4e…"``
+    ``Enum``                              its value (encoded in turn)
+    pydantic model                        ``model_dump()`` (its own serializers apply)
+    dataclass instance                    its fields as an object
+    anything else                         refused (``InvalidPayload``)
+    ====================================  ==========================================
+    """
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise NaiveDatetime(
+                f"payload holds a naive datetime ({value.isoformat()}): give it a timezone"
+            )
+        return value.isoformat()
+    if isinstance(value, date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise InvalidPayload(f"payload holds a non-finite Decimal ({value})")
+        return str(value)
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    model_dump = getattr(value, "model_dump", None)  # pydantic v2, without importing it
+    if callable(model_dump) and not isinstance(value, type):
+        return model_dump()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _encoder(json_default: JsonDefault | None) -> JsonDefault:
+    if json_default is None:
+        return encode_value
+
+    def chained(value: Any) -> Any:
+        try:
+            return json_default(value)
+        except TypeError:
+            return encode_value(value)
+
+    return chained
+
+
+def _dumps(payload: Any, json_default: JsonDefault | None) -> str:
+    default = _encoder(json_default)
+    try:
+        top = payload if isinstance(payload, Mapping) else default(payload)
+    except TypeError:
+        top = payload
+    if not isinstance(top, Mapping):
+        raise InvalidPayload(
+            f"payload must be a JSON object (a dict, pydantic model or dataclass), "
+            f"not {type(payload).__name__}"
+        )
+    try:
+        return json.dumps(
+            top, allow_nan=False, separators=(",", ":"), ensure_ascii=False, default=default
+        )
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, EnqueueError):
+            raise
+        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+
+
+def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | None = None) -> str:
+    """The payload as compact JSON text — the exact bytes receivers will get.
+
+    The payload must be a JSON object: a ``dict`` (or anything
+    :func:`encode_value` turns into one: a pydantic model, a dataclass), or
+    :class:`RawJSON` text, which is kept exactly as given.
+    Keys keep their order, numbers their spelling (``1.0`` stays ``1.0``),
+    non-ASCII text is sent as UTF-8. ``json_default`` encodes other values
+    first (like ``json.dumps(default=…)``); raising TypeError hands a value on
+    to the built-in encoding. Raises InvalidPayload, PayloadTooLarge or
+    NaiveDatetime.
+    """
+    body = _raw_json(payload) if isinstance(payload, RawJSON) else _dumps(payload, json_default)
+    if _JSON_NUL_RE.search(body):
+        raise InvalidPayload("payload contains a NUL character (\\u0000), which is not stored")
+    size = len(body.encode("utf-8", errors="surrogatepass"))
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"payload is {size} bytes as JSON; the limit is {max_bytes} (POLLER_MAX_PAYLOAD_BYTES)"
+        )
+    try:
+        body.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload(
+            "payload contains a lone surrogate, which is not valid UTF-8"
+        ) from None
+    return body
