@@ -16,18 +16,23 @@ The lookup (``GET /lookup/<key>``) is honest most of the time (200 if applied,
 404 if not) and otherwise fails, hangs or resets.
 
 It records what the invariants need: POSTs that *arrived* per key (counted
-when the request head is read, before anything else is decided), and the keys
-it applied (every 2xx is preceded by applying).
+when the request head is read, before anything else is decided), the keys it
+applied (every 2xx is preceded by applying), and — given the endpoint's secret
+— the keys of POSTs whose Standard Webhooks signature did not verify.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import random
 import threading
+import time
 from collections import Counter
 from urllib.parse import unquote
+
+from poller.receiver import verify
 
 HANG = 3.0  # longer than the hunt's request timeout
 
@@ -86,10 +91,12 @@ def _draw(rng: random.Random, table: list[tuple[str, int]]) -> str:
 
 
 class HostileReceiver:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, secret: str | None = None) -> None:
         self.rng = random.Random(seed)
+        self.keys = [base64.b64decode(secret.removeprefix("whsec_"))] if secret else []
         self.posts: Counter[str] = Counter()  # key -> POSTs that arrived
         self.applied: set[str] = set()
+        self.badly_signed: set[str] = set()
         self.behaviours: Counter[str] = Counter()
         self.lookups = 0
         self.port = 0
@@ -153,7 +160,10 @@ class HostileReceiver:
         if behaviour == "reset_before_body":
             writer.transport.abort()
             return False
-        await reader.readexactly(length)
+        body = await reader.readexactly(length)
+        raw = {name.encode("latin-1"): value.encode("latin-1") for name, value in headers.items()}
+        if self.keys and not verify(self.keys, raw, body, time.time()):
+            self.badly_signed.add(key)
         return await self._answer(behaviour, key, writer)
 
     async def _answer(self, behaviour: str, key: str, writer: asyncio.StreamWriter) -> bool:

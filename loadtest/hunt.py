@@ -17,6 +17,8 @@ SPEC §10:
 * POSTs that arrived per key ≤ send attempts recorded for its message (G9:
   every send is counted and recorded);
 * every ``delivered`` message was applied by the receiver (nothing lost);
+* every POST whose body arrived carries a valid signature (the endpoint's
+  secret is sealed at rest with ``POLLER_SECRETS_KEY``: the pollers open it);
 * no ``poller run`` exited unless the hunt ended it, and every graceful stop
   exited 0 (G11: a crash would exit 70).
 
@@ -46,7 +48,8 @@ from poller import Message, enqueue_many, migrate
 from poller.claims import MAX_REFUNDS
 from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
-from poller.endpoints import create_endpoint
+from poller.endpoints import create_endpoint, new_secret
+from poller.keyring import Keyring, new_key
 
 TTL = 1.5
 CLAIM_LEASE = 3.0
@@ -277,6 +280,7 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
             "POSTed more often than sends recorded",
             sorted(f"{k} ({n} > {sends[k]})" for k, n in receiver.posts.items() if n > sends[k]),
         ),
+        ("POSTed with a bad signature", sorted(receiver.badly_signed)),
         (
             "delivered but never applied (lost)",
             sorted(
@@ -305,7 +309,9 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
     redis_url = redis.start() if redis is not None else None
     migrate.upgrade(db_url)
     engine = sync_engine(db_url)
-    receiver = HostileReceiver(seed)
+    secrets_key = new_key()  # secrets sealed at rest: the pollers must open them to sign
+    secret = new_secret()
+    receiver = HostileReceiver(seed, secret)
     stop = threading.Event()
     fleet: Fleet | None = None
     began = time.monotonic()
@@ -319,6 +325,8 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 lookup_url=f"{url}/lookup/{{idempotency_key}}" if plan.lookup else None,
                 max_attempts=plan.max_attempts,
                 allow_private=True,
+                secret=secret,
+                keyring=Keyring([secrets_key]),
             )
         env = clean_env(
             POLLER_DATABASE_URL=db_url,
@@ -336,6 +344,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             POLLER_HTTP_CLIENT=plan.http_client,
             POLLER_ALLOW_PRIVATE_TARGETS="true",
             POLLER_LOG_FORMAT="json",
+            POLLER_SECRETS_KEY=secrets_key,
             **({"POLLER_REDIS_URL": redis_url} if redis_url else {}),
         )
         fleet = Fleet(env, plan.pollers, tmp, run)

@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
 from poller.endpoints import Endpoint
+from poller.keyring import Keyring
 from poller.schema import BUCKETS
 
 ALL_BUCKETS: tuple[int, ...] = tuple(range(BUCKETS))
@@ -277,10 +278,18 @@ class Claims:
     ``stale_leader_claims`` counts shards refused by the shard fence.
     """
 
-    def __init__(self, engine: AsyncEngine, *, poller_id: str, claim_lease: float) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        poller_id: str,
+        claim_lease: float,
+        keyring: Keyring | None = None,
+    ) -> None:
         self.engine = engine
         self.poller_id = poller_id
         self.claim_lease = claim_lease
+        self.keyring = keyring  # opens the endpoints' secrets; None: POLLER_SECRETS_KEY's
         self.stale_completions = 0
         self.stale_leader_claims = 0
 
@@ -366,7 +375,7 @@ class Claims:
             endpoints = []
             if stale:
                 rows = await conn.execute(queries.ENDPOINTS_BY_ID, {"ids": stale})
-                endpoints = [Endpoint.from_row(row) for row in rows]
+                endpoints = [Endpoint.from_row(row, self.keyring) for row in rows]
         return ClaimBatch(messages, endpoints)
 
     async def extend(self, held: Mapping[int, int]) -> set[int]:

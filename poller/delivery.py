@@ -87,15 +87,6 @@ class Attempt:
         }
 
 
-def signing_secrets(endpoint: Endpoint, now: datetime) -> list[str]:
-    """The current secret, plus the previous one until it expires (rotation)."""
-    active = [endpoint.secret]
-    expires = endpoint.previous_secret_expires_at
-    if endpoint.previous_secret and (expires is None or expires > now):
-        active.append(endpoint.previous_secret)
-    return active
-
-
 @functools.lru_cache(maxsize=1024)
 def _signing_key(secret: str) -> bytes:
     return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
@@ -119,7 +110,7 @@ def webhook_headers(
     return {
         "webhook-id": idempotency_key,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(signing_secrets(endpoint, now), idempotency_key, timestamp, body),
+        "webhook-signature": sign(endpoint.signing_secrets(now), idempotency_key, timestamp, body),
         "Idempotency-Key": idempotency_key,
         "Content-Type": "application/json",
         "User-Agent": user_agent,

@@ -32,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from poller.errors import EndpointExists, InvalidEndpoint, PollerError, UnknownEndpoint
+from poller.keyring import Keyring, SecretUnreadable, default_keyring, is_sealed
 from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
 from poller.schema import BUCKETS, endpoints, outbox
 
@@ -162,7 +163,12 @@ def _positive(value: Any, what: str, *, integer: bool) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """An endpoint as stored. Secrets are left out of ``repr`` so they never reach logs."""
+    """An endpoint as stored, its secrets opened (poller/keyring.py).
+
+    Secrets are left out of ``repr`` so they never reach logs. When a stored
+    secret cannot be opened, ``secret`` is empty and ``secret_error`` says why:
+    reading the endpoint still works, signing with it raises (:meth:`signing_secrets`).
+    """
 
     id: int
     name: str
@@ -179,10 +185,42 @@ class Endpoint:
     secret: str = field(repr=False)
     previous_secret: str | None = field(repr=False, default=None)
     previous_secret_expires_at: datetime | None = None
+    secret_sealed: bool = False
+    """True when the stored secret is encrypted (POLLER_SECRETS_KEY)."""
+    secret_error: str | None = None
 
     @classmethod
-    def from_row(cls, row: Row[Any]) -> Endpoint:
-        return cls(**{name: getattr(row, name) for name in cls.__dataclass_fields__})
+    def from_row(cls, row: Row[Any], keyring: Keyring | None = None) -> Endpoint:
+        """An endpoint from a row of ``poller_endpoints``, its secrets opened with ``keyring``
+        (default: POLLER_SECRETS_KEY's)."""
+        keyring = keyring or default_keyring()
+        values = {name: getattr(row, name) for name in _STORED_FIELDS}
+        values["secret_sealed"] = is_sealed(row.secret)
+        try:
+            values["secret"] = keyring.open(row.secret)
+            if row.previous_secret is not None:
+                values["previous_secret"] = keyring.open(row.previous_secret)
+        except SecretUnreadable as exc:
+            values.update(secret="", previous_secret=None, secret_error=str(exc))
+        return cls(**values)
+
+    def signing_secrets(self, now: datetime) -> list[str]:
+        """The current secret, plus the previous one until it expires (rotation).
+
+        Raises SecretUnreadable when the stored secrets could not be opened.
+        """
+        if self.secret_error is not None:
+            raise SecretUnreadable(f"endpoint {self.name!r}: {self.secret_error}")
+        active = [self.secret]
+        expires = self.previous_secret_expires_at
+        if self.previous_secret and (expires is None or expires > now):
+            active.append(self.previous_secret)
+        return active
+
+
+_STORED_FIELDS = tuple(
+    name for name in Endpoint.__dataclass_fields__ if name not in ("secret_sealed", "secret_error")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +240,14 @@ def create_endpoint(
     max_in_flight: int | None = None,
     secret: str | None = None,
     allow_private: bool | None = None,
+    keyring: Keyring | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
-    ``allow_private`` defaults to ``POLLER_ALLOW_PRIVATE_TARGETS``.
+    ``allow_private`` defaults to ``POLLER_ALLOW_PRIVATE_TARGETS``; the secret is
+    stored sealed with ``keyring`` (default: POLLER_SECRETS_KEY's), if it has a key.
     """
+    keyring = keyring or default_keyring()
     if allow_private is None:
         from poller.settings import default_settings
 
@@ -223,7 +264,9 @@ def create_endpoint(
         "secret": secret or new_secret(),
         "bucket": bucket_for(name),
     }
-    _check_secret(values["secret"])
+    plain = values["secret"]
+    _check_secret(plain)
+    values["secret"] = keyring.seal(plain)
     try:
         with conn.begin_nested():
             row = conn.execute(insert(endpoints).values(**values).returning(endpoints)).one()
@@ -231,32 +274,32 @@ def create_endpoint(
         if "uq_poller_endpoints_name" in str(exc.orig):
             raise EndpointExists(name) from None
         raise
-    return CreatedEndpoint(Endpoint.from_row(row), values["secret"])
+    return CreatedEndpoint(Endpoint.from_row(row, keyring), plain)
 
 
-def get_endpoint(conn: Conn, name: str) -> Endpoint:
+def get_endpoint(conn: Conn, name: str, *, keyring: Keyring | None = None) -> Endpoint:
     """The endpoint called ``name``, or UnknownEndpoint."""
     row = conn.execute(select(endpoints).where(endpoints.c.name == name)).one_or_none()
     if row is None:
         raise UnknownEndpoint(name)
-    return Endpoint.from_row(row)
+    return Endpoint.from_row(row, keyring)
 
 
-def list_endpoints(conn: Conn) -> list[Endpoint]:
+def list_endpoints(conn: Conn, *, keyring: Keyring | None = None) -> list[Endpoint]:
     """Every endpoint, by name."""
     rows = conn.execute(select(endpoints).order_by(endpoints.c.name)).all()
-    return [Endpoint.from_row(row) for row in rows]
+    return [Endpoint.from_row(row, keyring) for row in rows]
 
 
 class EndpointInUse(PollerError):
     """The endpoint still has messages; remove it with force to delete them too."""
 
 
-def _one(conn: Conn, name: str, statement: Any) -> Endpoint:
+def _one(conn: Conn, name: str, statement: Any, keyring: Keyring | None = None) -> Endpoint:
     row = conn.execute(statement.where(endpoints.c.name == name).returning(endpoints)).one_or_none()
     if row is None:
         raise UnknownEndpoint(name)
-    return Endpoint.from_row(row)
+    return Endpoint.from_row(row, keyring)
 
 
 def update_endpoint(
@@ -300,16 +343,55 @@ def set_enabled(conn: Conn, name: str, enabled: bool, reason: str | None = None)
     return _one(conn, name, update(endpoints).values(**values, updated_at=func.now()))
 
 
-def rotate_secret(conn: Conn, name: str, keep_old_for: timedelta) -> tuple[Endpoint, str]:
+def rotate_secret(
+    conn: Conn, name: str, keep_old_for: timedelta, *, keyring: Keyring | None = None
+) -> tuple[Endpoint, str]:
     """A new signing secret; the old one keeps signing too for ``keep_old_for``."""
+    keyring = keyring or default_keyring()
     secret = new_secret()
     statement = update(endpoints).values(
         previous_secret=endpoints.c.secret,
-        secret=secret,
+        secret=keyring.seal(secret),
         previous_secret_expires_at=func.now() + keep_old_for,
         updated_at=func.now(),
     )
-    return _one(conn, name, statement), secret
+    return _one(conn, name, statement, keyring), secret
+
+
+def reseal_secrets(conn: Conn, *, plain: bool = False, keyring: Keyring | None = None) -> int:
+    """Seal every stored secret again with the keyring's first key (``rotate-key``).
+
+    With ``plain``, store them in plain text again (to stop using POLLER_SECRETS_KEY).
+    All endpoints change in one transaction, or none: a secret no key opens raises
+    SecretUnreadable naming its endpoint. Returns how many endpoints were rewritten.
+    """
+    keyring = keyring or default_keyring()
+    if not plain and not keyring.seals:
+        raise SecretUnreadable(
+            "POLLER_SECRETS_KEY is not set: there is no key to encrypt with "
+            "(make one with 'poller endpoints new-key')"
+        )
+    rows = conn.execute(
+        select(endpoints.c.id, endpoints.c.name, endpoints.c.secret, endpoints.c.previous_secret)
+        .order_by(endpoints.c.id)
+        .with_for_update()
+    ).all()
+    for row in rows:
+        try:
+            secret = keyring.reseal(row.secret, plain=plain)
+            previous = (
+                None
+                if row.previous_secret is None
+                else keyring.reseal(row.previous_secret, plain=plain)
+            )
+        except SecretUnreadable as exc:
+            raise SecretUnreadable(f"endpoint {row.name!r}: {exc}") from None
+        conn.execute(
+            update(endpoints)
+            .where(endpoints.c.id == row.id)
+            .values(secret=secret, previous_secret=previous)
+        )
+    return len(rows)
 
 
 def remove_endpoint(conn: Conn, name: str, *, force: bool = False) -> int:

@@ -36,6 +36,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller.claimer import Claimer
@@ -44,9 +45,13 @@ from poller.completer import Completer
 from poller.db import OutageLog, is_transient
 from poller.dispatcher import Dispatcher, EndpointCache
 from poller.election import Elector, make_elector
+from poller.endpoints import Endpoint
+from poller.errors import ConfigurationError
+from poller.keyring import Keyring
 from poller.maintenance import Call, GaugeRefresher, Periodic, Purger, Reclaimer
 from poller.migrate import check_schema
 from poller.ops import serving
+from poller.schema import endpoints
 from poller.senders import Sender
 from poller.settings import Settings
 from poller.shards import ClaimScope, ShardManager, check_cluster
@@ -80,7 +85,9 @@ class Poller:
         self.scope = scope
         self.supervisor = supervisor or Supervisor()
         self.shards: ShardManager | None = None  # set by serve(), for the demo and tests
-        self.claims = Claims(engine, poller_id=poller_id, claim_lease=settings.claim_lease)
+        self.claims = Claims(
+            engine, poller_id=poller_id, claim_lease=settings.claim_lease, keyring=settings.keyring
+        )
         self.completer = Completer(self.claims, batch_limit=max(settings.batch_size, 100))
         self.endpoints = EndpointCache()
         self.dispatcher = Dispatcher(
@@ -169,6 +176,21 @@ class Poller:
         self.supervisor.stop()
 
 
+async def check_secrets(engine: AsyncEngine, keyring: Keyring) -> None:
+    """Every endpoint's signing secret opens with the keyring, or ConfigurationError
+    naming the endpoints (a poller with the wrong POLLER_SECRETS_KEY must not start)."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(endpoints).order_by(endpoints.c.name))).all()
+    unreadable = [e for e in (Endpoint.from_row(row, keyring) for row in rows) if e.secret_error]
+    if unreadable:
+        names = ", ".join(e.name for e in unreadable[:5])
+        more = f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else ""
+        raise ConfigurationError(
+            f"cannot read the signing secret of endpoint {names}{more}: "
+            f"{unreadable[0].secret_error}"
+        )
+
+
 async def _started(
     engine: AsyncEngine, settings: Settings, backend: str, stop: asyncio.Event
 ) -> bool:
@@ -180,6 +202,7 @@ async def _started(
         try:
             await check_schema(engine)
             await check_cluster(engine, settings.shards, backend)
+            await check_secrets(engine, settings.keyring)
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -238,7 +261,12 @@ async def serve(
     )
     holder.append(poller)
     poller.shards = manager
-    if not await _started(engine, settings, backend, stop):
+    try:
+        started = await _started(engine, settings, backend, stop)
+    except BaseException:
+        await elector.close()
+        raise
+    if not started:
         await elector.close()
         return poller  # stopped while waiting for the database: nothing claimed
     await manager.tick()

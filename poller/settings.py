@@ -22,10 +22,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from poller.errors import ConfigurationError
+from poller.keyring import Keyring, keyring_for, parse_keys
 
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
 """Seconds after the previous attempt (±20 % jitter). Ten attempts in about three days."""
@@ -40,6 +41,8 @@ PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 RetrySeconds = Annotated[float, Field(gt=0, le=MAX_RETRY_SECONDS)]
 
 ENV_PREFIX = "POLLER_"
+SECRET_FIELDS = frozenset({"database_url", "redis_url", "secrets_key"})
+"""Settings whose values never appear in an error message (passwords, keys)."""
 
 
 class Settings(BaseSettings):
@@ -112,6 +115,22 @@ class Settings(BaseSettings):
     (IdempotencyKeySpent) instead of delivering the same key twice."""
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
     """On SIGTERM, how long in-flight deliveries may finish before their claims are released."""
+    secrets_key: SecretStr | None = None
+    """Fernet key(s), comma-separated, that encrypt signing secrets at rest: the first
+    seals, all open (poller/keyring.py). Unset: secrets are stored in plain text."""
+
+    @field_validator("secrets_key")
+    @classmethod
+    def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and value.get_secret_value().strip():
+            parse_keys(value.get_secret_value())  # ConfigurationError names the position
+            return value
+        return None
+
+    @property
+    def keyring(self) -> Keyring:
+        """The keys of POLLER_SECRETS_KEY (none: secrets are stored in plain text)."""
+        return keyring_for(self.secrets_key.get_secret_value() if self.secrets_key else None)
 
     @field_validator("retry_schedule")
     @classmethod
@@ -178,7 +197,9 @@ def load_settings(**overrides: Any) -> Settings:
                 problems.append(message)
             else:
                 value = error.get("input")
+                secret = bool(error["loc"]) and error["loc"][0] in SECRET_FIELDS
                 shown = f"={value!r}" if isinstance(value, str | int | float) else ""
+                shown = "" if secret else shown
                 problems.append(f"{_env_name(error['loc'])}{shown}: {message}")
         raise ConfigurationError("; ".join(problems)) from None
 

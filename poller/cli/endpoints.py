@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import getpass
+import logging
+import socket
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
 
-from poller import admin
+from poller import admin, logs
 from poller import endpoints as api
 from poller.cli.common import command_engine
 from poller.cli.output import Duration, age, confirm, emit_json, iso, json_option, table, yes_option
+from poller.keyring import ENV_NAME, new_key
+from poller.settings import default_settings
+
+audit = logging.getLogger("poller.audit")
+PLAIN_TEXT_NOTE = (
+    f"signing secrets stored in plain text; set {ENV_NAME} and run "
+    "'poller endpoints rotate-key' to encrypt them (see README, Secrets at rest)"
+)
 
 
 def _public(endpoint: api.Endpoint) -> dict[str, Any]:
@@ -27,6 +38,7 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "bucket": endpoint.bucket,
         "created_at": endpoint.created_at,
         "previous_secret_expires_at": endpoint.previous_secret_expires_at,
+        "secret_encrypted": endpoint.secret_sealed,
     }
 
 
@@ -123,7 +135,7 @@ def list_(as_json: bool) -> None:
         return
     table(
         "endpoints",
-        ["name", "url", "enabled", "max attempts", "in flight", "lookup"],
+        ["name", "url", "enabled", "max attempts", "in flight", "lookup", "secret"],
         [
             (
                 e.name,
@@ -132,10 +144,14 @@ def list_(as_json: bool) -> None:
                 e.max_attempts or "default",
                 e.max_in_flight or "default",
                 "yes" if e.lookup_url else "no",
+                "encrypted" if e.secret_sealed else "plain text",
             )
             for e in found
         ],
     )
+    plain = sum(1 for e in found if not e.secret_sealed)
+    if plain:
+        click.echo(f"note: {plain} of {len(found)} {PLAIN_TEXT_NOTE}", err=True)
 
 
 @endpoints.command()
@@ -210,6 +226,60 @@ def rotate_secret(name: str, keep_old_for: timedelta, yes: bool, as_json: bool) 
         return
     click.echo(f"new signing secret for {name} (shown once): {secret}")
     click.echo(f"the old secret also signs until {iso(endpoint.previous_secret_expires_at)}")
+
+
+@endpoints.command()
+@click.argument("name")
+@json_option
+def secret(name: str, as_json: bool) -> None:
+    """Print the endpoint's current signing secret (the request is logged, the value never)."""
+    with command_engine().connect() as conn:
+        endpoint = api.get_endpoint(conn, name)
+    active = endpoint.signing_secrets(datetime.now(UTC))  # raises when it cannot be opened
+    logs.configure(default_settings().log_format)
+    audit.warning(
+        "signing secret of endpoint %s shown to %s on %s",
+        name,
+        getpass.getuser(),
+        socket.gethostname(),
+        extra={"endpoint": name, "audit": "secret_shown"},
+    )
+    if as_json:
+        emit_json(
+            {
+                "name": name,
+                "secret": active[0],
+                "previous_secret": active[1] if len(active) > 1 else None,
+                "previous_secret_expires_at": endpoint.previous_secret_expires_at
+                if len(active) > 1
+                else None,
+            }
+        )
+        return
+    click.echo(active[0])
+
+
+@endpoints.command(name="new-key")
+def new_key_() -> None:
+    """Print a new key for POLLER_SECRETS_KEY (nothing is stored)."""
+    click.echo(new_key())
+
+
+@endpoints.command(name="rotate-key")
+@click.option(
+    "--plain",
+    is_flag=True,
+    help="Store the secrets in plain text again (to stop using POLLER_SECRETS_KEY).",
+)
+@yes_option
+def rotate_key(plain: bool, yes: bool) -> None:
+    """Encrypt every signing secret again with the first key of POLLER_SECRETS_KEY."""
+    what = "store every signing secret in plain text" if plain else "re-encrypt every secret"
+    confirm(f"{what}?", yes)
+    with command_engine().begin() as conn:
+        count = api.reseal_secrets(conn, plain=plain)
+    how = "in plain text" if plain else f"encrypted with the first key of {ENV_NAME}"
+    click.echo(f"{count} endpoints' secrets stored {how}")
 
 
 @endpoints.command()

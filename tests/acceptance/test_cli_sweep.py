@@ -17,6 +17,8 @@ COMMANDS = [
     ["endpoints", "enable", "billing"],
     ["endpoints", "disable", "billing", "--yes"],
     ["endpoints", "rotate-secret", "billing", "--yes"],
+    ["endpoints", "secret", "billing"],
+    ["endpoints", "rotate-key", "--yes"],
     ["endpoints", "remove", "billing", "--yes"],
     ["enqueue", "billing", "invoice.paid", "--data", '{"card": "4111"}', "--key", "k1"],
     ["admin", "stats"],

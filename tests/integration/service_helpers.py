@@ -15,7 +15,6 @@ from poller.receiver import Faults, Receiver
 from poller.senders import make_sender
 from poller.service import Poller, serve
 from poller.settings import Settings, load_settings
-from poller.supervise import ServiceCrashed
 
 FAST: dict[str, Any] = {
     "retry_schedule": [0.05],
@@ -71,7 +70,9 @@ async def serving(
         yield ready.result(), task
     finally:
         stop.set()
-        with contextlib.suppress(ServiceCrashed):
+        # A crash is the caller's to see (running_poller re-raises it); a startup error
+        # was raised above already. Either way: close the sender and engine below.
+        with contextlib.suppress(Exception):
             await asyncio.wait_for(task, timeout=30)
         await sender.aclose()
         await engine.dispose()
