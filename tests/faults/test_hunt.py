@@ -38,7 +38,7 @@ def test_the_hunt_breaks_no_invariant(seed: int, tmp_path: Path) -> None:
     assert len(result["injected"]) == result["planned"]  # every drawn fault happened
 
 
-def test_the_checker_catches_an_unrecorded_send_and_a_loss(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
     """A checker that cannot fail proves nothing."""
     from sqlalchemy import text
 
@@ -48,8 +48,9 @@ def test_the_checker_catches_an_unrecorded_send_and_a_loss(engine, endpoint) -> 
         conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 1"))
     run = Run(SimpleNamespace(seed=0))  # type: ignore[arg-type]
     run.committed = {key}
-    receiver = SimpleNamespace(posts={key: 2}, applied=set())
+    receiver = SimpleNamespace(posts={key: 2}, applied=set(), badly_signed={key})
     problems = check(engine, run, receiver)  # type: ignore[arg-type]
     assert any("POSTed more often than sends recorded" in p for p in problems)
     assert any("never applied (lost)" in p for p in problems)
+    assert any("POSTed with a bad signature" in p for p in problems)
     assert msg_id
