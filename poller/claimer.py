@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import psycopg
@@ -99,6 +100,7 @@ class Claimer:
 
     async def _claim(self, limit: int) -> int:
         scope = self.scope()
+        asked = time.monotonic()  # the lease runs from the claim, at the latest from here
         batch = await self.claims.claim(
             limit,
             scope.buckets,
@@ -112,7 +114,7 @@ class Claimer:
         # Committed: from here to the last start, no I/O and no await.
         self.endpoints.update(batch.endpoints)
         for msg in batch.messages:
-            self.completer.hold(msg)
+            self.completer.hold(msg, claimed_at=asked)
             self.dispatcher.start(msg)
         if batch.messages:
             metrics.CLAIMED.inc(len(batch.messages))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
@@ -43,29 +44,50 @@ class Completer:
         self.claims = claims
         self.batch_limit = batch_limit
         self.held: dict[int, int] = {}  # message id -> claim token
+        # message id -> monotonic time until which its lease surely holds (claim or last
+        # heartbeat, plus the lease, minus a margin for the claim's round trip)
+        self.fresh_until: dict[int, float] = {}
         self._queue: asyncio.Queue[Outcome] = asyncio.Queue()
         self._outage = OutageLog("writing outcomes")
 
     # -- the held set --------------------------------------------------------------
 
-    def hold(self, msg: ClaimedMessage) -> None:
+    def hold(self, msg: ClaimedMessage, *, claimed_at: float | None = None) -> None:
         self.held[msg.id] = msg.claim_token
+        start = time.monotonic() if claimed_at is None else claimed_at
+        self.fresh_until[msg.id] = start + self._sure_lease
+
+    @property
+    def _sure_lease(self) -> float:
+        return self.claims.claim_lease * 0.9
+
+    def still_ours(self, msg_id: int) -> bool:
+        """Whether the claim surely still holds, by this process's clock: a poller that
+        was frozen past its lease must not send (the row may be another's now — and for
+        an ordered key, the next message may already be out)."""
+        return msg_id in self.held and time.monotonic() < self.fresh_until.get(msg_id, 0.0)
 
     def _unhold(self, outcomes: Sequence[Outcome]) -> None:
         for o in outcomes:
             if self.held.get(o.message_id) == o.claim_token:
                 del self.held[o.message_id]
+                self.fresh_until.pop(o.message_id, None)
 
     async def extend_leases(self) -> int:
         """The heartbeat: extend every held claim's lease; returns how many are still ours."""
         held = dict(self.held)
         if not held:
             return 0
+        asked = time.monotonic()
         kept = await self.claims.extend(held)
+        for msg_id in kept:
+            if self.held.get(msg_id) == held[msg_id]:
+                self.fresh_until[msg_id] = asked + self._sure_lease
         lost = [msg_id for msg_id in held if msg_id not in kept]
         for msg_id in lost:
             if self.held.get(msg_id) == held[msg_id]:
                 del self.held[msg_id]
+                self.fresh_until.pop(msg_id, None)
         if lost:
             metrics.CLAIMS_LOST.inc(len(lost))
             log.warning(

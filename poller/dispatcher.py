@@ -134,6 +134,14 @@ class Dispatcher:
 
     async def _exchange(self, msg: ClaimedMessage) -> Outcome:
         endpoint = self.endpoints[msg.endpoint_id]
+        if not self.completer.still_ours(msg.id):  # frozen past the lease: send nothing
+            log.warning(
+                "message %d: claim lease ran out before sending (was this process paused?); "
+                "handing it back unsent",
+                msg.id,
+                extra={"message_id": msg.id},
+            )
+            return claims.released(msg)
         timeout = min(
             endpoint.timeout or self.settings.request_timeout, self.settings.request_timeout
         )
@@ -145,6 +153,8 @@ class Dispatcher:
             self._observe("lookup", endpoint, attempt)
             if answer is not LookupAnswer.NOT_FOUND:
                 return delivery.lookup_outcome(msg, attempt, self.settings)
+        if not self.completer.still_ours(msg.id):  # the lookup outlived the lease
+            return claims.released(msg)
         self._sending.add(msg.id)
         attempt = await delivery.send(
             self.sender,

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -273,3 +274,39 @@ def test_a_notify_payload_that_is_not_a_bucket_is_ignored(payload: str) -> None:
 
     claimer = SimpleNamespace(scope=lambda: ClaimScope((1, 2), None, 1, maintenance=False))
     assert Claimer._wants(claimer, payload) is False  # type: ignore[arg-type]
+
+
+async def test_a_claim_past_its_lease_by_this_clock_is_handed_back_unsent(
+    engine: Engine, aengine: Any
+) -> None:
+    """A poller paused (SIGSTOP, a long GC, a VM migration) between its claim and its
+    send must not send: the row may be another poller's by now."""
+    from poller import claims as claim_outcomes
+    from poller.claims import Claims
+    from poller.completer import Completer
+    from poller.dispatcher import Dispatcher, EndpointCache
+    from poller.senders import make_sender
+
+    async with running_receiver() as (receiver, url):
+        make_endpoint(engine, "a", url=url)
+        seed(engine, 2, "a")
+        claimer = Claims(aengine, poller_id="p1", claim_lease=30)
+        batch = await claimer.claim(10)
+        completer = Completer(claimer)
+        cache = EndpointCache()
+        cache.update(batch.endpoints)
+        settings = fast_settings()
+        sender = make_sender(settings)
+        dispatcher = Dispatcher(settings, sender, cache, completer)
+        paused, fresh = batch.messages
+        completer.hold(paused, claimed_at=time.monotonic() - 31)  # "woke up" after the lease
+        completer.hold(fresh)
+        dispatcher.start(paused)
+        dispatcher.start(fresh)
+        await asyncio.wait(list(dispatcher.tasks))
+        await sender.aclose()
+    outcomes = {o.message_id: o for o in [completer._queue.get_nowait() for _ in range(2)]}
+    assert outcomes[paused.id].status == claim_outcomes.released(paused).status
+    assert outcomes[paused.id].kind is None  # nothing on the wire
+    assert outcomes[fresh.id].status == "delivered"
+    assert receiver.stats.received == 1
