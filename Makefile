@@ -35,9 +35,10 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
 
-bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp
+bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.deliveries
+	$(BIN)/python -m loadtest.ordered
 
 loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults
 	FAULTS=$(FAULTS) $(BIN)/python -m loadtest.run

@@ -15,7 +15,9 @@ committed message is settled, and audits:
 * every wire duplicate is explained in ``poller_delivery_attempts`` (an
   unknown outcome, an expired claim or a stale write before it);
 * no row is ``in_flight`` past its lease, and no row used more attempts than
-  its budget.
+  its budget;
+* half the messages of endpoint ``a`` are ordered over 200 keys: the receiver
+  applied each key's messages by position (order violations = 0).
 
 One line per scenario: messages, faults injected, delivered, failed
 (expected: the endpoint that turns 410), lost, duplicate effects, wire
@@ -46,6 +48,7 @@ from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
 
 POLLERS = 3
+ORDERED_KEYS = 200
 TTL = 1.5
 LISTENING = r"listening on http://127\.0\.0\.1:(\d+)"
 
@@ -113,8 +116,17 @@ def _feed(engine: Any, run: Run, messages: int, rate: float) -> None:
             time.sleep(ahead)
         tx += 1
         endpoint = "gone" if run.scenario.gone_midway and tx % 5 == 0 else "a"
-        batch = [
-            Message(endpoint, "chaos.event", {"n": n + i}, f"{endpoint}:{n + i}") for i in range(20)
+        batch = [  # on "a", every other message is ordered (ORDERED_KEYS keys)
+            Message(
+                endpoint,
+                "chaos.event",
+                {"n": n + i},
+                f"{endpoint}:{n + i}",
+                ordering_key=f"o{(n + i) // 2 % ORDERED_KEYS}"
+                if endpoint == "a" and (n + i) % 2 == 0
+                else None,
+            )
+            for i in range(20)
         ]
         n += 20
         keys = {m.idempotency_key for m in batch}
@@ -202,7 +214,9 @@ def _settled(engine: Any, run: Run) -> bool:
     return open_rows == 0
 
 
-def audit(engine: Any, run: Run, counts: dict[str, int]) -> dict[str, Any]:
+def audit(
+    engine: Any, run: Run, counts: dict[str, int], order_violations: int = 0
+) -> dict[str, Any]:
     """The checks of the module docstring; ``problems`` lists each broken one."""
     with engine.connect() as conn:
         rows = {
@@ -258,6 +272,8 @@ def audit(engine: Any, run: Run, counts: dict[str, int]) -> dict[str, Any]:
     ):
         if found:
             problems.append(f"{len(found)} {label}: {sorted(found)[:5]}")
+    if order_violations:
+        problems.append(f"{order_violations} order violations at the receiver")
     problems.extend(run.errors)
     status = [r.status for r in rows.values()]
     return {
@@ -272,6 +288,7 @@ def audit(engine: Any, run: Run, counts: dict[str, int]) -> dict[str, Any]:
         "duplicate_effects": 0,  # the receiver dedupes
         "wire_duplicates": sum(n - 1 for n in duplicates.values()),
         "wire_duplicates_explained": sum(n - 1 for k, n in duplicates.items() if k in explained),
+        "order_violations": order_violations,
         "problems": problems,
     }
 
@@ -286,7 +303,9 @@ def summary(result: dict[str, Any]) -> str:
         f"faults: {faults}; delivered "
         f"{result['delivered']}, failed {result['failed']}, waiting on a disabled endpoint "
         f"{result['waiting']}, lost {result['lost']}, "
-        f"duplicate effects {result['duplicate_effects']}, wire duplicates "
+        f"duplicate effects {result['duplicate_effects']}, "
+        f"order violations {result.get('order_violations', 0)} "
+        f"(of {result.get('ordered', 0)} ordered), wire duplicates "
         f"{result['wire_duplicates_explained']}/{result['wire_duplicates']} explained"
         + (f" — PROBLEMS: {'; '.join(result['problems'])}" if result["problems"] else "")
     )
@@ -374,7 +393,9 @@ def run_scenario(
         counts = httpx.get(f"{url}/counts", timeout=30).json()
         if scenario.gone_midway:
             counts.update(httpx.get(f"{gone_url}/counts", timeout=30).json())
-        result = audit(engine, run, counts)
+        stats = httpx.get(f"{url}/stats", timeout=30).json()
+        result = audit(engine, run, counts, stats["order_violations"])
+        result["ordered"] = stats["ordered"]
         result["seconds"] = round(time.monotonic() - began, 1)
         if time.monotonic() > until:
             result["problems"].append(f"not settled within {deadline:g}s")

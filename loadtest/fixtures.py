@@ -41,3 +41,30 @@ def insert_due(
         "pad": "x" * pad,
     }
     conn.execute(_DUE, params)
+
+
+# Ordered rows waiting behind their keys' heads (:keys keys, :rows rows in all): the
+# claim path must not read them; the hand-over reads one per key.
+_WAITING = text("""
+    WITH rows AS (
+        INSERT INTO poller_outbox
+            (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts,
+             next_attempt_at, status, ordering_key, ordering_seq)
+        SELECT :endpoint_id, :bucket, 'ordered.event', json_build_object('n', g),
+               'ordered:' || g, 10, now() - interval '1 second',
+               CASE WHEN g <= :keys THEN 'pending' ELSE 'waiting' END,
+               'key:' || ((g - 1) % :keys), (g - 1) / :keys + 1
+        FROM generate_series(1, :rows) AS g
+        RETURNING id, ordering_key, ordering_seq
+    )
+    INSERT INTO poller_ordering_keys (endpoint_id, ordering_key, last_seq, head_id)
+    SELECT :endpoint_id, ordering_key, max(ordering_seq),
+           min(id) FILTER (WHERE ordering_seq = 1)
+    FROM rows GROUP BY ordering_key
+""")
+
+
+def insert_waiting(conn: Connection, endpoint_id: int, bucket: int, rows: int, keys: int) -> None:
+    """``rows`` ordered messages over ``keys`` keys: each key's first pending, the rest waiting."""
+    params = {"endpoint_id": endpoint_id, "bucket": bucket, "rows": rows, "keys": keys}
+    conn.execute(_WAITING, params)

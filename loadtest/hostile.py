@@ -97,6 +97,7 @@ class HostileReceiver:
         self.posts: Counter[str] = Counter()  # key -> POSTs that arrived
         self.applied: set[str] = set()
         self.badly_signed: set[str] = set()
+        self.first_arrival: dict[str, int] = {}  # key -> rank of its first POST's arrival
         self.behaviours: Counter[str] = Counter()
         self.lookups = 0
         self.port = 0
@@ -155,6 +156,7 @@ class HostileReceiver:
             return await self._lookup(unquote(path.removeprefix("/lookup/")), writer)
         key = headers.get("webhook-id", "")
         self.posts[key] += 1
+        self.first_arrival.setdefault(key, len(self.first_arrival))
         behaviour = _draw(self.rng, POST_BEHAVIOURS)
         self.behaviours[behaviour] += 1
         if behaviour == "reset_before_body":

@@ -17,6 +17,10 @@ SPEC §10:
 * POSTs that arrived per key ≤ send attempts recorded for its message (G9:
   every send is counted and recorded);
 * every ``delivered`` message was applied by the receiver (nothing lost);
+* half the messages are ordered (16 keys): of the delivered ones, each key's
+  first POSTs arrived by position; no message is left ``waiting`` unless its
+  key is blocked behind a failed head (endpoint ``on_failed_head`` drawn per
+  seed: ``block`` or ``skip``);
 * every POST whose body arrived carries a valid signature (the endpoint's
   secret is sealed at rest with ``POLLER_SECRETS_KEY``: the pollers open it);
 * no ``poller run`` exited unless the hunt ended it, and every graceful stop
@@ -56,6 +60,7 @@ CLAIM_LEASE = 3.0
 # A graceful stop exits 0; a SIGTERM that lands while Python is still importing (before
 # the handler exists) ends the process by the default action: nothing claimed yet.
 STOPPED = (0, -signal.SIGTERM)
+ORDERED_KEYS = 16
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Plan:
     max_attempts: int
     faults: list[tuple[float, str]]  # (seconds after the start, fault)
     lookup: bool
+    on_failed_head: str = "block"  # what the endpoint's ordering keys do on a failed head
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -87,6 +93,7 @@ class Plan:
             max_attempts=rng.randint(2, 5),
             faults=faults,
             lookup=rng.random() < 0.8,
+            on_failed_head=rng.choice(["block", "skip"]),  # drawn last: earlier draws unchanged
         )
 
     def describe(self) -> str:
@@ -94,7 +101,8 @@ class Plan:
         return (
             f"seed {self.seed}: {self.pollers} pollers, election {self.election}, "
             f"{self.http_client}, max_attempts {self.max_attempts}, "
-            f"lookup {'on' if self.lookup else 'off'}, faults: {faults}"
+            f"lookup {'on' if self.lookup else 'off'}, {self.on_failed_head} on a failed head, "
+            f"faults: {faults}"
         )
 
 
@@ -178,7 +186,16 @@ def _feed(engine: Any, run: Run, messages: int) -> None:
     while len(run.committed) < messages:
         tx += 1
         size = random.Random(run.plan.seed * 7919 + tx).randint(1, 20)
-        batch = [Message("hostile", "hunt.event", {"n": n + i}, f"k{n + i}") for i in range(size)]
+        batch = [  # every other message is ordered, on one of ORDERED_KEYS keys
+            Message(
+                "hostile",
+                "hunt.event",
+                {"n": n + i},
+                f"k{n + i}",
+                ordering_key=f"o{(n + i) // 2 % ORDERED_KEYS}" if (n + i) % 2 == 0 else None,
+            )
+            for i in range(size)
+        ]
         n += size
         keys = {m.idempotency_key for m in batch}
         try:
@@ -239,6 +256,26 @@ def _open_rows(engine: Any) -> int:
         return -1
 
 
+def out_of_order(rows: dict[str, Any], receiver: HostileReceiver) -> list[str]:
+    """Delivered messages of one ordering key whose first POSTs did not arrive by position
+    (message n+1 is sent only after n ended, so n's first POST came first)."""
+    wrong = []
+    by_key: dict[str, list[Any]] = {}
+    for r in rows.values():
+        if r.ordering_key is not None and r.status == "delivered":
+            by_key.setdefault(r.ordering_key, []).append(r)
+    for messages in by_key.values():
+        messages.sort(key=lambda r: r.ordering_seq)
+        arrivals = [receiver.first_arrival.get(r.idempotency_key, -1) for r in messages]
+        pairs = zip(messages, messages[1:], arrivals, arrivals[1:], strict=False)
+        wrong += [
+            f"{later.idempotency_key} before {earlier.idempotency_key}"
+            for earlier, later, a, b in pairs
+            if b < a
+        ]
+    return sorted(wrong)
+
+
 def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
     """The invariants of the module docstring; one line per broken one."""
     with engine.connect() as conn:
@@ -246,8 +283,8 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
             r.idempotency_key: r
             for r in conn.execute(
                 text(
-                    "SELECT id, idempotency_key, status, attempts, max_attempts, refunds "
-                    "FROM poller_outbox"
+                    "SELECT id, idempotency_key, status, attempts, max_attempts, refunds, "
+                    "ordering_key, ordering_seq FROM poller_outbox"
                 )
             )
         }
@@ -263,13 +300,34 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
                 )
             }
         )
+        behind_blocked = {
+            r.idempotency_key
+            for r in conn.execute(
+                text(
+                    "SELECT o.idempotency_key FROM poller_outbox o "
+                    "JOIN poller_ordering_keys k ON k.endpoint_id = o.endpoint_id "
+                    "AND k.ordering_key = o.ordering_key "
+                    "JOIN poller_outbox h ON h.id = k.head_id "
+                    "WHERE o.status = 'waiting' AND h.status = 'failed' "
+                    "AND k.blocked_since IS NOT NULL"
+                )
+            )
+        }
     problems = []
     checks: list[tuple[str, list[str]]] = [
         ("committed but missing", sorted(run.committed - set(rows))),
         ("rolled back yet stored", sorted(run.rolled_back & set(rows))),
         (
-            "not settled (pending or in flight)",
-            sorted(k for k, r in rows.items() if r.status not in ("delivered", "failed")),
+            "not settled (pending or in flight, or waiting but not behind a blocked head)",
+            sorted(
+                k
+                for k, r in rows.items()
+                if r.status not in ("delivered", "failed") and k not in behind_blocked
+            ),
+        ),
+        (
+            "delivered out of order (first arrivals of an ordering key not by position)",
+            out_of_order(rows, receiver),
         ),
         (
             "over their attempt budget",
@@ -325,6 +383,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 lookup_url=f"{url}/lookup/{{idempotency_key}}" if plan.lookup else None,
                 max_attempts=plan.max_attempts,
                 allow_private=True,
+                on_failed_head=plan.on_failed_head,
                 secret=secret,
                 keyring=Keyring([secrets_key]),
             )

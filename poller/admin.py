@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine, and_, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from poller.errors import PollerError, UnknownEndpoint
+from poller.ordering import requeue_keyed
 from poller.schema import delivery_attempts, endpoints, outbox
 from poller.settings import default_settings
 
@@ -262,8 +263,9 @@ def retry_messages(engine: Engine, ids: list[int], *, who: str | None = None) ->
                     claim_expires_at=None,
                     updated_at=func.now(),
                 )
-                .returning(outbox.c.id, outbox.c.attempts, outbox.c.bucket)
+                .returning(outbox.c.id, outbox.c.attempts, outbox.c.bucket, outbox.c.ordering_key)
             ).all()
+            requeue_keyed(conn, [r.id for r in changed if r.ordering_key is not None])
             if changed:
                 conn.execute(
                     pg_insert(delivery_attempts),

@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from poller import queries
 from poller.endpoints import Endpoint
 from poller.keyring import Keyring
+from poller.ordering import ENDED, advance_keys
 from poller.schema import BUCKETS
 
 ALL_BUCKETS: tuple[int, ...] = tuple(range(BUCKETS))
@@ -60,6 +61,8 @@ class ClaimedMessage:
     created_at: datetime
     endpoint_updated_at: datetime  # a newer one than the poller's cached endpoint: reload it
     refunds: int = 0  # attempts handed back by graceful shutdowns so far
+    ordering_key: str | None = None  # ordered delivery: the key, and the position in it
+    ordering_seq: int | None = None
 
     @property
     def last_attempt(self) -> bool:
@@ -402,6 +405,9 @@ class Claims:
         params = outcomes_json(outcomes, self.poller_id)
         async with self.engine.begin() as conn:
             rows = (await conn.execute(queries.COMPLETE_BATCH, params)).all()
+            ended = [r.id for r in rows if r.ordering_key is not None and r.status in ENDED]
+            if ended:
+                await advance_keys(conn, ended)
         applied = {row.id for row in rows}
         result = CompletionResult(
             applied=[o.message_id for o in outcomes if o.message_id in applied],
@@ -414,6 +420,9 @@ class Claims:
         """Return expired claims to pending + needs_lookup (or failed at max attempts)."""
         async with self.engine.begin() as conn:
             rows = (await conn.execute(queries.RECLAIM_EXPIRED, {"limit": limit})).all()
+            failed = [row.id for row in rows if row.status == "failed"]
+            if failed:
+                await advance_keys(conn, failed)
         result = ReclaimResult()
         for row in rows:
             (result.failed if row.status == "failed" else result.pending).append(row.id)

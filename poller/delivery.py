@@ -4,7 +4,8 @@ Requests follow Standard Webhooks: ``webhook-id`` (the idempotency key, the
 same on every attempt), ``webhook-timestamp`` and ``webhook-signature``
 (``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``, one per active
 secret during rotation), plus ``Idempotency-Key``, ``Content-Type`` and
-``User-Agent``. Redirects are never followed.
+``User-Agent``; ordered messages add ``webhook-ordering-key`` and
+``webhook-ordering-seq`` (poller/ordering.py). Redirects are never followed.
 
 Outcome table:
 
@@ -102,6 +103,10 @@ def sign(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> st
     return " ".join(signatures)
 
 
+ORDERING_KEY_HEADER = "webhook-ordering-key"
+ORDERING_SEQ_HEADER = "webhook-ordering-seq"
+
+
 def webhook_headers(
     endpoint: Endpoint, idempotency_key: str, body: bytes, user_agent: str
 ) -> dict[str, str]:
@@ -168,6 +173,9 @@ async def send(
     """POST the message to the endpoint once and classify the result."""
     body = msg.payload.encode("utf-8")
     headers = webhook_headers(endpoint, msg.idempotency_key, body, user_agent)
+    if msg.ordering_key is not None:  # poller/ordering.py: a receiver can check the order
+        headers[ORDERING_KEY_HEADER] = msg.ordering_key
+        headers[ORDERING_SEQ_HEADER] = str(msg.ordering_seq)
     reply, started_at, duration_ms = await _exchange(
         sender, "POST", endpoint.url, headers, body, timeout
     )

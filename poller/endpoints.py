@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 from poller.errors import EndpointExists, InvalidEndpoint, PollerError, UnknownEndpoint
 from poller.keyring import Keyring, SecretUnreadable, default_keyring, is_sealed
 from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
-from poller.schema import BUCKETS, endpoints, outbox
+from poller.schema import BUCKETS, ON_FAILED_HEAD, endpoints, outbox
 
 SECRET_PREFIX = "whsec_"
 LOOKUP_PLACEHOLDER = "{idempotency_key}"
@@ -149,6 +149,12 @@ def _check_name(name: object) -> str:
     return name
 
 
+def _on_failed_head(value: object) -> str | None:
+    if value is None or value in ON_FAILED_HEAD:
+        return value
+    raise InvalidEndpoint(f"on_failed_head must be one of {', '.join(ON_FAILED_HEAD)}")
+
+
 def _positive(value: Any, what: str, *, integer: bool) -> Any:
     if value is None:
         return None
@@ -185,6 +191,8 @@ class Endpoint:
     secret: str = field(repr=False)
     previous_secret: str | None = field(repr=False, default=None)
     previous_secret_expires_at: datetime | None = None
+    on_failed_head: str = "block"
+    """Ordered keys whose head fails for good: ``block`` (wait for an operator) or ``skip``."""
     secret_sealed: bool = False
     """True when the stored secret is encrypted (POLLER_SECRETS_KEY)."""
     secret_error: str | None = None
@@ -241,6 +249,7 @@ def create_endpoint(
     secret: str | None = None,
     allow_private: bool | None = None,
     keyring: Keyring | None = None,
+    on_failed_head: str = "block",
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -263,6 +272,7 @@ def create_endpoint(
         "max_in_flight": _positive(max_in_flight, "max_in_flight", integer=True),
         "secret": secret or new_secret(),
         "bucket": bucket_for(name),
+        "on_failed_head": _on_failed_head(on_failed_head) or "block",
     }
     plain = values["secret"]
     _check_secret(plain)
@@ -312,6 +322,7 @@ def update_endpoint(
     timeout: float | None = None,
     max_in_flight: int | None = None,
     allow_private: bool | None = None,
+    on_failed_head: str | None = None,
 ) -> Endpoint:
     """Change the given fields (None leaves a field as it is); checked like create."""
     if allow_private is None:
@@ -332,6 +343,8 @@ def update_endpoint(
     ):
         if value is not None:
             changes[field_name] = _positive(value, field_name, integer=integer)
+    if on_failed_head is not None:
+        changes["on_failed_head"] = _on_failed_head(on_failed_head)
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
     return _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()))

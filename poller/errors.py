@@ -57,6 +57,10 @@ class InvalidIdempotencyKey(EnqueueError):
     """The idempotency key is empty, too long, or has characters a header cannot carry."""
 
 
+class InvalidOrderingKey(EnqueueError):
+    """The ordering key is empty, too long, or has characters a header cannot carry."""
+
+
 class InvalidEventType(EnqueueError):
     """The event type is empty, too long, or has control characters."""
 

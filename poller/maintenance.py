@@ -26,6 +26,7 @@ poller/completer.py) as a Periodic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -124,6 +125,7 @@ class Purger:
             (queries.PURGE_DELIVERED, delivered_age),
             (queries.PURGE_FAILED, failed_age),
             (queries.PURGE_SPENT_KEYS, keys_age),
+            (queries.PURGE_IDLE_KEYS, keys_age),  # ordering keys with nothing open
         )
         self.purged = 0
 
@@ -149,14 +151,27 @@ class GaugeRefresher:
         async with self.engine.connect() as conn:
             due = (await conn.execute(queries.GAUGE_DUE)).all()
             by_status = (await conn.execute(queries.GAUGE_STATUS)).all()
+            ordering = (await conn.execute(queries.GAUGE_ORDERING)).all()
+        per_endpoint = (
+            metrics.PENDING_DUE,
+            metrics.OLDEST_DUE_SECONDS,
+            metrics.ORDERING_BLOCKED_KEYS,
+            metrics.ORDERING_BLOCKED_SECONDS,
+            metrics.ORDERING_WAITING,
+        )
         names = {row.name for row in due}
         for gone in self._endpoints - names:  # removed endpoints leave no stale series
-            metrics.PENDING_DUE.remove(gone)
-            metrics.OLDEST_DUE_SECONDS.remove(gone)
+            for gauge in per_endpoint:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(gone)
         self._endpoints = names
         for row in due:
             metrics.PENDING_DUE.labels(row.name).set(row.due)
             metrics.OLDEST_DUE_SECONDS.labels(row.name).set(float(row.oldest_seconds))
+        for row in ordering:
+            metrics.ORDERING_BLOCKED_KEYS.labels(row.name).set(row.blocked)
+            metrics.ORDERING_BLOCKED_SECONDS.labels(row.name).set(float(row.blocked_seconds))
+            metrics.ORDERING_WAITING.labels(row.name).set(row.waiting)
         for row in by_status:
             metrics.MESSAGES.labels(row.status).set(row.n)
         return 0

@@ -95,6 +95,21 @@ OLDEST_DUE_SECONDS = Gauge(
     ["endpoint"],
 )
 MESSAGES = Gauge("webhook_poller_messages", "Messages by status (maintenance leader).", ["status"])
+ORDERING_BLOCKED_KEYS = Gauge(
+    "webhook_poller_ordering_blocked_keys",
+    "Ordering keys whose head failed for good and waits for an operator, per endpoint.",
+    ["endpoint"],
+)
+ORDERING_BLOCKED_SECONDS = Gauge(
+    "webhook_poller_ordering_blocked_seconds",
+    "How long the longest-blocked ordering key has been blocked, per endpoint (0: none).",
+    ["endpoint"],
+)
+ORDERING_WAITING = Gauge(
+    "webhook_poller_ordering_waiting",
+    "Ordered messages waiting behind their key's head, per endpoint.",
+    ["endpoint"],
+)
 
 
 def sample_total(metric: Counter, **labels: str) -> float:

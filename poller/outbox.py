@@ -50,6 +50,7 @@ from poller.errors import (
 from poller.errors import (
     EnqueueError as _EnqueueError,
 )
+from poller.ordering import Positions, check_ordering_key
 from poller.payloads import JsonDefault, serialise_payload
 from poller.settings import default_settings
 
@@ -76,6 +77,7 @@ class Message:
     idempotency_key: str
     deliver_after: DeliverAfter = None
     max_attempts: int | None = None
+    ordering_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class _Checked:
     deliver_at: datetime | None
     delay: float
     max_attempts: int | None
+    ordering_key: str | None = None
 
 
 # --- validation (pure) ---------------------------------------------------------
@@ -168,6 +171,7 @@ def check_message(
         deliver_at=deliver_at,
         delay=delay,
         max_attempts=_check_max_attempts(message.max_attempts),
+        ordering_key=check_ordering_key(message.ordering_key),
     )
 
 
@@ -175,6 +179,8 @@ def check_message(
 
 
 def _enqueue_one_steps(message: _Checked) -> _Steps:
+    if message.ordering_key is not None:  # the key's lock and position: the batch path
+        return (yield from _enqueue_many_steps([message]))[0]
     settings = default_settings()
     params = {
         "endpoint": message.endpoint,
@@ -218,23 +224,54 @@ def _dedupe_batch(checked: Sequence[_Checked]) -> list[int]:
     return owner
 
 
-def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
-    settings = default_settings()
-    owner = _dedupe_batch(checked)
-    unique = [m for i, m in enumerate(checked) if owner[i] == i]
-    names = sorted({m.endpoint for m in unique})
-    rows = yield queries.ENDPOINTS_BY_NAME, {"names": names}
+def _usable_endpoints(names: Sequence[str], rows: Sequence[Row[Any]]) -> dict[str, Row[Any]]:
+    """The endpoints of a batch by name; UnknownEndpoint or EndpointDisabled otherwise."""
     endpoints = {row.name: row for row in rows}
     for name in names:
         if name not in endpoints:
             raise UnknownEndpoint(name)
         if not endpoints[name].enabled:
             raise EndpointDisabled(name, endpoints[name].disabled_reason)
+    return endpoints
+
+
+def _place_keyed(
+    unique: Sequence[_Checked], endpoint_ids: Mapping[str, int]
+) -> Generator[tuple[TextClause, Mapping[str, Any]], list[Row[Any]], Any]:
+    """Lock the batch's ordering keys (sorted) and give each keyed message its position
+    and status (poller/ordering.py); (None, [(None, None)…]) when none has a key."""
+    keyed = [m for m in unique if m.ordering_key is not None]
+    if not keyed:
+        return None, [(None, None)] * len(unique)
+    rows = yield (
+        queries.LOCK_ORDERING_KEYS,
+        {
+            "endpoint_ids": [endpoint_ids[m.endpoint] for m in keyed],
+            "ordering_keys": [m.ordering_key for m in keyed],
+        },
+    )
+    positions = Positions(rows)
+    places = [
+        (None, None)
+        if m.ordering_key is None
+        else positions.place(endpoint_ids[m.endpoint], m.ordering_key)
+        for m in unique
+    ]
+    return positions, places
+
+
+def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
+    settings = default_settings()
+    owner = _dedupe_batch(checked)
+    unique = [m for i, m in enumerate(checked) if owner[i] == i]
+    names = sorted({m.endpoint for m in unique})
+    endpoints = _usable_endpoints(names, (yield queries.ENDPOINTS_BY_NAME, {"names": names}))
 
     def budget(m: _Checked) -> int:
         endpoint_max = endpoints[m.endpoint].max_attempts
         return m.max_attempts or endpoint_max or settings.max_attempts
 
+    positions, places = yield from _place_keyed(unique, {n: e.id for n, e in endpoints.items()})
     columns = {
         "endpoint_ids": [endpoints[m.endpoint].id for m in unique],
         "buckets": [endpoints[m.endpoint].bucket for m in unique],
@@ -244,8 +281,13 @@ def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
         "max_attempts": [budget(m) for m in unique],
         "deliver_ats": [m.deliver_at for m in unique],
         "delays": [m.delay for m in unique],
+        "ordering_keys": [m.ordering_key for m in unique],
+        "ordering_seqs": [seq for seq, _ in places],
+        "statuses": [status for _, status in places],
     }
     inserted = yield queries.ENQUEUE_MANY, columns
+    if positions is not None:
+        yield queries.SET_ORDERING_KEYS, positions.finish(inserted)
     ids = {(row.endpoint_id, row.idempotency_key): int(row.id) for row in inserted}
     if len(ids) < len(unique):
         existing = yield queries.ENQUEUE_MANY_EXISTING, columns
@@ -296,9 +338,18 @@ def _message(
     deliver_after: DeliverAfter,
     max_attempts: int | None,
     json_default: JsonDefault | None,
+    ordering_key: str | None,
 ) -> _Checked:
     return check_message(
-        Message(endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts),
+        Message(
+            endpoint,
+            event_type,
+            payload,
+            idempotency_key,
+            deliver_after,
+            max_attempts,
+            ordering_key,
+        ),
         default_settings().max_payload_bytes,
         json_default,
     )
@@ -327,6 +378,7 @@ def enqueue(
     deliver_after: DeliverAfter = None,
     max_attempts: int | None = None,
     json_default: JsonDefault | None = None,
+    ordering_key: str | None = None,
 ) -> int:
     """Add one webhook message in the caller's transaction; return its id.
 
@@ -337,9 +389,18 @@ def enqueue(
     is stored and sent byte for byte. ``deliver_after`` (aware datetime, or
     timedelta from the database's now) delays the first attempt;
     ``max_attempts`` overrides the endpoint's and the global attempt budget.
+    Messages with the same ``ordering_key`` (and endpoint) are delivered one at
+    a time, in the order enqueued (poller/ordering.py).
     """
     message = _message(
-        endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts, json_default
+        endpoint,
+        event_type,
+        payload,
+        idempotency_key,
+        deliver_after,
+        max_attempts,
+        json_default,
+        ordering_key,
     )
     return int(_drive(conn, _enqueue_one_steps(message)))
 
@@ -369,10 +430,18 @@ async def enqueue_async(
     deliver_after: DeliverAfter = None,
     max_attempts: int | None = None,
     json_default: JsonDefault | None = None,
+    ordering_key: str | None = None,
 ) -> int:
     """:func:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``."""
     message = _message(
-        endpoint, event_type, payload, idempotency_key, deliver_after, max_attempts, json_default
+        endpoint,
+        event_type,
+        payload,
+        idempotency_key,
+        deliver_after,
+        max_attempts,
+        json_default,
+        ordering_key,
     )
     return int(await _drive_async(conn, _enqueue_one_steps(message)))
 

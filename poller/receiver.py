@@ -8,8 +8,10 @@ Used by the demo, the tests and the load test, and a model for real receivers:
 * ``GET /webhooks/<key>`` — the lookup contract: 200 if that key was applied,
   404 if not.
 * ``GET /stats`` — received, applied (unique), duplicates, per-path counts,
-  lookups, faults injected, and commit→receipt latency percentiles from an
-  ``enqueued_at`` (epoch seconds) field in the payload, when present.
+  lookups, faults injected, commit→receipt latency percentiles from an
+  ``enqueued_at`` (epoch seconds) field in the payload, when present, and
+  ordered messages applied with ``order_violations``: one applied with a lower
+  ``webhook-ordering-seq`` than an earlier one of its ``webhook-ordering-key``.
 * ``GET /receipts`` — each applied key with the time (epoch seconds) it was
   applied, so a load generator can compute latency from its own commit times;
   ``GET /counts`` — how many times each key arrived.
@@ -72,6 +74,8 @@ class Stats:
     dropped_injected: int = 0
     lookups_found: int = 0
     lookups_missing: int = 0
+    ordered: int = 0  # applied messages that carried an ordering key
+    order_violations: int = 0  # applied with a lower position than one applied before
     per_path: Counter[str] = field(default_factory=Counter)
     latencies_ms: list[float] = field(default_factory=list)
 
@@ -87,6 +91,8 @@ class Stats:
             "dropped_injected": self.dropped_injected,
             "lookups_found": self.lookups_found,
             "lookups_missing": self.lookups_missing,
+            "ordered": self.ordered,
+            "order_violations": self.order_violations,
             "per_path": dict(self.per_path),
             "latency_ms": {
                 "count": len(lat),
@@ -128,6 +134,7 @@ class Receiver:
         self.stats = Stats()
         self.applied: dict[str, int] = {}  # key -> times received
         self.first_seen: dict[str, float] = {}  # key -> epoch seconds it was applied
+        self.order_last: dict[bytes, int] = {}  # ordering key -> highest position applied
         self.server: asyncio.Server | None = None
         self.transports: set[asyncio.Transport] = set()
 
@@ -174,7 +181,7 @@ class Receiver:
         if self.faults.ack_and_discard > 0:  # acknowledged, never applied: a lost message
             self.faults.ack_and_discard -= 1
             return 200, {}, b"ok"
-        self._apply(key, body, now)
+        self._apply(key, body, now, headers)
         if (
             self.faults.drop_after_process_rate
             and rng.random() < self.faults.drop_after_process_rate
@@ -183,7 +190,9 @@ class Receiver:
             return None
         return 200, {}, b"ok"
 
-    def _apply(self, key: str, body: bytes, now: float) -> None:
+    def _apply(
+        self, key: str, body: bytes, now: float, headers: dict[bytes, bytes] | None = None
+    ) -> None:
         seen = self.applied.get(key, 0)
         self.applied[key] = seen + 1
         if seen:
@@ -191,12 +200,29 @@ class Receiver:
             return
         self.stats.applied += 1
         self.first_seen[key] = now
+        if headers and b"webhook-ordering-key" in headers:
+            self._check_order(headers)
         if b'"enqueued_at"' in body:
             try:
                 enqueued_at = float(json.loads(body)["enqueued_at"])
             except (ValueError, KeyError, TypeError):
                 return
             bisect.insort(self.stats.latencies_ms, (now - enqueued_at) * 1000)
+
+    def _check_order(self, headers: dict[bytes, bytes]) -> None:
+        """A message of an ordering key is applied after every lower position it will get:
+        one with a lower position than one applied before is a violation."""
+        ordering_key = headers[b"webhook-ordering-key"]
+        try:
+            seq = int(headers.get(b"webhook-ordering-seq", b""))
+        except ValueError:
+            self.stats.order_violations += 1
+            return
+        self.stats.ordered += 1
+        if seq < self.order_last.get(ordering_key, 0):
+            self.stats.order_violations += 1
+        else:
+            self.order_last[ordering_key] = seq
 
     def _get(self, path: str) -> tuple[int, dict[str, str], bytes]:
         if path == "/stats":

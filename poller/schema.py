@@ -7,6 +7,7 @@ table is ``poller_alembic_version`` for the same reason.
 Row state machine of ``poller_outbox.status`` (every write after a claim is
 fenced by ``claim_token``, see poller/claims.py)::
 
+    waiting ──its key's head ended (delivered, or failed and skipped)──▶ pending
     pending ──claim──▶ in_flight ──2xx──────────────────────▶ delivered
        ▲                   │ retryable, attempts < max ─────▶ pending, due after backoff
        │                   │ outcome unknown ───────────────▶ pending + needs_lookup
@@ -17,6 +18,10 @@ fenced by ``claim_token``, see poller/claims.py)::
        │                   │                                  (at most MAX_REFUNDS times)
        │                   └ claim lease expired ───────────▶ pending + needs_lookup, or failed
        └──── admin retry ◀── failed
+
+A message with an ``ordering_key`` is ``waiting`` while an earlier message of
+its (endpoint, key) has not ended; only the key's head is ever ``pending``
+(poller/ordering.py).
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-STATUSES = ("pending", "in_flight", "delivered", "failed")
+STATUSES = ("waiting", "pending", "in_flight", "delivered", "failed")
+ON_FAILED_HEAD = ("block", "skip")
 ATTEMPT_KINDS = ("send", "lookup", "manual")
 BUCKETS = 256
 NOTIFY_CHANNEL = "poller_outbox"
@@ -80,9 +86,12 @@ endpoints = Table(
     Column("timeout", Float),
     Column("max_in_flight", Integer),
     Column("bucket", SmallInteger, nullable=False),
+    # What a key does when its head fails for good: stop until an operator acts, or move on.
+    Column("on_failed_head", Text, nullable=False, server_default=text("'block'")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint(f"bucket >= 0 AND bucket < {BUCKETS}", name="bucket_range"),
+    CheckConstraint("on_failed_head IN ('block', 'skip')", name="on_failed_head_valid"),
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout_positive"),
     CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
@@ -119,9 +128,19 @@ outbox = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("delivered_at", DateTime(timezone=True)),
     Column("failed_at", DateTime(timezone=True)),
+    # Ordered delivery: the key, and the message's position in it (given under the key's
+    # row lock, so it is the order the enqueueing transactions took the key in).
+    Column("ordering_key", Text),
+    Column("ordering_seq", BigInteger),
     UniqueConstraint("endpoint_id", "idempotency_key", name="uq_poller_outbox_endpoint_key"),
     CheckConstraint(
-        "status IN ('pending', 'in_flight', 'delivered', 'failed')", name="status_valid"
+        "status IN ('waiting', 'pending', 'in_flight', 'delivered', 'failed')",
+        name="status_valid",
+    ),
+    CheckConstraint(
+        "(ordering_key IS NULL) = (ordering_seq IS NULL) "
+        "AND (status <> 'waiting' OR ordering_key IS NOT NULL)",
+        name="ordering_complete",
     ),
     CheckConstraint("attempts >= 0", name="attempts_not_negative"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
@@ -142,6 +161,14 @@ outbox = Table(
         "ix_poller_outbox_reclaim",
         "claim_expires_at",
         postgresql_where=text("status = 'in_flight'"),
+    ),
+    # The next message of a key, when its head ends: waiting rows only, by position.
+    Index(
+        "ix_poller_outbox_waiting",
+        "endpoint_id",
+        "ordering_key",
+        "ordering_seq",
+        postgresql_where=text("status = 'waiting'"),
     ),
     # Admin listing of failures and retention purges by age.
     Index("ix_poller_outbox_failed", "failed_at", postgresql_where=text("status = 'failed'")),
@@ -195,6 +222,34 @@ spent_keys = Table(
     Column("idempotency_key", Text, primary_key=True),
     Column("purged_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_poller_spent_keys_purged_at", "purged_at"),
+)
+
+
+# One row per (endpoint, ordering key): the lock that orders the key's enqueues and
+# advances, the last position given, and the head (the one open message every later
+# one waits behind; NULL when none is open). ``blocked_since`` is set while the head
+# has failed on a ``block`` endpoint.
+ordering_keys = Table(
+    "poller_ordering_keys",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("poller_endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("ordering_key", Text, primary_key=True),
+    Column("last_seq", BigInteger, nullable=False, server_default=text("0")),
+    Column("head_id", BigInteger),
+    Column("blocked_since", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_poller_ordering_keys_head", "head_id", postgresql_where=text("head_id IS NOT NULL")),
+    Index(
+        "ix_poller_ordering_keys_blocked",
+        "blocked_since",
+        postgresql_where=text("blocked_since IS NOT NULL"),
+    ),
+    Index("ix_poller_ordering_keys_idle", "updated_at", postgresql_where=text("head_id IS NULL")),
 )
 
 

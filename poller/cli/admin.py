@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from poller import admin as api
+from poller import ordering
 from poller.cli.common import command_engine, settings_and_url
 from poller.cli.output import (
     Duration,
@@ -197,6 +198,58 @@ def retry(
         as_json,
         f"{'would retry' if dry_run else 'retried'} {len(plan.ids)}: {_ids(plan.ids)}",
     )
+
+
+@admin.command()
+@click.option("--endpoint", help="Only this endpoint's keys.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@json_option
+def blocked(endpoint: str | None, limit: int, as_json: bool) -> None:
+    """Ordering keys stopped behind a head that failed for good (retry or skip it)."""
+    with command_engine().connect() as conn:
+        found = ordering.blocked_keys(conn, endpoint=endpoint, limit=limit)
+    if as_json:
+        emit_json(found)
+        return
+    table(
+        "blocked ordering keys",
+        ["endpoint", "key", "head", "event type", "attempts", "last error", "waiting", "since"],
+        [
+            (
+                k["endpoint"],
+                k["ordering_key"],
+                k["head_id"],
+                k["event_type"],
+                k["attempts"],
+                (k["last_error"] or "")[:60],
+                k["waiting"],
+                age(k["blocked_since"]),
+            )
+            for k in found
+        ],
+    )
+    if found:
+        click.echo("resume a key: poller admin retry HEAD; move past it: poller admin skip HEAD")
+
+
+@admin.command()
+@click.argument("ids", type=int, nargs=-1, required=True)
+@yes_option
+@json_option
+def skip(ids: tuple[int, ...], yes: bool, as_json: bool) -> None:
+    """End ordered messages as failed so their keys move on (a blocked head, usually)."""
+    confirm(f"skip {len(ids)} message(s) for good?", yes)
+    with command_engine().begin() as conn:
+        done = ordering.skip_messages(conn, list(ids), who=api.actor())
+    refused = {str(i): "not found, not ordered, or in flight" for i in ids if i not in set(done)}
+    if as_json:
+        emit_json({"skipped": done, "refused": refused})
+    else:
+        click.echo(f"skipped {len(done)}: {_ids(done)}" if done else "nothing skipped")
+        for ident, why in refused.items():
+            click.echo(f"not skipped {ident}: {why}")
+    if not done:
+        raise NothingMatched("nothing skipped: give ids of ordered messages not in flight")
 
 
 def _ids(ids: list[int]) -> str:

@@ -6,7 +6,8 @@ after processing; one that always answers 500), creates an endpoint on each
 (the healthy one with a lookup URL), runs two pollers elected through Redis
 (shards split between them), enqueues messages from
 inside SQLAlchemy transactions (plus one rolled back, which never appears),
-shows live progress and ends with a summary. Everything it started is stopped
+shows live progress and ends with a summary. One message in five is ordered per customer (an
+ordering key); the summary counts order violations at the receiver. Everything it started is stopped
 before it exits.
 """
 
@@ -37,6 +38,8 @@ from poller.settings import load_settings
 
 # The default schedule waits 5 s, 5 min, 30 min… between attempts: right for a real
 # receiver, far too slow to watch. The demo retries after 0.2, 0.5 and 1 s instead.
+ORDERED_KEYS = 20
+
 DEMO_SETTINGS: dict[str, Any] = {
     "lease_ttl": 3.0,
     "retry_schedule": [0.2, 0.5, 1.0],
@@ -141,7 +144,8 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
         await _enqueue(aengine, count)
         console.print(
             f"enqueued {count} messages in {time.monotonic() - began:.2f}s "
-            "(+1 in a transaction that rolled back)"
+            "(+1 in a transaction that rolled back); one in five is ordered, "
+            f"per customer ({ORDERED_KEYS} ordering keys)"
         )
         finished = await _watch(console, aengine, pollers, count, began, timeout)
         console.print()
@@ -188,9 +192,11 @@ async def _enqueue(engine: AsyncEngine, count: int) -> None:
         batch = [
             Message(
                 "legacy" if n % 50 == 0 else "orders",
-                "order.created",
+                "order.created" if n % 5 else "customer.changed",
                 {"order": n, "enqueued_at": time.time()},
                 f"order:{n}",
+                # One in five is a customer's change: one customer's go out in order.
+                ordering_key=None if n % 5 or n % 50 == 0 else f"customer:{n // 5 % ORDERED_KEYS}",
             )
             for n in range(start, min(count, start + 250))
         ]
@@ -262,7 +268,10 @@ async def _summary(
     rows: list[tuple[str, Any]] = [
         ("delivered", counts.get("delivered", 0)),
         ("failed", counts.get("failed", 0)),
-        ("still open", counts.get("pending", 0) + counts.get("in_flight", 0)),
+        (
+            "still open",
+            counts.get("pending", 0) + counts.get("in_flight", 0) + counts.get("waiting", 0),
+        ),
         ("rolled-back message stored", rolled_back),
         ("applied by the receiver (unique keys)", stats["unique"]),
         ("duplicates suppressed by the receiver", stats["duplicates"]),
@@ -279,6 +288,10 @@ async def _summary(
             int(metrics.sample_total(metrics.LOOKUPS, result="not_found")),
         ),
         ("stale completions (fenced)", int(metrics.sample_total(metrics.STALE_COMPLETIONS))),
+        (
+            "ordered messages applied / order violations",
+            f"{stats['ordered']} / {stats['order_violations']}",
+        ),
         ("commit→receipt p50 / p99", f"{lat['p50'] or 0:.1f} ms / {lat['p99'] or 0:.1f} ms"),
     ]
     for label, value in rows:

@@ -36,6 +36,7 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "timeout": endpoint.timeout,
         "max_in_flight": endpoint.max_in_flight,
         "bucket": endpoint.bucket,
+        "on_failed_head": endpoint.on_failed_head,
         "created_at": endpoint.created_at,
         "previous_secret_expires_at": endpoint.previous_secret_expires_at,
         "secret_encrypted": endpoint.secret_sealed,
@@ -49,6 +50,11 @@ def _limits(func: Any) -> Any:
             click.option("--max-attempts", type=click.IntRange(1, 1000)),
             click.option("--timeout", type=click.FloatRange(0, min_open=True), help="Seconds."),
             click.option("--max-in-flight", type=click.IntRange(1, 10_000)),
+            click.option(
+                "--on-failed-head",
+                type=click.Choice(["block", "skip"]),
+                help="Ordered keys whose head fails for good: block (default) or skip it.",
+            ),
         ]
     ):
         func = option(func)
@@ -72,6 +78,7 @@ def add(
     max_attempts: int | None,
     timeout: float | None,
     max_in_flight: int | None,
+    on_failed_head: str | None,
     as_json: bool,
 ) -> None:
     """Create an endpoint; its signing secret is printed once, here."""
@@ -85,6 +92,7 @@ def add(
             max_attempts=max_attempts,
             timeout=timeout,
             max_in_flight=max_in_flight,
+            on_failed_head=on_failed_head or "block",
         )
     if as_json:
         emit_json({**_public(created.endpoint), "secret": created.secret})
@@ -105,6 +113,7 @@ def update(
     max_attempts: int | None,
     timeout: float | None,
     max_in_flight: int | None,
+    on_failed_head: str | None,
     as_json: bool,
 ) -> None:
     """Change an endpoint's URL, lookup URL or limits (--lookup-url '' removes it)."""
@@ -117,6 +126,7 @@ def update(
             max_attempts=max_attempts,
             timeout=timeout,
             max_in_flight=max_in_flight,
+            on_failed_head=on_failed_head,
         )
     if as_json:
         emit_json(_public(endpoint))

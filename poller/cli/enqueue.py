@@ -33,8 +33,14 @@ def _payload(data: str) -> Any:
 @click.option("--data", required=True, help="The JSON payload, or @file.")
 @click.option("--key", required=True, help="Idempotency key.")
 @click.option("--deliver-after", type=Duration(), help="Delay, e.g. 10m.")
+@click.option("--ordering-key", help="Deliver after the earlier messages with this key.")
 def enqueue(
-    endpoint: str, event_type: str, data: str, key: str, deliver_after: timedelta | None
+    endpoint: str,
+    event_type: str,
+    data: str,
+    key: str,
+    deliver_after: timedelta | None,
+    ordering_key: str | None,
 ) -> None:
     """Enqueue one message (committed at once)."""
     try:
@@ -50,5 +56,6 @@ def enqueue(
             payload=payload,
             idempotency_key=key,
             deliver_after=deliver_after,
+            ordering_key=ordering_key,
         )
     click.echo(f"message {msg_id} enqueued")

@@ -10,7 +10,7 @@ one statement per batch, never one per row.
 runs every one against the migrated schema.
 
 The statements live in one module per part of the flow — ``enqueue``,
-``claims``, ``cluster`` (election, shards), ``maintenance`` — and are all
+``claims``, ``cluster`` (election, shards), ``maintenance``, ``ordering`` — and are all
 reachable here as ``queries.NAME``.
 """
 
@@ -21,5 +21,6 @@ from poller.queries.claims import *  # noqa: F403
 from poller.queries.cluster import *  # noqa: F403
 from poller.queries.enqueue import *  # noqa: F403
 from poller.queries.maintenance import *  # noqa: F403
+from poller.queries.ordering import *  # noqa: F403
 
 __all__ = ["STATEMENTS"]

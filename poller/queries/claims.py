@@ -61,7 +61,7 @@ CLAIM_BATCH = _statement(
     RETURNING o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
               o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
               o.claim_expires_at, o.needs_lookup, o.created_at,
-              e.updated_at AS endpoint_updated_at, o.refunds
+              e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key, o.ordering_seq
     """,
 )
 
@@ -95,7 +95,8 @@ EXTEND_CLAIMS = _statement(
 # (counting refunds), disables an endpoint that answered 410 when that outcome
 # applied, and records each attempt that reached the wire in
 # poller_delivery_attempts — stale ones too, marked stale, so every duplicate
-# the receiver saw is explained.
+# the receiver saw is explained. Ended rows with an ordering key are returned
+# with it: the caller hands their keys on (ADVANCE_KEYS) in the same transaction.
 COMPLETE_BATCH = _statement(
     "COMPLETE_BATCH",
     """
@@ -124,7 +125,7 @@ COMPLETE_BATCH = _statement(
             updated_at = now()
         FROM c
         WHERE o.id = c.id AND o.claim_token = c.claim_token AND o.status = 'in_flight'
-        RETURNING o.id, o.endpoint_id
+        RETURNING o.id, o.endpoint_id, o.status, o.ordering_key
     ), disabled AS (
         UPDATE poller_endpoints e
         SET enabled = false, disabled_reason = c.disable_reason, updated_at = now()
@@ -141,7 +142,7 @@ COMPLETE_BATCH = _statement(
         WHERE c.kind IS NOT NULL
           AND EXISTS (SELECT 1 FROM poller_outbox x WHERE x.id = c.id)
     )
-    SELECT id FROM done
+    SELECT id, status, ordering_key FROM done
     """,
 )
 

@@ -8,6 +8,7 @@ from poller.queries._registry import statement as _statement
 # Retention: delete up to :limit delivered (or failed) rows older than :age
 # seconds, with their attempts (cascade), keeping their keys as spent keys so
 # the same key cannot start a second message. Small batches keep locks short.
+# The failed head of a blocked ordering key is kept: its key waits on it.
 def _purge(status: str, since: str) -> str:
     return f"""
     WITH gone AS (
@@ -15,6 +16,8 @@ def _purge(status: str, since: str) -> str:
             SELECT id FROM poller_outbox
             WHERE status = '{status}'
               AND {since} < now() - make_interval(secs => CAST(:age AS double precision))
+              AND NOT EXISTS (SELECT 1 FROM poller_ordering_keys k
+                              WHERE k.head_id = poller_outbox.id)
             ORDER BY {since} LIMIT :limit
             FOR UPDATE SKIP LOCKED
         )
@@ -72,6 +75,8 @@ GAUGE_STATUS = _statement(
     SELECT 'in_flight', count(*) FROM poller_outbox WHERE status = 'in_flight'
     UNION ALL
     SELECT 'failed', count(*) FROM poller_outbox WHERE status = 'failed'
+    UNION ALL
+    SELECT 'waiting', count(*) FROM poller_outbox WHERE status = 'waiting'
     """,
 )
 

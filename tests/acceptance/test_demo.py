@@ -37,6 +37,8 @@ def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
     assert int(_row(out, "still open")) == 0
     assert int(_row(out, "rolled-back message stored")) == 0
     assert int(_row(out, "applied by the receiver (unique keys)")) == 490
+    # one in five goes out in order per customer: 100, less the 10 sent to "legacy"
+    assert _row(out, "ordered messages applied / order violations") == "90 / 0"
     assert "failed for good" not in out + done.stderr  # the summary says it, once
     assert max(len(line) for line in out.splitlines()) <= 80  # piped: fits a terminal
     assert "retries after 0.2, 0.5, 1 s" in out

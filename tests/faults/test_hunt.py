@@ -38,7 +38,9 @@ def test_the_hunt_breaks_no_invariant(seed: int, tmp_path: Path) -> None:
     assert len(result["injected"]) == result["planned"]  # every drawn fault happened
 
 
-def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
+    engine, endpoint
+) -> None:  # type: ignore[no-untyped-def]
     """A checker that cannot fail proves nothing."""
     from sqlalchemy import text
 
@@ -54,3 +56,32 @@ def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(engin
     assert any("never applied (lost)" in p for p in problems)
     assert any("POSTed with a bad signature" in p for p in problems)
     assert msg_id
+
+
+def test_the_checker_catches_disorder_and_a_stranded_waiting_message(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
+    seed_messages(engine, 2, ordering_key="o1")  # billing:0 (head), billing:1 (waiting)
+    seed_messages(engine, 1, ordering_key="o2")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 1"))
+        conn.execute(
+            text(
+                "INSERT INTO poller_outbox (endpoint_id, bucket, event_type, payload, "
+                "idempotency_key, max_attempts, status, ordering_key, ordering_seq) "
+                "SELECT endpoint_id, bucket, 'e', '{}', 'stranded', 3, 'waiting', 'o2', 9 "
+                "FROM poller_outbox LIMIT 1"
+            )
+        )
+        keys = [r[0] for r in conn.execute(text("SELECT idempotency_key FROM poller_outbox"))]
+    run = Run(SimpleNamespace(seed=0))  # type: ignore[arg-type]
+    run.committed = set(keys)
+    receiver = SimpleNamespace(
+        posts={k: 1 for k in keys},
+        applied=set(keys),
+        badly_signed=set(),
+        first_arrival={"billing:1": 0, "billing:0": 1},  # position 2 arrived first
+    )
+    problems = check(engine, run, receiver)  # type: ignore[arg-type]
+    assert any("out of order" in p and "billing:1 before billing:0" in p for p in problems)
+    assert any("not settled" in p and "stranded" in p for p in problems)

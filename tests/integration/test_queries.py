@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from loadtest.fixtures import insert_due, insert_history
+from loadtest.fixtures import insert_due, insert_history, insert_waiting
 from poller import queries
 from poller.claims import ALL_BUCKETS_LITERAL, Outcome, outcomes_json
 from poller.endpoints import CreatedEndpoint
@@ -35,7 +35,11 @@ MANY = {
     "max_attempts": [10],
     "deliver_ats": [None],
     "delays": [0.0],
+    "ordering_keys": ["o"],
+    "ordering_seqs": [1],
+    "statuses": ["pending"],
 }
+KEYS = {"endpoint_ids": [1], "ordering_keys": ["o"]}
 COMPLETE = outcomes_json(
     [Outcome(1, 1, 1, "delivered", "delivered", status_code=200, started_at=NOW)], "p"
 )
@@ -82,6 +86,16 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "GAUGE_STATUS": {},
     "COMPLETE_BATCH": COMPLETE,
     "RECLAIM_EXPIRED": {"limit": 10},
+    "LOCK_ORDERING_KEYS": KEYS,
+    "SET_ORDERING_KEYS": {**KEYS, "last_seqs": [1], "new_heads": [None]},
+    "LOCK_KEYS_OF_HEADS": {"ids": [1]},
+    "ADVANCE_KEYS": {"ids": [1], "skipped": [], "notify": True},
+    "BLOCKED_KEYS": {"endpoint": None, "limit": 10},
+    "GAUGE_ORDERING": {},
+    "PURGE_IDLE_KEYS": {"age": 3600.0, "limit": 10},
+    "LOCK_KEYS_OF_MESSAGES": {"ids": [1]},
+    "REQUEUE_KEYED": {"ids": [1]},
+    "SKIP_MESSAGES": {"ids": [1], "who": "ops"},
 }
 
 
@@ -99,11 +113,12 @@ def test_statement_runs_against_the_schema(
             result.all()
 
 
-def _plan(engine: Engine, name: str) -> str:
+def _plan(engine: Engine, name: str, params: dict[str, Any] | None = None) -> str:
     with engine.begin() as conn:
         conn.execute(text("ANALYZE poller_outbox"))
         rows = conn.execute(
-            text("EXPLAIN (FORMAT JSON) " + queries.STATEMENTS[name]), SAMPLE_PARAMS[name]
+            text("EXPLAIN (FORMAT JSON) " + queries.STATEMENTS[name]),
+            params or SAMPLE_PARAMS[name],
         ).scalar_one()
     return json.dumps(rows)
 
@@ -126,15 +141,22 @@ def _outbox_scans(plan: str) -> set[str]:
 def test_claim_and_reclaim_use_their_partial_indexes_over_large_history(
     engine: Engine, endpoint: CreatedEndpoint
 ) -> None:
+    """1M delivered rows and 100k ordered rows waiting behind 1,000 heads: the claim
+    reads only its due index, and the hand-over to a key's next message its own."""
     ep = endpoint.endpoint
     with engine.begin() as conn:
         insert_history(conn, ep.id, ep.bucket, 1_000_000)
         insert_due(conn, ep.id, ep.bucket, 1_000)
+        insert_waiting(conn, ep.id, ep.bucket, 100_000, keys=1_000)
+        conn.execute(text("ANALYZE poller_ordering_keys"))
+        head = conn.execute(text("SELECT min(head_id) FROM poller_ordering_keys")).scalar_one()
+    advance = {"ids": [head], "skipped": [], "notify": False}
     for name, index in [
         ("CLAIM_BATCH", "ix_poller_outbox_endpoint_due"),
         ("RECLAIM_EXPIRED", "ix_poller_outbox_reclaim"),
+        ("ADVANCE_KEYS", "ix_poller_outbox_waiting"),
     ]:
-        scans = _outbox_scans(_plan(engine, name))
+        scans = _outbox_scans(_plan(engine, name, advance if name == "ADVANCE_KEYS" else None))
         assert any(index in scan for scan in scans), (name, scans)
         assert not any(scan.startswith(("Seq Scan", "Bitmap Heap")) for scan in scans), (
             name,

@@ -1,0 +1,154 @@
+"""Ordered delivery's cost: drain rates of one `poller run`, unordered vs ordered, same run.
+
+    python -m loadtest.ordered [--messages 20000] [--keys 1000] [--blocked 200]
+
+1. unordered: --messages committed at once, time until all are delivered;
+2. ordered: as many over --keys ordering keys (each key's messages one at a
+   time, in order) — target ≥ 0.8 x the unordered rate;
+3. unordered beside blocked keys: --blocked keys stopped behind a failed head,
+   50 messages waiting behind each, then an unordered drain — target ≥ 0.9 x
+   the unordered rate (a stuck key must not slow anything else).
+
+The receiver counts order violations; the run fails if there is one. Figures
+are deliveries/s and their ratios to the unordered rate of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from loadtest.bench_db import fresh_database, server_url
+from loadtest.deliveries import _payload, start_receiver
+from loadtest.fixtures import insert_waiting
+from loadtest.procs import Proc, clean_env
+from poller import Message, enqueue_many
+from poller.db import sync_engine
+from poller.endpoints import create_endpoint, new_secret
+
+
+def _delivered(engine: Any) -> int:
+    with engine.connect() as conn:
+        query = "SELECT count(*) FROM poller_outbox WHERE status = 'delivered'"
+        return int(conn.execute(text(query)).scalar_one())
+
+
+def drain(engine: Any, batch: list[Message], timeout: float) -> float:
+    """Commit ``batch`` in one transaction; deliveries/s until all are delivered."""
+    before = _delivered(engine)
+    with Session(engine) as session, session.begin():
+        for start in range(0, len(batch), 5000):
+            enqueue_many(session, batch[start : start + 5000])
+    began = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    while _delivered(engine) < before + len(batch):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {_delivered(engine) - before} of {len(batch)} delivered")
+        time.sleep(0.02)
+    return len(batch) / (time.perf_counter() - began)
+
+
+def block_keys(engine: Any, keys: int) -> None:
+    """``keys`` ordering keys with a failed head and 50 messages waiting behind each."""
+    with engine.begin() as conn:
+        endpoint_id, bucket = conn.execute(
+            text("SELECT id, bucket FROM poller_endpoints WHERE name = 'bench'")
+        ).one()
+        insert_waiting(conn, endpoint_id, bucket, keys * 51, keys=keys)
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET status = 'failed', failed_at = now(), "
+                "last_error = 'HTTP 500' WHERE id IN (SELECT head_id FROM poller_ordering_keys "
+                "WHERE ordering_key LIKE 'key:%')"
+            )
+        )
+        conn.execute(
+            text(
+                "UPDATE poller_ordering_keys SET blocked_since = now() "
+                "WHERE ordering_key LIKE 'key:%'"
+            )
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--blocked", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args()
+    secret = new_secret()
+    n, keys = args.messages, args.keys
+    with tempfile.TemporaryDirectory(prefix="poller-ordered-") as tmp_name, server_url() as admin:
+        tmp = Path(tmp_name)
+        url = fresh_database(admin, "poller_bench_ordered")
+        procs: list[Proc] = []
+        try:
+            receiver, receiver_url = start_receiver(tmp, secret, "receiver")
+            procs.append(receiver)
+            engine = sync_engine(url)
+            with engine.begin() as conn:
+                create_endpoint(
+                    conn,
+                    "bench",
+                    f"{receiver_url}/bench",
+                    secret=secret,
+                    max_in_flight=args.concurrency,
+                    allow_private=True,
+                )
+            poller = Proc(
+                ["run", "--id", "bench"],
+                clean_env(
+                    POLLER_DATABASE_URL=url,
+                    POLLER_CONCURRENCY=str(args.concurrency),
+                    POLLER_ALLOW_PRIVATE_TARGETS="true",
+                ),
+                tmp / "poller.log",
+            )
+            procs.append(poller)
+            poller.wait_for("starting")
+            time.sleep(1.0)
+
+            def free(tag: str) -> list[Message]:
+                return [Message("bench", "e.v", _payload(i), f"{tag}:{i}") for i in range(n)]
+
+            drain(engine, free("warm")[: n // 4], args.timeout)  # warm up connections
+            unordered = drain(engine, free("free"), args.timeout)
+            ordered = drain(
+                engine,
+                [
+                    Message("bench", "e.v", _payload(i), f"ord:{i}", ordering_key=f"k{i % keys}")
+                    for i in range(n)
+                ],
+                args.timeout,
+            )
+            block_keys(engine, args.blocked)
+            beside = drain(engine, free("beside"), args.timeout)
+            stats = httpx.get(f"{receiver_url}/stats").json()
+            print(
+                f"unordered drain of {n:,}: {unordered:,.0f} deliveries/s\n"
+                f"ordered drain of {n:,} over {keys:,} keys: {ordered:,.0f} deliveries/s "
+                f"({ordered / unordered:.2f} x unordered; target 0.8)\n"
+                f"unordered beside {args.blocked} blocked keys ({args.blocked * 50:,} waiting): "
+                f"{beside:,.0f} deliveries/s ({beside / unordered:.2f} x; target 0.9)\n"
+                f"receiver: {stats['ordered']:,} ordered applied, "
+                f"{stats['order_violations']} order violations",
+                flush=True,
+            )
+            if stats["order_violations"]:
+                raise SystemExit("order violations at the receiver")
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Ordered delivery: per (endpoint, ordering key), one message at a time, in order.
+
+::
+
+    enqueue(session, endpoint="shop", event_type="order.paid", payload=...,
+            idempotency_key="order:42:paid", ordering_key="order:42")
+
+**The guarantee.** For one endpoint and one ordering key, message *n+1* is not
+sent before message *n* has ended: delivered, or failed for good and then
+skipped (by the endpoint's ``on_failed_head="skip"`` or ``poller admin skip``).
+Retries with backoff, lookups, reclaims after a crash and graceful releases
+all keep the key's head the head. Messages without a key are not affected.
+
+**How.** Every key has a row in ``poller_ordering_keys``. Enqueue locks it
+(held until the application's transaction ends), gives the message the next
+position (``ordering_seq``), and inserts it ``pending`` if the key has no open
+message — it becomes the key's *head* — or ``waiting`` otherwise. Waiting rows
+are not in the claim path's index at all, so a long key costs the claim
+nothing. When a head ends, the same transaction that records the outcome
+locks the key row and hands the key to its next waiting message
+(:data:`~poller.queries.ADVANCE_KEYS`). A head that failed for good on a
+``block`` endpoint (the default) stays the head and the key is *blocked*
+until an operator retries or skips it (``poller admin blocked``).
+
+**Order** is the order in which transactions took the key: positions are
+given under the key's row lock, so two concurrent transactions on one key are
+serialised by PostgreSQL and ordered by commit. What the application must do
+is enqueue a key's events in the order they happened — usually true already,
+since they come from changes to the same row, which the application locks
+(``SELECT … FOR UPDATE`` on the order) before changing it. A transaction that
+enqueues on several keys takes their locks in the order it enqueues; pass
+them to one ``enqueue_many`` call (which sorts them) to avoid deadlocks.
+
+**Receivers** get ``webhook-ordering-key`` and ``webhook-ordering-seq`` headers:
+the position grows by one per message of the key, with gaps where a message
+was an idempotent duplicate, so a receiver can check that the positions it
+applies only grow.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from poller import queries
+from poller.errors import InvalidOrderingKey
+
+ENDED = frozenset({"delivered", "failed"})
+MAX_ORDERING_KEY_LENGTH = 255
+_ORDERING_KEY_RE = re.compile(r"[\x21-\x7e]+")  # it travels in a header: visible ASCII
+
+
+def check_ordering_key(key: object) -> str | None:
+    """None, or a key of 1 to 255 visible ASCII characters; else InvalidOrderingKey."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise InvalidOrderingKey(f"ordering_key must be a string, not {type(key).__name__}")
+    if not key:
+        raise InvalidOrderingKey("ordering_key must not be empty (leave it out for no order)")
+    if len(key) > MAX_ORDERING_KEY_LENGTH:
+        raise InvalidOrderingKey(
+            f"ordering_key is {len(key)} characters; at most {MAX_ORDERING_KEY_LENGTH} are allowed"
+        )
+    if not _ORDERING_KEY_RE.fullmatch(key):
+        raise InvalidOrderingKey(
+            "ordering_key may hold only visible ASCII characters (no spaces or control "
+            "characters): it is sent in the webhook-ordering-key header"
+        )
+    return key
+
+
+class Positions:
+    """Where each message of an enqueue batch goes in its key (pure; poller/outbox.py).
+
+    Built from LOCK_ORDERING_KEYS' rows; :meth:`place` gives each keyed message,
+    in batch order, its position and status; :meth:`finish` turns the inserted
+    rows into SET_ORDERING_KEYS' parameters.
+    """
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self._last = {(r.endpoint_id, r.ordering_key): int(r.last_seq) for r in rows}
+        self._open = {(r.endpoint_id, r.ordering_key) for r in rows if r.head_id is not None}
+        self._had_head = set(self._open)
+
+    def place(self, endpoint_id: int, key: str) -> tuple[int, str]:
+        ident = (endpoint_id, key)
+        self._last[ident] += 1
+        if ident in self._open:
+            return self._last[ident], "waiting"
+        self._open.add(ident)
+        return self._last[ident], "pending"
+
+    def finish(self, inserted: Sequence[Any]) -> dict[str, list[Any]]:
+        """SET_ORDERING_KEYS' parameters: every key's last position and, for keys that
+        had no head, the first inserted message (None when all were duplicates)."""
+        first: dict[tuple[int, str], tuple[int, int]] = {}
+        for row in inserted:
+            if row.ordering_key is None:
+                continue
+            ident = (row.endpoint_id, row.ordering_key)
+            if ident not in self._had_head and (
+                ident not in first or row.ordering_seq < first[ident][0]
+            ):
+                first[ident] = (int(row.ordering_seq), int(row.id))
+        idents = sorted(self._last)
+        return {
+            "endpoint_ids": [e for e, _ in idents],
+            "ordering_keys": [k for _, k in idents],
+            "last_seqs": [self._last[i] for i in idents],
+            "new_heads": [first[i][1] if i in first else None for i in idents],
+        }
+
+
+async def advance_keys(
+    conn: AsyncConnection, ids: Sequence[int], skipped: Sequence[int] = (), *, notify: bool = True
+) -> list[Any]:
+    """Hand on the keys whose head is one of ``ids`` (which just ended), in the caller's
+    transaction: lock the key rows first, then move (or block) them."""
+    params = {"ids": list(ids)}
+    await conn.execute(queries.LOCK_KEYS_OF_HEADS, params)
+    result = await conn.execute(
+        queries.ADVANCE_KEYS, {**params, "skipped": list(skipped), "notify": notify}
+    )
+    return list(result.all())
+
+
+def advance_keys_sync(
+    conn: Connection, ids: Sequence[int], skipped: Sequence[int] = (), *, notify: bool = True
+) -> list[Any]:
+    """:func:`advance_keys` on a sync connection (the admin commands)."""
+    params = {"ids": list(ids)}
+    conn.execute(queries.LOCK_KEYS_OF_HEADS, params)
+    result = conn.execute(
+        queries.ADVANCE_KEYS, {**params, "skipped": list(skipped), "notify": notify}
+    )
+    return list(result.all())
+
+
+# --- operators (poller admin blocked / skip / retry) -------------------------------
+
+
+def blocked_keys(
+    conn: Connection, *, endpoint: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Blocked keys, longest blocked first: endpoint, key, head message, its last error,
+    how many messages wait behind it, and since when."""
+    rows = conn.execute(queries.BLOCKED_KEYS, {"endpoint": endpoint, "limit": limit})
+    return [dict(row._mapping) for row in rows]
+
+
+def requeue_keyed(conn: Connection, ids: Sequence[int]) -> None:
+    """Retried ordered messages back in line (REQUEUE_KEYED), in the retry's transaction."""
+    if ids:
+        conn.execute(queries.LOCK_KEYS_OF_MESSAGES, {"ids": list(ids)})
+        conn.execute(queries.REQUEUE_KEYED, {"ids": list(ids)})
+
+
+def skip_messages(conn: Connection, ids: Sequence[int], *, who: str) -> list[int]:
+    """End these ordered messages as failed (skipped by ``who``) and move their keys on.
+
+    Only messages with an ordering key that are not in flight are skipped; the
+    ids skipped are returned.
+    """
+    skipped = [
+        row.id for row in conn.execute(queries.SKIP_MESSAGES, {"ids": list(ids), "who": who})
+    ]
+    if skipped:
+        advance_keys_sync(conn, skipped, skipped)
+    return skipped

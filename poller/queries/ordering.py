@@ -1,0 +1,260 @@
+"""Statements of ordered delivery (poller/ordering.py): key locks, positions, heads.
+
+Every change to a key goes through its ``poller_ordering_keys`` row, locked
+first and in a statement of its own: the statement that then reads the key's
+messages starts after the lock was granted, so it sees every message a
+transaction that held the lock before committed (READ COMMITTED takes a
+snapshot per statement). Locks are taken in (endpoint_id, ordering_key) order,
+after any outbox row the same transaction locks, so two writers never wait on
+each other in a circle.
+"""
+
+from __future__ import annotations
+
+from poller.queries._registry import statement as _statement
+from poller.schema import NOTIFY_CHANNEL
+
+# Enqueue, step 1: create or lock the rows of these keys (sorted, distinct) and
+# read where each stands. Held until the application's transaction ends, so two
+# transactions enqueueing on one key take positions in the order they commit.
+LOCK_ORDERING_KEYS = _statement(
+    "LOCK_ORDERING_KEYS",
+    """
+    INSERT INTO poller_ordering_keys AS k (endpoint_id, ordering_key)
+    SELECT DISTINCT m.endpoint_id, m.ordering_key
+    FROM unnest(CAST(:endpoint_ids AS bigint[]), CAST(:ordering_keys AS text[]))
+        AS m(endpoint_id, ordering_key)
+    ORDER BY 1, 2
+    ON CONFLICT (endpoint_id, ordering_key) DO UPDATE SET updated_at = now()
+    RETURNING k.endpoint_id, k.ordering_key, k.last_seq, k.head_id
+    """,
+)
+
+# Enqueue, step 3 (after the insert): record the last position given and, for
+# a key that had no open message, its new head — made pending here if the
+# message meant to be the head was an idempotent duplicate and not inserted.
+SET_ORDERING_KEYS = _statement(
+    "SET_ORDERING_KEYS",
+    """
+    WITH m AS (
+        SELECT * FROM unnest(
+            CAST(:endpoint_ids AS bigint[]), CAST(:ordering_keys AS text[]),
+            CAST(:last_seqs AS bigint[]), CAST(:new_heads AS bigint[])
+        ) AS m(endpoint_id, ordering_key, last_seq, new_head)
+    ), promoted AS (
+        UPDATE poller_outbox o SET status = 'pending', updated_at = now()
+        FROM m WHERE o.id = m.new_head AND o.status = 'waiting'
+        RETURNING o.id
+    )
+    UPDATE poller_ordering_keys k
+    SET last_seq = greatest(k.last_seq, m.last_seq),
+        head_id = coalesce(k.head_id, m.new_head),
+        updated_at = now()
+    FROM m
+    WHERE k.endpoint_id = m.endpoint_id AND k.ordering_key = m.ordering_key
+    RETURNING k.head_id
+    """,
+)
+
+# Completion, reclaim, admin: lock the key rows whose head is one of these
+# messages (run before ADVANCE_KEYS, in the same transaction).
+LOCK_KEYS_OF_HEADS = _statement(
+    "LOCK_KEYS_OF_HEADS",
+    """
+    SELECT k.endpoint_id, k.ordering_key
+    FROM poller_ordering_keys k
+    WHERE k.head_id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY k.endpoint_id, k.ordering_key
+    FOR UPDATE
+    """,
+)
+
+# These heads ended. A delivered head — or a failed one on a ``skip`` endpoint,
+# or one an operator skipped — hands the key to its next waiting message (by
+# position), which becomes pending; with none waiting, the key has no head and
+# the next enqueue starts pending. A failed head on a ``block`` endpoint stays
+# the head and marks the key blocked. Rows that are not the head of their key
+# change nothing, so running this twice is harmless. Pollers of the promoted
+# rows' buckets are woken when the transaction commits.
+ADVANCE_KEYS = _statement(
+    "ADVANCE_KEYS",
+    f"""
+    WITH ended AS (
+        SELECT k.endpoint_id, k.ordering_key, o.id,
+               (o.status = 'delivered' OR e.on_failed_head = 'skip'
+                OR o.id = ANY(CAST(:skipped AS bigint[]))) AS moves_on
+        FROM poller_ordering_keys k
+        JOIN poller_outbox o ON o.id = k.head_id
+        JOIN poller_endpoints e ON e.id = k.endpoint_id
+        WHERE k.head_id = ANY(CAST(:ids AS bigint[]))
+          AND o.status IN ('delivered', 'failed')
+    ), successor AS (
+        SELECT ended.endpoint_id, ended.ordering_key, ended.id AS ended_id, nxt.id AS next_id
+        FROM ended
+        LEFT JOIN LATERAL (
+            SELECT w.id FROM poller_outbox w
+            WHERE w.endpoint_id = ended.endpoint_id AND w.ordering_key = ended.ordering_key
+              AND w.status = 'waiting'
+            ORDER BY w.ordering_seq
+            LIMIT 1
+        ) AS nxt ON true
+        WHERE ended.moves_on
+    ), promoted AS (
+        UPDATE poller_outbox o SET status = 'pending', updated_at = now()
+        FROM successor s WHERE o.id = s.next_id
+        RETURNING o.id, o.bucket
+    ), moved AS (
+        UPDATE poller_ordering_keys k
+        SET head_id = s.next_id, blocked_since = NULL, updated_at = now()
+        FROM successor s
+        WHERE k.endpoint_id = s.endpoint_id AND k.ordering_key = s.ordering_key
+          AND k.head_id = s.ended_id
+        RETURNING k.ordering_key
+    ), blocked AS (
+        UPDATE poller_ordering_keys k
+        SET blocked_since = coalesce(k.blocked_since, now()), updated_at = now()
+        FROM ended
+        WHERE NOT ended.moves_on
+          AND k.endpoint_id = ended.endpoint_id AND k.ordering_key = ended.ordering_key
+        RETURNING k.ordering_key
+    )
+    SELECT 'promoted' AS what, p.bucket,
+           CASE WHEN CAST(:notify AS boolean)
+                THEN pg_notify('{NOTIFY_CHANNEL}', CAST(p.bucket AS text)) END AS woke
+    FROM (SELECT DISTINCT bucket FROM promoted) AS p
+    UNION ALL SELECT 'blocked', NULL, NULL FROM blocked
+    """,
+)
+
+# Blocked keys for operators: the failed head, its last error, how many wait
+# behind it and since when, oldest first.
+BLOCKED_KEYS = _statement(
+    "BLOCKED_KEYS",
+    """
+    SELECT e.name AS endpoint, k.ordering_key, k.head_id, k.blocked_since,
+           o.event_type, o.idempotency_key, o.attempts, o.last_status_code, o.last_error,
+           (SELECT count(*) FROM poller_outbox w
+            WHERE w.endpoint_id = k.endpoint_id AND w.ordering_key = k.ordering_key
+              AND w.status = 'waiting') AS waiting
+    FROM poller_ordering_keys k
+    JOIN poller_endpoints e ON e.id = k.endpoint_id
+    JOIN poller_outbox o ON o.id = k.head_id
+    WHERE k.blocked_since IS NOT NULL
+      AND (CAST(:endpoint AS text) IS NULL OR e.name = CAST(:endpoint AS text))
+    ORDER BY k.blocked_since, e.name, k.ordering_key
+    LIMIT :limit
+    """,
+)
+
+# Gauges: blocked keys, the longest a key has been blocked, and messages waiting
+# behind heads, per endpoint (waiting rows from their own partial index).
+GAUGE_ORDERING = _statement(
+    "GAUGE_ORDERING",
+    """
+    SELECT e.name,
+           (SELECT count(*) FROM poller_ordering_keys k
+            WHERE k.endpoint_id = e.id AND k.blocked_since IS NOT NULL) AS blocked,
+           (SELECT coalesce(extract(epoch FROM now() - min(k.blocked_since)), 0)
+            FROM poller_ordering_keys k
+            WHERE k.endpoint_id = e.id AND k.blocked_since IS NOT NULL) AS blocked_seconds,
+           (SELECT count(*) FROM poller_outbox w
+            WHERE w.endpoint_id = e.id AND w.status = 'waiting') AS waiting
+    FROM poller_endpoints e
+    """,
+)
+
+# Keys with no open message and no change for :age seconds are forgotten (the
+# next message on such a key starts again at position 1).
+PURGE_IDLE_KEYS = _statement(
+    "PURGE_IDLE_KEYS",
+    """
+    WITH gone AS (
+        DELETE FROM poller_ordering_keys WHERE (endpoint_id, ordering_key) IN (
+            SELECT endpoint_id, ordering_key FROM poller_ordering_keys
+            WHERE head_id IS NULL
+              AND updated_at < now() - make_interval(secs => CAST(:age AS double precision))
+            ORDER BY updated_at LIMIT :limit
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING 1
+    )
+    SELECT count(*) AS purged FROM gone
+    """,
+)
+
+# Admin retry, step 1: lock the keys of these messages (the messages themselves
+# were locked by the retry's UPDATE just before, in the same transaction).
+LOCK_KEYS_OF_MESSAGES = _statement(
+    "LOCK_KEYS_OF_MESSAGES",
+    """
+    SELECT k.endpoint_id, k.ordering_key
+    FROM poller_ordering_keys k
+    JOIN poller_outbox o ON o.endpoint_id = k.endpoint_id AND o.ordering_key = k.ordering_key
+    WHERE o.id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY k.endpoint_id, k.ordering_key
+    FOR UPDATE OF k
+    """,
+)
+
+# Admin retry, step 2: put retried ordered messages back in line. A key's head
+# stays pending and its key is unblocked; on a key with no open message, the
+# retried message of lowest position becomes the head; any other retried
+# message waits (it goes next, having the lowest position), so a key never has
+# two messages in flight.
+REQUEUE_KEYED = _statement(
+    "REQUEUE_KEYED",
+    """
+    WITH r AS (
+        SELECT o.id, o.endpoint_id, o.ordering_key, o.ordering_seq, k.head_id
+        FROM poller_outbox o
+        JOIN poller_ordering_keys k
+          ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key
+        WHERE o.id = ANY(CAST(:ids AS bigint[]))
+    ), new_head AS (
+        SELECT DISTINCT ON (endpoint_id, ordering_key) id, endpoint_id, ordering_key
+        FROM r WHERE head_id IS NULL
+        ORDER BY endpoint_id, ordering_key, ordering_seq
+    ), headed AS (
+        UPDATE poller_ordering_keys k
+        SET head_id = n.id, blocked_since = NULL, updated_at = now()
+        FROM new_head n
+        WHERE k.endpoint_id = n.endpoint_id AND k.ordering_key = n.ordering_key
+          AND k.head_id IS NULL
+        RETURNING k.head_id
+    ), unblocked AS (
+        UPDATE poller_ordering_keys k
+        SET blocked_since = NULL, updated_at = now()
+        FROM r
+        WHERE k.head_id = r.id AND r.head_id = r.id AND k.blocked_since IS NOT NULL
+        RETURNING k.head_id
+    ), queued AS (
+        UPDATE poller_outbox o SET status = 'waiting'
+        FROM r
+        WHERE o.id = r.id AND r.head_id IS DISTINCT FROM r.id
+          AND NOT EXISTS (SELECT 1 FROM new_head n WHERE n.id = r.id)
+        RETURNING o.id
+    )
+    SELECT (SELECT count(*) FROM headed) + (SELECT count(*) FROM unblocked) AS resumed,
+           (SELECT count(*) FROM queued) AS queued
+    """,
+)
+
+# Admin skip: ordered messages not in flight end as failed, by an operator's
+# decision, recorded as a manual attempt; ADVANCE_KEYS then moves their keys on.
+SKIP_MESSAGES = _statement(
+    "SKIP_MESSAGES",
+    """
+    WITH skipped AS (
+        UPDATE poller_outbox o
+        SET status = 'failed', failed_at = now(), claim_expires_at = NULL,
+            last_error = 'skipped by ' || CAST(:who AS text), updated_at = now()
+        WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.ordering_key IS NOT NULL
+          AND o.status IN ('pending', 'waiting', 'failed')
+        RETURNING o.id, o.attempts
+    ), recorded AS (
+        INSERT INTO poller_delivery_attempts (message_id, attempt, kind, poller_id, outcome)
+        SELECT id, attempts, 'manual', CAST(:who AS text), 'manual_skip' FROM skipped
+    )
+    SELECT id FROM skipped
+    """,
+)

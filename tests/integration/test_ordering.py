@@ -1,0 +1,310 @@
+"""Ordered delivery (poller/ordering.py): positions, heads, hand-over, blocking, skipping,
+and the race between an enqueue and a head ending."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session
+
+from poller import Message, claims, enqueue, enqueue_many
+from poller.admin import retry_messages
+from poller.claims import Claims
+from poller.ordering import InvalidOrderingKey, blocked_keys, skip_messages
+from poller.receiver import Receiver
+from tests.conftest import make_endpoint
+from tests.integration.helpers import wait_for
+
+
+def put(engine: Engine, key: str | None, n: int, *, endpoint: str = "billing", start: int = 0):  # type: ignore[no-untyped-def]
+    with Session(engine) as session, session.begin():
+        return enqueue_many(
+            session,
+            [
+                Message(endpoint, "order.changed", {"n": i}, f"{key}:{i}", ordering_key=key)
+                for i in range(start, start + n)
+            ],
+        )
+
+
+def states(engine: Engine) -> dict[int, tuple[str, int | None]]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, status, ordering_seq FROM poller_outbox"))
+        return {r.id: (r.status, r.ordering_seq) for r in rows}
+
+
+def key_row(engine: Engine, key: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT * FROM poller_ordering_keys WHERE ordering_key = :k"), {"k": key}
+        ).one()
+
+
+def _lock_waits(engine: Engine) -> bool:
+    """A session of this database waits on a lock."""
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            ).scalar_one()
+        )
+
+
+@pytest.fixture
+def claimer(aengine: AsyncEngine) -> Claims:
+    return Claims(aengine, poller_id="p1", claim_lease=30)
+
+
+@pytest.mark.parametrize("bad", ["", " ", "a b", "é", "x" * 256, 42, "line\n"])
+def test_bad_ordering_keys_are_refused(engine: Engine, endpoint: Any, bad: Any) -> None:
+    with pytest.raises(InvalidOrderingKey), Session(engine) as session:
+        enqueue(
+            session,
+            endpoint="billing",
+            event_type="a.b",
+            payload={},
+            idempotency_key="k",
+            ordering_key=bad,
+        )
+
+
+def test_only_the_head_of_a_key_is_pending(engine: Engine, endpoint: Any) -> None:
+    a = put(engine, "order:1", 3)
+    b = put(engine, "order:2", 2)
+    free = put(engine, None, 2)
+    found = states(engine)
+    assert [found[i] for i in a] == [("pending", 1), ("waiting", 2), ("waiting", 3)]
+    assert [found[i] for i in b] == [("pending", 1), ("waiting", 2)]
+    assert [found[i] for i in free] == [("pending", None)] * 2
+    assert key_row(engine, "order:1").head_id == a[0]
+    later = put(engine, "order:1", 1, start=3)  # a later transaction: behind the head
+    assert states(engine)[later[0]] == ("waiting", 4)
+
+
+def test_a_duplicate_head_hands_the_key_to_the_first_new_message(
+    engine: Engine, endpoint: Any
+) -> None:
+    (first,) = put(engine, "k", 1)
+    with engine.begin() as conn:  # the head ends and the key is idle
+        conn.execute(text("UPDATE poller_outbox SET status = 'delivered'"))
+        conn.execute(text("UPDATE poller_ordering_keys SET head_id = NULL"))
+    again = put(engine, "k", 3)  # k:0 is an idempotent replay: not inserted
+    assert again[0] == first
+    found = states(engine)
+    assert [found[i] for i in again[1:]] == [("pending", 3), ("waiting", 4)]
+    assert key_row(engine, "k").head_id == again[1]
+
+
+async def _deliver_all(claimer: Claims, outcome: Any = claims.delivered) -> list[int]:
+    batch = await claimer.claim_batch(limit=100)
+    await claimer.complete([outcome(m) for m in batch])
+    return [m.id for m in batch]
+
+
+async def test_a_delivered_head_hands_the_key_on_in_order(
+    engine: Engine, endpoint: Any, claimer: Claims
+) -> None:
+    a = put(engine, "a", 3)
+    b = put(engine, "b", 2)
+    seen = []
+    for _ in range(4):
+        seen.append(sorted(await _deliver_all(claimer)))
+    assert seen == [[a[0], b[0]], [a[1], b[1]], [a[2]], []]
+    assert key_row(engine, "a").head_id is None
+    (tail,) = put(engine, "a", 1, start=3)
+    assert states(engine)[tail] == ("pending", 4)  # an idle key starts pending
+
+
+async def test_retries_keep_the_head_and_a_failed_head_blocks_its_key(
+    engine: Engine, claimer: Claims
+) -> None:
+    make_endpoint(engine, "billing", max_attempts=2)
+    a = put(engine, "a", 3)
+    free = put(engine, None, 1)
+    assert sorted(await _deliver_all(claimer, lambda m: claims.retry(m, 0))) == [a[0], free[0]]
+    assert states(engine)[a[1]][0] == "waiting"  # a retry is not an end
+    last = await _deliver_all(claimer, lambda m: claims.retry(m, 0))  # the last attempt
+    assert sorted(last) == [a[0], free[0]]
+    assert states(engine)[a[0]][0] == "failed"
+    assert await claimer.claim_batch(limit=100) == []  # blocked: nothing else of "a"
+    with engine.connect() as conn:
+        (blocked,) = blocked_keys(conn)
+    assert (blocked["ordering_key"], blocked["head_id"], blocked["waiting"]) == ("a", a[0], 2)
+
+    assert retry_messages(engine, [a[0]], who="ops") == 1  # resumes the key
+    assert key_row(engine, "a").blocked_since is None
+    assert await _deliver_all(claimer) == [a[0]]
+    assert await _deliver_all(claimer) == [a[1]]
+
+
+async def test_skip_moves_a_blocked_key_on_and_skip_endpoints_do_it_themselves(
+    engine: Engine, claimer: Claims
+) -> None:
+    make_endpoint(engine, "billing", max_attempts=1)
+    make_endpoint(engine, "lenient", max_attempts=1, on_failed_head="skip")
+    a = put(engine, "a", 2)
+    s = put(engine, "s", 2, endpoint="lenient")
+    await _deliver_all(claimer, claims.failed)
+    found = states(engine)
+    assert (found[a[1]][0], found[s[1]][0]) == ("waiting", "pending")
+    with engine.begin() as conn:
+        assert skip_messages(conn, [a[0], 999_999], who="ops") == [a[0]]
+    assert states(engine)[a[1]][0] == "pending"
+    with engine.connect() as conn:
+        assert blocked_keys(conn) == []
+
+
+async def test_a_reclaimed_head_that_ran_out_of_attempts_ends_its_turn(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    make_endpoint(engine, "billing", max_attempts=1, on_failed_head="skip")
+    a = put(engine, "a", 2)
+    short = Claims(aengine, poller_id="dead", claim_lease=0.05)
+    assert [m.id for m in await short.claim_batch(limit=10)] == [a[0]]
+
+    async def reclaimed() -> bool:
+        return bool((await short.reclaim_expired()).failed)
+
+    await wait_for(reclaimed, timeout=5)
+    assert states(engine)[a[1]][0] == "pending"
+
+
+def test_purge_keeps_the_failed_head_of_a_blocked_key(engine: Engine, endpoint: Any) -> None:
+    from poller import queries
+
+    a = put(engine, "a", 2)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET status = 'failed', failed_at = now() - interval '1 day'"
+                " WHERE id = :id"
+            ),
+            {"id": a[0]},
+        )
+        assert conn.execute(queries.PURGE_FAILED, {"age": 60, "limit": 100}).scalar_one() == 0
+
+
+async def test_an_enqueue_racing_the_head_ending_is_never_stranded(
+    engine: Engine, endpoint: Any, claimer: Claims
+) -> None:
+    """The enqueue holds the key's lock when the head ends: the completion waits for it,
+    and then sees the new message and hands the key to it."""
+    (head,) = put(engine, "a", 1)
+    (claimed,) = await claimer.claim_batch(limit=1)
+    assert claimed.id == head
+    session = Session(engine)
+    session.begin()
+    (tail,) = enqueue_many(session, [Message("billing", "e.v", {}, "a:1", ordering_key="a")])
+    assert states(engine).get(tail) is None  # not committed yet
+    completing = asyncio.ensure_future(claimer.complete([claims.delivered(claimed)]))
+
+    async def blocked() -> bool:
+        return await asyncio.to_thread(_lock_waits, engine)
+
+    await wait_for(blocked, timeout=10)
+    committer = threading.Thread(target=session.commit)
+    committer.start()
+    await completing
+    committer.join()
+    session.close()
+    assert states(engine)[tail] == ("pending", 2)
+    assert key_row(engine, "a").head_id == tail
+
+
+def test_the_reference_receiver_counts_order_violations() -> None:
+    receiver = Receiver()
+
+    def apply(key: str, seq: bytes) -> None:
+        headers = {b"webhook-ordering-key": b"k", b"webhook-ordering-seq": seq}
+        receiver._apply(key, b"{}", 0.0, headers)
+
+    apply("1", b"1")
+    apply("3", b"3")
+    apply("1", b"1")  # a duplicate: not applied again, not a violation
+    apply("2", b"2")  # applied after 3: a violation
+    assert (receiver.stats.ordered, receiver.stats.order_violations) == (3, 1)
+
+
+def test_enqueue_on_a_key_waits_for_the_transaction_holding_it(
+    engine: Engine, endpoint: Any
+) -> None:
+    """Positions follow commit order: a second transaction on the key waits for the first."""
+    first = Session(engine)
+    first.begin()
+    enqueue_many(first, [Message("billing", "e.v", {}, "a:0", ordering_key="a")])
+    done = threading.Event()
+
+    def second() -> None:
+        put(engine, "a", 1, start=1)
+        done.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not _lock_waits(engine):  # the second waits on the first's key lock
+        assert time.monotonic() < deadline and not done.is_set()
+        time.sleep(0.01)
+    assert not done.is_set()
+    first.commit()
+    first.close()
+    thread.join(10)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT idempotency_key, ordering_seq, status FROM poller_outbox ORDER BY 2")
+        ).all()
+    assert [tuple(r) for r in rows] == [("a:0", 1, "pending"), ("a:1", 2, "waiting")]
+
+
+async def test_four_pollers_keep_every_key_in_order_through_failures_and_drops(
+    engine: Engine, db_url: str
+) -> None:
+    """50 keys x 20 messages, interleaved with unordered traffic; the receiver fails 10 %
+    and drops 2 % after applying (outcome unknown: lookups). Counted at the receiver."""
+    import contextlib
+    import random
+
+    from poller.receiver import Faults
+    from tests.integration.service_helpers import (
+        counts,
+        fast_settings,
+        running_poller,
+        running_receiver,
+    )
+
+    faults = Faults(fail_rate=0.1, drop_after_process_rate=0.02, rng=random.Random(7))
+    async with running_receiver(faults) as (receiver, url):
+        make_endpoint(
+            engine,
+            "billing",
+            url=f"{url}/hook",
+            lookup_url=f"{url}/webhooks/{{idempotency_key}}",
+            max_attempts=50,
+        )
+        order = [(f"order:{k}", i) for i in range(20) for k in range(50)]
+        with Session(engine) as session, session.begin():
+            enqueue_many(
+                session,
+                [Message("billing", "o.c", {"i": i}, f"{k}:{i}", ordering_key=k) for k, i in order]
+                + [Message("billing", "free", {"i": i}, f"free:{i}") for i in range(200)],
+            )
+        settings = fast_settings(retry_schedule=[0.01, 0.05])
+        async with contextlib.AsyncExitStack() as stack:
+            for n in range(4):
+                await stack.enter_async_context(running_poller(db_url, settings, f"p{n}"))
+
+            async def settled() -> bool:
+                return counts(engine).get("delivered", 0) == 1200
+
+            await wait_for(settled, timeout=90, interval=0.1)
+    assert receiver.stats.applied == 1200 and receiver.stats.ordered == 1000
+    assert receiver.stats.order_violations == 0
+    assert receiver.stats.failed_injected > 0 and receiver.stats.dropped_injected > 0
