@@ -49,18 +49,17 @@ _WAITING = text("""
     WITH rows AS (
         INSERT INTO poller_outbox
             (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts,
-             next_attempt_at, status, ordering_key, ordering_seq)
+             next_attempt_at, status, ordering_key)
         SELECT :endpoint_id, :bucket, 'ordered.event', json_build_object('n', g),
                'ordered:' || g, 10, now() - interval '1 second',
                CASE WHEN g <= :keys THEN 'pending' ELSE 'waiting' END,
-               'key:' || ((g - 1) % :keys), (g - 1) / :keys + 1
+               'key:' || ((g - 1) % :keys)
         FROM generate_series(1, :rows) AS g
-        RETURNING id, ordering_key, ordering_seq
+        ORDER BY g
+        RETURNING id, ordering_key
     )
-    INSERT INTO poller_ordering_keys (endpoint_id, ordering_key, last_seq, head_id)
-    SELECT :endpoint_id, ordering_key, max(ordering_seq),
-           min(id) FILTER (WHERE ordering_seq = 1)
-    FROM rows GROUP BY ordering_key
+    INSERT INTO poller_ordering_keys (endpoint_id, ordering_key, head_id)
+    SELECT :endpoint_id, ordering_key, min(id) FROM rows GROUP BY ordering_key
 """)
 
 

@@ -265,7 +265,7 @@ def out_of_order(rows: dict[str, Any], receiver: HostileReceiver) -> list[str]:
         if r.ordering_key is not None and r.status == "delivered":
             by_key.setdefault(r.ordering_key, []).append(r)
     for messages in by_key.values():
-        messages.sort(key=lambda r: r.ordering_seq)
+        messages.sort(key=lambda r: r.id)  # the id is the position
         arrivals = [receiver.first_arrival.get(r.idempotency_key, -1) for r in messages]
         pairs = zip(messages, messages[1:], arrivals, arrivals[1:], strict=False)
         wrong += [
@@ -284,7 +284,7 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
             for r in conn.execute(
                 text(
                     "SELECT id, idempotency_key, status, attempts, max_attempts, refunds, "
-                    "ordering_key, ordering_seq FROM poller_outbox"
+                    "ordering_key FROM poller_outbox"
                 )
             )
         }

@@ -263,9 +263,18 @@ def retry_messages(engine: Engine, ids: list[int], *, who: str | None = None) ->
                     claim_expires_at=None,
                     updated_at=func.now(),
                 )
-                .returning(outbox.c.id, outbox.c.attempts, outbox.c.bucket, outbox.c.ordering_key)
+                .returning(
+                    outbox.c.id,
+                    outbox.c.attempts,
+                    outbox.c.bucket,
+                    outbox.c.endpoint_id,
+                    outbox.c.ordering_key,
+                )
             ).all()
-            requeue_keyed(conn, [r.id for r in changed if r.ordering_key is not None])
+            requeue_keyed(
+                conn,
+                [(r.id, r.endpoint_id, r.ordering_key) for r in changed if r.ordering_key],
+            )
             if changed:
                 conn.execute(
                     pg_insert(delivery_attempts),

@@ -61,8 +61,7 @@ class ClaimedMessage:
     created_at: datetime
     endpoint_updated_at: datetime  # a newer one than the poller's cached endpoint: reload it
     refunds: int = 0  # attempts handed back by graceful shutdowns so far
-    ordering_key: str | None = None  # ordered delivery: the key, and the position in it
-    ordering_seq: int | None = None
+    ordering_key: str | None = None  # ordered delivery: the key (the id is the position)
 
     @property
     def last_attempt(self) -> bool:
@@ -227,6 +226,7 @@ class ClaimBatch:
 class CompletionResult:
     applied: list[int] = field(default_factory=list)
     stale: list[int] = field(default_factory=list)
+    promoted: int = 0  # buckets where an ordered message became its key's head (now due)
 
 
 @dataclass(slots=True)
@@ -406,12 +406,17 @@ class Claims:
         async with self.engine.begin() as conn:
             rows = (await conn.execute(queries.COMPLETE_BATCH, params)).all()
             ended = [r.id for r in rows if r.ordering_key is not None and r.status in ENDED]
-            if ended:
-                await advance_keys(conn, ended)
+            promoted = 0
+            if ended:  # COMPLETE_BATCH locked their keys' rows
+                # No NOTIFY: a key's next message is in the same bucket, so this poller
+                # claims it — the caller wakes its own claimer (``promoted``).
+                moved = await advance_keys(conn, ended, locked=True, notify=False)
+                promoted = sum(1 for row in moved if row.what == "promoted")
         applied = {row.id for row in rows}
         result = CompletionResult(
             applied=[o.message_id for o in outcomes if o.message_id in applied],
             stale=[o.message_id for o in outcomes if o.message_id not in applied],
+            promoted=promoted,
         )
         self.stale_completions += len(result.stale)
         return result

@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
@@ -40,9 +40,16 @@ LINGER = 0.005  # let a burst of outcomes gather into one statement
 
 
 class Completer:
-    def __init__(self, claims: Claims, *, batch_limit: int = 100) -> None:
+    def __init__(
+        self,
+        claims: Claims,
+        *,
+        batch_limit: int = 100,
+        on_promoted: Callable[[], None] = lambda: None,
+    ) -> None:
         self.claims = claims
         self.batch_limit = batch_limit
+        self.on_promoted = on_promoted  # ordered messages became due: claim them
         self.held: dict[int, int] = {}  # message id -> claim token
         # message id -> monotonic time until which its lease surely holds (claim or last
         # heartbeat, plus the lease, minus a margin for the claim's round trip)
@@ -135,6 +142,8 @@ class Completer:
                 raise
             result = await self._write_apart(batch, exc)
         self._unhold(batch)
+        if result.promoted:
+            self.on_promoted()
         if result.stale:
             metrics.STALE_COMPLETIONS.inc(len(result.stale))
             log.warning(

@@ -125,7 +125,6 @@ class Purger:
             (queries.PURGE_DELIVERED, delivered_age),
             (queries.PURGE_FAILED, failed_age),
             (queries.PURGE_SPENT_KEYS, keys_age),
-            (queries.PURGE_IDLE_KEYS, keys_age),  # ordering keys with nothing open
         )
         self.purged = 0
 

@@ -11,16 +11,21 @@ skipped (by the endpoint's ``on_failed_head="skip"`` or ``poller admin skip``).
 Retries with backoff, lookups, reclaims after a crash and graceful releases
 all keep the key's head the head. Messages without a key are not affected.
 
-**How.** Every key has a row in ``poller_ordering_keys``. Enqueue locks it
-(held until the application's transaction ends), gives the message the next
-position (``ordering_seq``), and inserts it ``pending`` if the key has no open
-message — it becomes the key's *head* — or ``waiting`` otherwise. Waiting rows
-are not in the claim path's index at all, so a long key costs the claim
-nothing. When a head ends, the same transaction that records the outcome
-locks the key row and hands the key to its next waiting message
-(:data:`~poller.queries.ADVANCE_KEYS`). A head that failed for good on a
-``block`` endpoint (the default) stays the head and the key is *blocked*
-until an operator retries or skips it (``poller admin blocked``).
+**How.** A key with an open message has a row in ``poller_ordering_keys``.
+Enqueue locks (or creates) it — held until the application's transaction
+ends — and inserts the message ``pending`` if the key has no open message, so
+it becomes the key's *head*, or ``waiting`` otherwise. Waiting rows are not in
+the claim path's index at all, so a long key costs the claim nothing. When a
+head ends, the transaction that records the outcome locks the key's row and
+hands the key to its next waiting message (:data:`~poller.queries.ADVANCE_KEYS`),
+or deletes the row when none waits: the table holds live keys only. A head
+that failed for good on a ``block`` endpoint (the default) stays the head and
+the key is *blocked* until an operator retries or skips it
+(``poller admin blocked``).
+
+**Positions.** A key's messages are inserted while its row is locked, so
+their ids grow in the order the transactions took the key: the message id is
+its position. The next message is the waiting one with the lowest id.
 
 **Order** is the order in which transactions took the key: positions are
 given under the key's row lock, so two concurrent transactions on one key are
@@ -31,10 +36,9 @@ since they come from changes to the same row, which the application locks
 enqueues on several keys takes their locks in the order it enqueues; pass
 them to one ``enqueue_many`` call (which sorts them) to avoid deadlocks.
 
-**Receivers** get ``webhook-ordering-key`` and ``webhook-ordering-seq`` headers:
-the position grows by one per message of the key, with gaps where a message
-was an idempotent duplicate, so a receiver can check that the positions it
-applies only grow.
+**Receivers** get ``webhook-ordering-key`` and ``webhook-ordering-seq`` (the
+position: the message id, growing within a key but not by one), so a
+receiver can check that the positions it applies for a key only grow.
 """
 
 from __future__ import annotations
@@ -78,51 +82,54 @@ class Positions:
     """Where each message of an enqueue batch goes in its key (pure; poller/outbox.py).
 
     Built from LOCK_ORDERING_KEYS' rows; :meth:`place` gives each keyed message,
-    in batch order, its position and status; :meth:`finish` turns the inserted
-    rows into SET_ORDERING_KEYS' parameters.
+    in batch order, its status — pending for the first message of a key with no
+    open message, waiting otherwise; :meth:`finish` turns the inserted rows into
+    SET_ORDERING_HEADS' parameters, or None when every key had a head already.
     """
 
     def __init__(self, rows: Sequence[Any]) -> None:
-        self._last = {(r.endpoint_id, r.ordering_key): int(r.last_seq) for r in rows}
-        self._open = {(r.endpoint_id, r.ordering_key) for r in rows if r.head_id is not None}
-        self._had_head = set(self._open)
+        self._headless = {(r.endpoint_id, r.ordering_key) for r in rows if r.head_id is None}
+        self._placed: set[tuple[int, str]] = set()
 
-    def place(self, endpoint_id: int, key: str) -> tuple[int, str]:
+    def place(self, endpoint_id: int, key: str) -> str:
         ident = (endpoint_id, key)
-        self._last[ident] += 1
-        if ident in self._open:
-            return self._last[ident], "waiting"
-        self._open.add(ident)
-        return self._last[ident], "pending"
+        if ident not in self._headless or ident in self._placed:
+            return "waiting"
+        self._placed.add(ident)
+        return "pending"
 
-    def finish(self, inserted: Sequence[Any]) -> dict[str, list[Any]]:
-        """SET_ORDERING_KEYS' parameters: every key's last position and, for keys that
-        had no head, the first inserted message (None when all were duplicates)."""
-        first: dict[tuple[int, str], tuple[int, int]] = {}
+    def finish(self, inserted: Sequence[Any]) -> dict[str, list[Any]] | None:
+        """For each key that had no head: the first message inserted (the lowest id), or
+        None when all its messages were idempotent duplicates."""
+        if not self._headless:
+            return None
+        first: dict[tuple[int, str], int] = {}
         for row in inserted:
-            if row.ordering_key is None:
-                continue
             ident = (row.endpoint_id, row.ordering_key)
-            if ident not in self._had_head and (
-                ident not in first or row.ordering_seq < first[ident][0]
-            ):
-                first[ident] = (int(row.ordering_seq), int(row.id))
-        idents = sorted(self._last)
+            if ident in self._headless and (ident not in first or row.id < first[ident]):
+                first[ident] = int(row.id)
+        idents = sorted(self._headless)
         return {
             "endpoint_ids": [e for e, _ in idents],
             "ordering_keys": [k for _, k in idents],
-            "last_seqs": [self._last[i] for i in idents],
-            "new_heads": [first[i][1] if i in first else None for i in idents],
+            "new_heads": [first.get(i) for i in idents],
         }
 
 
 async def advance_keys(
-    conn: AsyncConnection, ids: Sequence[int], skipped: Sequence[int] = (), *, notify: bool = True
+    conn: AsyncConnection,
+    ids: Sequence[int],
+    skipped: Sequence[int] = (),
+    *,
+    notify: bool = True,
+    locked: bool = False,
 ) -> list[Any]:
     """Hand on the keys whose head is one of ``ids`` (which just ended), in the caller's
-    transaction: lock the key rows first, then move (or block) them."""
+    transaction: lock the key rows first (unless an earlier statement of the
+    transaction did: ``locked``), then move (or block) them."""
     params = {"ids": list(ids)}
-    await conn.execute(queries.LOCK_KEYS_OF_HEADS, params)
+    if not locked:
+        await conn.execute(queries.LOCK_KEYS_OF_HEADS, params)
     result = await conn.execute(
         queries.ADVANCE_KEYS, {**params, "skipped": list(skipped), "notify": notify}
     )
@@ -153,11 +160,18 @@ def blocked_keys(
     return [dict(row._mapping) for row in rows]
 
 
-def requeue_keyed(conn: Connection, ids: Sequence[int]) -> None:
-    """Retried ordered messages back in line (REQUEUE_KEYED), in the retry's transaction."""
-    if ids:
-        conn.execute(queries.LOCK_KEYS_OF_MESSAGES, {"ids": list(ids)})
-        conn.execute(queries.REQUEUE_KEYED, {"ids": list(ids)})
+def requeue_keyed(conn: Connection, messages: Sequence[tuple[int, int, str]]) -> None:
+    """Retried ordered messages ((id, endpoint_id, ordering_key)…) back in line, in the
+    retry's transaction: lock (or create) their keys' rows, then REQUEUE_KEYED."""
+    if messages:
+        conn.execute(
+            queries.LOCK_ORDERING_KEYS,
+            {
+                "endpoint_ids": [endpoint_id for _, endpoint_id, _ in messages],
+                "ordering_keys": [key for _, _, key in messages],
+            },
+        )
+        conn.execute(queries.REQUEUE_KEYED, {"ids": [msg_id for msg_id, _, _ in messages]})
 
 
 def skip_messages(conn: Connection, ids: Sequence[int], *, who: str) -> list[int]:

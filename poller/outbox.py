@@ -238,11 +238,11 @@ def _usable_endpoints(names: Sequence[str], rows: Sequence[Row[Any]]) -> dict[st
 def _place_keyed(
     unique: Sequence[_Checked], endpoint_ids: Mapping[str, int]
 ) -> Generator[tuple[TextClause, Mapping[str, Any]], list[Row[Any]], Any]:
-    """Lock the batch's ordering keys (sorted) and give each keyed message its position
-    and status (poller/ordering.py); (None, [(None, None)…]) when none has a key."""
+    """Lock the batch's ordering keys (sorted) and give each keyed message its status
+    (poller/ordering.py); (None, [None…]) when none has a key."""
     keyed = [m for m in unique if m.ordering_key is not None]
     if not keyed:
-        return None, [(None, None)] * len(unique)
+        return None, [None] * len(unique)
     rows = yield (
         queries.LOCK_ORDERING_KEYS,
         {
@@ -251,13 +251,13 @@ def _place_keyed(
         },
     )
     positions = Positions(rows)
-    places = [
-        (None, None)
+    statuses = [
+        None
         if m.ordering_key is None
         else positions.place(endpoint_ids[m.endpoint], m.ordering_key)
         for m in unique
     ]
-    return positions, places
+    return positions, statuses
 
 
 def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
@@ -271,7 +271,7 @@ def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
         endpoint_max = endpoints[m.endpoint].max_attempts
         return m.max_attempts or endpoint_max or settings.max_attempts
 
-    positions, places = yield from _place_keyed(unique, {n: e.id for n, e in endpoints.items()})
+    positions, statuses = yield from _place_keyed(unique, {n: e.id for n, e in endpoints.items()})
     columns = {
         "endpoint_ids": [endpoints[m.endpoint].id for m in unique],
         "buckets": [endpoints[m.endpoint].bucket for m in unique],
@@ -282,12 +282,12 @@ def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
         "deliver_ats": [m.deliver_at for m in unique],
         "delays": [m.delay for m in unique],
         "ordering_keys": [m.ordering_key for m in unique],
-        "ordering_seqs": [seq for seq, _ in places],
-        "statuses": [status for _, status in places],
+        "statuses": statuses,
     }
     inserted = yield queries.ENQUEUE_MANY, columns
-    if positions is not None:
-        yield queries.SET_ORDERING_KEYS, positions.finish(inserted)
+    heads = positions.finish(inserted) if positions is not None else None
+    if heads is not None:
+        yield queries.SET_ORDERING_HEADS, heads
     ids = {(row.endpoint_id, row.idempotency_key): int(row.id) for row in inserted}
     if len(ids) < len(unique):
         existing = yield queries.ENQUEUE_MANY_EXISTING, columns

@@ -128,20 +128,16 @@ outbox = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("delivered_at", DateTime(timezone=True)),
     Column("failed_at", DateTime(timezone=True)),
-    # Ordered delivery: the key, and the message's position in it (given under the key's
-    # row lock, so it is the order the enqueueing transactions took the key in).
+    # Ordered delivery: the key. A key's messages are inserted under its row lock in
+    # poller_ordering_keys, so their ids grow in the order transactions took the key:
+    # the id is the message's position in its key.
     Column("ordering_key", Text),
-    Column("ordering_seq", BigInteger),
     UniqueConstraint("endpoint_id", "idempotency_key", name="uq_poller_outbox_endpoint_key"),
     CheckConstraint(
         "status IN ('waiting', 'pending', 'in_flight', 'delivered', 'failed')",
         name="status_valid",
     ),
-    CheckConstraint(
-        "(ordering_key IS NULL) = (ordering_seq IS NULL) "
-        "AND (status <> 'waiting' OR ordering_key IS NOT NULL)",
-        name="ordering_complete",
-    ),
+    CheckConstraint("status <> 'waiting' OR ordering_key IS NOT NULL", name="waiting_is_ordered"),
     CheckConstraint("attempts >= 0", name="attempts_not_negative"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint(
@@ -167,7 +163,7 @@ outbox = Table(
         "ix_poller_outbox_waiting",
         "endpoint_id",
         "ordering_key",
-        "ordering_seq",
+        "id",
         postgresql_where=text("status = 'waiting'"),
     ),
     # Admin listing of failures and retention purges by age.
@@ -225,10 +221,12 @@ spent_keys = Table(
 )
 
 
-# One row per (endpoint, ordering key): the lock that orders the key's enqueues and
-# advances, the last position given, and the head (the one open message every later
-# one waits behind; NULL when none is open). ``blocked_since`` is set while the head
-# has failed on a ``block`` endpoint.
+# One row per (endpoint, ordering key) that has an open message: the lock that
+# orders the key's enqueues and hand-overs, and the head (the open message every later
+# one waits behind). The row goes when the key's last message ends, so the table
+# holds only live keys. ``head_id`` is NULL only inside the enqueue that created the
+# row; ``blocked_since`` is set while the head has failed on a ``block`` endpoint.
+# No index but the primary key and the blocked one: a hand-over is a HOT update.
 ordering_keys = Table(
     "poller_ordering_keys",
     metadata,
@@ -239,17 +237,13 @@ ordering_keys = Table(
         primary_key=True,
     ),
     Column("ordering_key", Text, primary_key=True),
-    Column("last_seq", BigInteger, nullable=False, server_default=text("0")),
     Column("head_id", BigInteger),
     Column("blocked_since", DateTime(timezone=True)),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Index("ix_poller_ordering_keys_head", "head_id", postgresql_where=text("head_id IS NOT NULL")),
     Index(
         "ix_poller_ordering_keys_blocked",
         "blocked_since",
         postgresql_where=text("blocked_since IS NOT NULL"),
     ),
-    Index("ix_poller_ordering_keys_idle", "updated_at", postgresql_where=text("head_id IS NULL")),
 )
 
 

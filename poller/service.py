@@ -88,7 +88,11 @@ class Poller:
         self.claims = Claims(
             engine, poller_id=poller_id, claim_lease=settings.claim_lease, keyring=settings.keyring
         )
-        self.completer = Completer(self.claims, batch_limit=max(settings.batch_size, 100))
+        self.completer = Completer(
+            self.claims,
+            batch_limit=max(settings.batch_size, 100),
+            on_promoted=lambda: self._room_freed(),
+        )
         self.endpoints = EndpointCache()
         self.dispatcher = Dispatcher(
             settings, sender, self.endpoints, self.completer, on_room=self._room_freed

@@ -1,9 +1,8 @@
 """ordering keys: per-key FIFO delivery (``waiting`` messages behind their key's head)
 
-* ``poller_outbox.ordering_key`` / ``ordering_seq`` and the ``waiting`` status;
-  waiting rows have their own partial index, so the claim path never reads them;
-* ``poller_ordering_keys``: per (endpoint, key) the lock, the last position
-  given and the head message;
+* ``poller_outbox.ordering_key`` and the ``waiting`` status; waiting rows have
+  their own partial index, so the claim path never reads them;
+* ``poller_ordering_keys``: per live (endpoint, key), the lock and the head;
 * ``poller_endpoints.on_failed_head``: ``block`` (default) or ``skip``.
 
 Revision ID: 0006
@@ -24,7 +23,6 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("poller_outbox", sa.Column("ordering_key", sa.Text()))
-    op.add_column("poller_outbox", sa.Column("ordering_seq", sa.BigInteger()))
     op.drop_constraint(op.f("ck_poller_outbox_status_valid"), "poller_outbox", type_="check")
     op.create_check_constraint(
         op.f("ck_poller_outbox_status_valid"),
@@ -32,15 +30,14 @@ def upgrade() -> None:
         "status IN ('waiting', 'pending', 'in_flight', 'delivered', 'failed')",
     )
     op.create_check_constraint(
-        op.f("ck_poller_outbox_ordering_complete"),
+        op.f("ck_poller_outbox_waiting_is_ordered"),
         "poller_outbox",
-        "(ordering_key IS NULL) = (ordering_seq IS NULL) "
-        "AND (status <> 'waiting' OR ordering_key IS NOT NULL)",
+        "status <> 'waiting' OR ordering_key IS NOT NULL",
     )
     op.create_index(
         "ix_poller_outbox_waiting",
         "poller_outbox",
-        ["endpoint_id", "ordering_key", "ordering_seq"],
+        ["endpoint_id", "ordering_key", "id"],
         postgresql_where=sa.text("status = 'waiting'"),
     )
     op.add_column(
@@ -48,43 +45,38 @@ def upgrade() -> None:
         sa.Column("on_failed_head", sa.Text(), server_default=sa.text("'block'"), nullable=False),
     )
     op.create_check_constraint(
-        op.f("ck_poller_endpoints_on_failed_head_valid"), "poller_endpoints", "on_failed_head IN ('block', 'skip')"
+        op.f("ck_poller_endpoints_on_failed_head_valid"),
+        "poller_endpoints",
+        "on_failed_head IN ('block', 'skip')",
     )
     op.create_table(
         "poller_ordering_keys",
         sa.Column("endpoint_id", sa.BigInteger(), nullable=False),
         sa.Column("ordering_key", sa.Text(), nullable=False),
-        sa.Column("last_seq", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.Column("head_id", sa.BigInteger()),
         sa.Column("blocked_since", sa.DateTime(timezone=True)),
-        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"),
-                  nullable=False),
         sa.ForeignKeyConstraint(["endpoint_id"], ["poller_endpoints.id"], ondelete="CASCADE",
                                 name=op.f("fk_poller_ordering_keys_endpoint_id_poller_endpoints")),
         sa.PrimaryKeyConstraint("endpoint_id", "ordering_key",
                                 name=op.f("pk_poller_ordering_keys")),
     )
-    op.create_index("ix_poller_ordering_keys_head", "poller_ordering_keys", ["head_id"],
-                    postgresql_where=sa.text("head_id IS NOT NULL"))
     op.create_index("ix_poller_ordering_keys_blocked", "poller_ordering_keys", ["blocked_since"],
                     postgresql_where=sa.text("blocked_since IS NOT NULL"))
-    op.create_index("ix_poller_ordering_keys_idle", "poller_ordering_keys", ["updated_at"],
-                    postgresql_where=sa.text("head_id IS NULL"))
 
 
 def downgrade() -> None:
-    op.execute(
-        "UPDATE poller_outbox SET status = 'pending' WHERE status = 'waiting'"
-    )  # unordered from here on: nothing is lost
+    # Unordered from here on: waiting messages become pending, nothing is lost.
+    op.execute("UPDATE poller_outbox SET status = 'pending' WHERE status = 'waiting'")
     op.drop_table("poller_ordering_keys")
     op.drop_constraint(op.f("ck_poller_endpoints_on_failed_head_valid"), "poller_endpoints",
                        type_="check")
     op.drop_column("poller_endpoints", "on_failed_head")
     op.drop_index("ix_poller_outbox_waiting", table_name="poller_outbox")
-    op.drop_constraint(op.f("ck_poller_outbox_ordering_complete"), "poller_outbox", type_="check")
+    op.drop_constraint(op.f("ck_poller_outbox_waiting_is_ordered"), "poller_outbox",
+                       type_="check")
     op.drop_constraint(op.f("ck_poller_outbox_status_valid"), "poller_outbox", type_="check")
     op.create_check_constraint(
-        op.f("ck_poller_outbox_status_valid"), "poller_outbox", "status IN ('pending', 'in_flight', 'delivered', 'failed')"
+        op.f("ck_poller_outbox_status_valid"), "poller_outbox",
+        "status IN ('pending', 'in_flight', 'delivered', 'failed')",
     )
-    op.drop_column("poller_outbox", "ordering_seq")
     op.drop_column("poller_outbox", "ordering_key")

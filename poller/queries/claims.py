@@ -61,7 +61,7 @@ CLAIM_BATCH = _statement(
     RETURNING o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
               o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
               o.claim_expires_at, o.needs_lookup, o.created_at,
-              e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key, o.ordering_seq
+              e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key
     """,
 )
 
@@ -95,8 +95,10 @@ EXTEND_CLAIMS = _statement(
 # (counting refunds), disables an endpoint that answered 410 when that outcome
 # applied, and records each attempt that reached the wire in
 # poller_delivery_attempts — stale ones too, marked stale, so every duplicate
-# the receiver saw is explained. Ended rows with an ordering key are returned
-# with it: the caller hands their keys on (ADVANCE_KEYS) in the same transaction.
+# the receiver saw is explained. Ended rows with an ordering key come back with
+# it, and the rows of the keys they headed are locked here (after the outbox
+# rows, as everywhere): the caller's next statement, ADVANCE_KEYS, hands the
+# keys on with a snapshot taken after the locks were granted.
 COMPLETE_BATCH = _statement(
     "COMPLETE_BATCH",
     """
@@ -141,8 +143,17 @@ COMPLETE_BATCH = _statement(
         FROM c
         WHERE c.kind IS NOT NULL
           AND EXISTS (SELECT 1 FROM poller_outbox x WHERE x.id = c.id)
+    ), heads AS (
+        SELECT k.endpoint_id
+        FROM done
+        JOIN poller_ordering_keys k
+          ON k.endpoint_id = done.endpoint_id AND k.ordering_key = done.ordering_key
+         AND k.head_id = done.id
+        WHERE done.status IN ('delivered', 'failed')
+        ORDER BY k.endpoint_id, k.ordering_key
+        FOR UPDATE OF k
     )
-    SELECT id, status, ordering_key FROM done
+    SELECT id, status, ordering_key, (SELECT count(*) FROM heads) AS heads_locked FROM done
     """,
 )
 

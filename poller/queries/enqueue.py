@@ -65,32 +65,31 @@ ENDPOINTS_BY_NAME = _statement(
 
 # Insert a batch in one statement; rows whose (endpoint, key) exists are
 # skipped and resolved by ENQUEUE_MANY_EXISTING, and so are spent keys.
-# Ordered messages come with their position and status (pending for a key's
-# head, waiting behind it) from poller/ordering.py, under their keys' locks.
+# Ordered messages come with their status (pending for a key's head, waiting
+# behind it) from poller/ordering.py, under their keys' locks; rows are inserted
+# in the order given, so a key's ids grow in that order.
 ENQUEUE_MANY = _statement(
     "ENQUEUE_MANY",
     """
     INSERT INTO poller_outbox
         (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts, next_attempt_at,
-         ordering_key, ordering_seq, status)
+         ordering_key, status)
     SELECT m.endpoint_id, m.bucket, m.event_type, m.payload, m.idempotency_key, m.max_attempts,
            coalesce(m.deliver_at, now() + make_interval(secs => m.delay)),
-           m.ordering_key, m.ordering_seq, coalesce(m.status, 'pending')
+           m.ordering_key, coalesce(m.status, 'pending')
     FROM unnest(
         CAST(:endpoint_ids AS bigint[]), CAST(:buckets AS smallint[]),
         CAST(:event_types AS text[]), CAST(:payloads AS json[]),
         CAST(:idempotency_keys AS text[]), CAST(:max_attempts AS integer[]),
         CAST(:deliver_ats AS timestamptz[]), CAST(:delays AS double precision[]),
-        CAST(:ordering_keys AS text[]), CAST(:ordering_seqs AS bigint[]),
-        CAST(:statuses AS text[])
+        CAST(:ordering_keys AS text[]), CAST(:statuses AS text[])
     ) WITH ORDINALITY AS m(endpoint_id, bucket, event_type, payload, idempotency_key,
-                           max_attempts, deliver_at, delay, ordering_key, ordering_seq, status,
-                           ord)
+                           max_attempts, deliver_at, delay, ordering_key, status, ord)
     WHERE NOT EXISTS (SELECT 1 FROM poller_spent_keys k
                       WHERE k.endpoint_id = m.endpoint_id AND k.idempotency_key = m.idempotency_key)
     ORDER BY m.ord
     ON CONFLICT (endpoint_id, idempotency_key) DO NOTHING
-    RETURNING id, endpoint_id, idempotency_key, ordering_key, ordering_seq
+    RETURNING id, endpoint_id, idempotency_key, ordering_key
     """,
 )
 

@@ -17,7 +17,9 @@ def _purge(status: str, since: str) -> str:
             WHERE status = '{status}'
               AND {since} < now() - make_interval(secs => CAST(:age AS double precision))
               AND NOT EXISTS (SELECT 1 FROM poller_ordering_keys k
-                              WHERE k.head_id = poller_outbox.id)
+                              WHERE k.endpoint_id = poller_outbox.endpoint_id
+                                AND k.ordering_key = poller_outbox.ordering_key
+                                AND k.head_id = poller_outbox.id)
             ORDER BY {since} LIMIT :limit
             FOR UPDATE SKIP LOCKED
         )

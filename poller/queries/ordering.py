@@ -6,7 +6,8 @@ messages starts after the lock was granted, so it sees every message a
 transaction that held the lock before committed (READ COMMITTED takes a
 snapshot per statement). Locks are taken in (endpoint_id, ordering_key) order,
 after any outbox row the same transaction locks, so two writers never wait on
-each other in a circle.
+each other in a circle. A key's row exists while the key has an open message;
+keys are found by their primary key (the message carries it), never by head.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 from poller.queries._registry import statement as _statement
 from poller.schema import NOTIFY_CHANNEL
 
-# Enqueue, step 1: create or lock the rows of these keys (sorted, distinct) and
-# read where each stands. Held until the application's transaction ends, so two
-# transactions enqueueing on one key take positions in the order they commit.
+# Enqueue, step 1: lock these keys' rows (sorted, distinct), creating the missing
+# ones without a head, and read each one's head (NULL: no open message). Held until
+# the application's transaction ends, so two transactions enqueueing on one key are
+# ordered by commit. A row deleted meanwhile (its last message ended) is created anew.
 LOCK_ORDERING_KEYS = _statement(
     "LOCK_ORDERING_KEYS",
     """
@@ -25,69 +27,75 @@ LOCK_ORDERING_KEYS = _statement(
     FROM unnest(CAST(:endpoint_ids AS bigint[]), CAST(:ordering_keys AS text[]))
         AS m(endpoint_id, ordering_key)
     ORDER BY 1, 2
-    ON CONFLICT (endpoint_id, ordering_key) DO UPDATE SET updated_at = now()
-    RETURNING k.endpoint_id, k.ordering_key, k.last_seq, k.head_id
+    ON CONFLICT (endpoint_id, ordering_key) DO UPDATE SET head_id = k.head_id
+    RETURNING k.endpoint_id, k.ordering_key, k.head_id
     """,
 )
 
-# Enqueue, step 3 (after the insert): record the last position given and, for
-# a key that had no open message, its new head — made pending here if the
-# message meant to be the head was an idempotent duplicate and not inserted.
-SET_ORDERING_KEYS = _statement(
-    "SET_ORDERING_KEYS",
+# Enqueue, step 3 (after the insert), for keys that had no head: the first message
+# inserted becomes the head — made pending here if the one meant to be the head was
+# an idempotent duplicate and not inserted; with none inserted, the row goes.
+SET_ORDERING_HEADS = _statement(
+    "SET_ORDERING_HEADS",
     """
     WITH m AS (
         SELECT * FROM unnest(
             CAST(:endpoint_ids AS bigint[]), CAST(:ordering_keys AS text[]),
-            CAST(:last_seqs AS bigint[]), CAST(:new_heads AS bigint[])
-        ) AS m(endpoint_id, ordering_key, last_seq, new_head)
+            CAST(:new_heads AS bigint[])
+        ) AS m(endpoint_id, ordering_key, new_head)
     ), promoted AS (
         UPDATE poller_outbox o SET status = 'pending', updated_at = now()
         FROM m WHERE o.id = m.new_head AND o.status = 'waiting'
         RETURNING o.id
+    ), unused AS (
+        DELETE FROM poller_ordering_keys k USING m
+        WHERE k.endpoint_id = m.endpoint_id AND k.ordering_key = m.ordering_key
+          AND m.new_head IS NULL AND k.head_id IS NULL
     )
     UPDATE poller_ordering_keys k
-    SET last_seq = greatest(k.last_seq, m.last_seq),
-        head_id = coalesce(k.head_id, m.new_head),
-        updated_at = now()
+    SET head_id = m.new_head
     FROM m
     WHERE k.endpoint_id = m.endpoint_id AND k.ordering_key = m.ordering_key
+      AND k.head_id IS NULL AND m.new_head IS NOT NULL
     RETURNING k.head_id
     """,
 )
 
-# Completion, reclaim, admin: lock the key rows whose head is one of these
-# messages (run before ADVANCE_KEYS, in the same transaction).
+# Reclaim, admin skip: lock the rows of the keys these messages head (before
+# ADVANCE_KEYS, in the same transaction). Completions lock theirs in COMPLETE_BATCH.
 LOCK_KEYS_OF_HEADS = _statement(
     "LOCK_KEYS_OF_HEADS",
     """
     SELECT k.endpoint_id, k.ordering_key
-    FROM poller_ordering_keys k
-    WHERE k.head_id = ANY(CAST(:ids AS bigint[]))
+    FROM poller_outbox o
+    JOIN poller_ordering_keys k
+      ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key AND k.head_id = o.id
+    WHERE o.id = ANY(CAST(:ids AS bigint[]))
     ORDER BY k.endpoint_id, k.ordering_key
-    FOR UPDATE
+    FOR UPDATE OF k
     """,
 )
 
 # These heads ended. A delivered head — or a failed one on a ``skip`` endpoint,
-# or one an operator skipped — hands the key to its next waiting message (by
-# position), which becomes pending; with none waiting, the key has no head and
-# the next enqueue starts pending. A failed head on a ``block`` endpoint stays
-# the head and marks the key blocked. Rows that are not the head of their key
-# change nothing, so running this twice is harmless. Pollers of the promoted
-# rows' buckets are woken when the transaction commits.
+# or one an operator skipped — hands the key to its next waiting message (the
+# lowest id), which becomes pending; with none waiting the key's row goes, and
+# the next enqueue on the key starts pending. A failed head on a ``block``
+# endpoint stays the head and marks the key blocked. Messages that are not
+# their key's head change nothing, so running this twice is harmless. Pollers
+# of the promoted rows' buckets are woken when the transaction commits.
 ADVANCE_KEYS = _statement(
     "ADVANCE_KEYS",
     f"""
     WITH ended AS (
-        SELECT k.endpoint_id, k.ordering_key, o.id,
+        SELECT o.endpoint_id, o.ordering_key, o.id,
                (o.status = 'delivered' OR e.on_failed_head = 'skip'
                 OR o.id = ANY(CAST(:skipped AS bigint[]))) AS moves_on
-        FROM poller_ordering_keys k
-        JOIN poller_outbox o ON o.id = k.head_id
-        JOIN poller_endpoints e ON e.id = k.endpoint_id
-        WHERE k.head_id = ANY(CAST(:ids AS bigint[]))
-          AND o.status IN ('delivered', 'failed')
+        FROM poller_outbox o
+        JOIN poller_ordering_keys k
+          ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key
+         AND k.head_id = o.id
+        JOIN poller_endpoints e ON e.id = o.endpoint_id
+        WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.status IN ('delivered', 'failed')
     ), successor AS (
         SELECT ended.endpoint_id, ended.ordering_key, ended.id AS ended_id, nxt.id AS next_id
         FROM ended
@@ -95,7 +103,7 @@ ADVANCE_KEYS = _statement(
             SELECT w.id FROM poller_outbox w
             WHERE w.endpoint_id = ended.endpoint_id AND w.ordering_key = ended.ordering_key
               AND w.status = 'waiting'
-            ORDER BY w.ordering_seq
+            ORDER BY w.id
             LIMIT 1
         ) AS nxt ON true
         WHERE ended.moves_on
@@ -105,14 +113,19 @@ ADVANCE_KEYS = _statement(
         RETURNING o.id, o.bucket
     ), moved AS (
         UPDATE poller_ordering_keys k
-        SET head_id = s.next_id, blocked_since = NULL, updated_at = now()
+        SET head_id = s.next_id, blocked_since = NULL
         FROM successor s
         WHERE k.endpoint_id = s.endpoint_id AND k.ordering_key = s.ordering_key
-          AND k.head_id = s.ended_id
+          AND k.head_id = s.ended_id AND s.next_id IS NOT NULL
+        RETURNING k.ordering_key
+    ), idle AS (
+        DELETE FROM poller_ordering_keys k USING successor s
+        WHERE k.endpoint_id = s.endpoint_id AND k.ordering_key = s.ordering_key
+          AND k.head_id = s.ended_id AND s.next_id IS NULL
         RETURNING k.ordering_key
     ), blocked AS (
         UPDATE poller_ordering_keys k
-        SET blocked_since = coalesce(k.blocked_since, now()), updated_at = now()
+        SET blocked_since = coalesce(k.blocked_since, now())
         FROM ended
         WHERE NOT ended.moves_on
           AND k.endpoint_id = ended.endpoint_id AND k.ordering_key = ended.ordering_key
@@ -163,49 +176,16 @@ GAUGE_ORDERING = _statement(
     """,
 )
 
-# Keys with no open message and no change for :age seconds are forgotten (the
-# next message on such a key starts again at position 1).
-PURGE_IDLE_KEYS = _statement(
-    "PURGE_IDLE_KEYS",
-    """
-    WITH gone AS (
-        DELETE FROM poller_ordering_keys WHERE (endpoint_id, ordering_key) IN (
-            SELECT endpoint_id, ordering_key FROM poller_ordering_keys
-            WHERE head_id IS NULL
-              AND updated_at < now() - make_interval(secs => CAST(:age AS double precision))
-            ORDER BY updated_at LIMIT :limit
-            FOR UPDATE SKIP LOCKED
-        )
-        RETURNING 1
-    )
-    SELECT count(*) AS purged FROM gone
-    """,
-)
-
-# Admin retry, step 1: lock the keys of these messages (the messages themselves
-# were locked by the retry's UPDATE just before, in the same transaction).
-LOCK_KEYS_OF_MESSAGES = _statement(
-    "LOCK_KEYS_OF_MESSAGES",
-    """
-    SELECT k.endpoint_id, k.ordering_key
-    FROM poller_ordering_keys k
-    JOIN poller_outbox o ON o.endpoint_id = k.endpoint_id AND o.ordering_key = k.ordering_key
-    WHERE o.id = ANY(CAST(:ids AS bigint[]))
-    ORDER BY k.endpoint_id, k.ordering_key
-    FOR UPDATE OF k
-    """,
-)
-
-# Admin retry, step 2: put retried ordered messages back in line. A key's head
-# stays pending and its key is unblocked; on a key with no open message, the
-# retried message of lowest position becomes the head; any other retried
-# message waits (it goes next, having the lowest position), so a key never has
-# two messages in flight.
+# Admin retry, step 2 (after LOCK_ORDERING_KEYS on the retried messages' keys): put
+# retried ordered messages back in line. A key's head stays pending and its key is
+# unblocked; on a key with no head, the retried message with the lowest id becomes
+# the head; any other retried message waits — it goes next, having the lowest id —
+# so a key never has two messages in flight.
 REQUEUE_KEYED = _statement(
     "REQUEUE_KEYED",
     """
     WITH r AS (
-        SELECT o.id, o.endpoint_id, o.ordering_key, o.ordering_seq, k.head_id
+        SELECT o.id, o.endpoint_id, o.ordering_key, k.head_id
         FROM poller_outbox o
         JOIN poller_ordering_keys k
           ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key
@@ -213,19 +193,20 @@ REQUEUE_KEYED = _statement(
     ), new_head AS (
         SELECT DISTINCT ON (endpoint_id, ordering_key) id, endpoint_id, ordering_key
         FROM r WHERE head_id IS NULL
-        ORDER BY endpoint_id, ordering_key, ordering_seq
+        ORDER BY endpoint_id, ordering_key, id
     ), headed AS (
         UPDATE poller_ordering_keys k
-        SET head_id = n.id, blocked_since = NULL, updated_at = now()
+        SET head_id = n.id, blocked_since = NULL
         FROM new_head n
         WHERE k.endpoint_id = n.endpoint_id AND k.ordering_key = n.ordering_key
           AND k.head_id IS NULL
         RETURNING k.head_id
     ), unblocked AS (
         UPDATE poller_ordering_keys k
-        SET blocked_since = NULL, updated_at = now()
+        SET blocked_since = NULL
         FROM r
-        WHERE k.head_id = r.id AND r.head_id = r.id AND k.blocked_since IS NOT NULL
+        WHERE k.endpoint_id = r.endpoint_id AND k.ordering_key = r.ordering_key
+          AND k.head_id = r.id AND k.blocked_since IS NOT NULL
         RETURNING k.head_id
     ), queued AS (
         UPDATE poller_outbox o SET status = 'waiting'

@@ -27,6 +27,9 @@ COMMANDS = [
     ["admin", "retry", "1", "--yes"],
     ["admin", "purge", "--delivered-older-than", "7d", "--yes"],
     ["admin", "leases"],
+    ["admin", "blocked"],
+    ["admin", "skip", "1", "--yes"],
+    ["enqueue", "billing", "order.paid", "--data", "{}", "--key", "k2", "--ordering-key", "o:1"],
 ]
 
 

@@ -68,8 +68,8 @@ def test_the_checker_catches_disorder_and_a_stranded_waiting_message(engine, end
         conn.execute(
             text(
                 "INSERT INTO poller_outbox (endpoint_id, bucket, event_type, payload, "
-                "idempotency_key, max_attempts, status, ordering_key, ordering_seq) "
-                "SELECT endpoint_id, bucket, 'e', '{}', 'stranded', 3, 'waiting', 'o2', 9 "
+                "idempotency_key, max_attempts, status, ordering_key) "
+                "SELECT endpoint_id, bucket, 'e', '{}', 'stranded', 3, 'waiting', 'o2' "
                 "FROM poller_outbox LIMIT 1"
             )
         )

@@ -33,17 +33,18 @@ def put(engine: Engine, key: str | None, n: int, *, endpoint: str = "billing", s
         )
 
 
-def states(engine: Engine) -> dict[int, tuple[str, int | None]]:
+def states(engine: Engine) -> dict[int, str]:
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT id, status, ordering_seq FROM poller_outbox"))
-        return {r.id: (r.status, r.ordering_seq) for r in rows}
+        rows = conn.execute(text("SELECT id, status FROM poller_outbox"))
+        return {r.id: r.status for r in rows}
 
 
 def key_row(engine: Engine, key: str) -> Any:
+    """The key's row, or None once the key has no open message."""
     with engine.connect() as conn:
         return conn.execute(
             text("SELECT * FROM poller_ordering_keys WHERE ordering_key = :k"), {"k": key}
-        ).one()
+        ).one_or_none()
 
 
 def _lock_waits(engine: Engine) -> bool:
@@ -82,12 +83,12 @@ def test_only_the_head_of_a_key_is_pending(engine: Engine, endpoint: Any) -> Non
     b = put(engine, "order:2", 2)
     free = put(engine, None, 2)
     found = states(engine)
-    assert [found[i] for i in a] == [("pending", 1), ("waiting", 2), ("waiting", 3)]
-    assert [found[i] for i in b] == [("pending", 1), ("waiting", 2)]
-    assert [found[i] for i in free] == [("pending", None)] * 2
+    assert [found[i] for i in a] == ["pending", "waiting", "waiting"]
+    assert [found[i] for i in b] == ["pending", "waiting"]
+    assert [found[i] for i in free] == ["pending"] * 2
     assert key_row(engine, "order:1").head_id == a[0]
     later = put(engine, "order:1", 1, start=3)  # a later transaction: behind the head
-    assert states(engine)[later[0]] == ("waiting", 4)
+    assert states(engine)[later[0]] == "waiting" and later[0] > a[-1]
 
 
 def test_a_duplicate_head_hands_the_key_to_the_first_new_message(
@@ -96,12 +97,18 @@ def test_a_duplicate_head_hands_the_key_to_the_first_new_message(
     (first,) = put(engine, "k", 1)
     with engine.begin() as conn:  # the head ends and the key is idle
         conn.execute(text("UPDATE poller_outbox SET status = 'delivered'"))
-        conn.execute(text("UPDATE poller_ordering_keys SET head_id = NULL"))
+        conn.execute(text("DELETE FROM poller_ordering_keys"))
     again = put(engine, "k", 3)  # k:0 is an idempotent replay: not inserted
     assert again[0] == first
     found = states(engine)
-    assert [found[i] for i in again[1:]] == [("pending", 3), ("waiting", 4)]
+    assert [found[i] for i in again[1:]] == ["pending", "waiting"]
     assert key_row(engine, "k").head_id == again[1]
+    put(engine, "idle", 0)
+    with Session(engine) as session, session.begin():  # only a replay: no key row stays
+        enqueue_many(
+            session, [Message("billing", "order.changed", {"n": 0}, "k:0", ordering_key="z")]
+        )
+    assert key_row(engine, "z") is None
 
 
 async def _deliver_all(claimer: Claims, outcome: Any = claims.delivered) -> list[int]:
@@ -119,9 +126,9 @@ async def test_a_delivered_head_hands_the_key_on_in_order(
     for _ in range(4):
         seen.append(sorted(await _deliver_all(claimer)))
     assert seen == [[a[0], b[0]], [a[1], b[1]], [a[2]], []]
-    assert key_row(engine, "a").head_id is None
+    assert key_row(engine, "a") is None  # no open message: the key's row is gone
     (tail,) = put(engine, "a", 1, start=3)
-    assert states(engine)[tail] == ("pending", 4)  # an idle key starts pending
+    assert states(engine)[tail] == "pending"  # an idle key starts pending
 
 
 async def test_retries_keep_the_head_and_a_failed_head_blocks_its_key(
@@ -131,10 +138,10 @@ async def test_retries_keep_the_head_and_a_failed_head_blocks_its_key(
     a = put(engine, "a", 3)
     free = put(engine, None, 1)
     assert sorted(await _deliver_all(claimer, lambda m: claims.retry(m, 0))) == [a[0], free[0]]
-    assert states(engine)[a[1]][0] == "waiting"  # a retry is not an end
+    assert states(engine)[a[1]] == "waiting"  # a retry is not an end
     last = await _deliver_all(claimer, lambda m: claims.retry(m, 0))  # the last attempt
     assert sorted(last) == [a[0], free[0]]
-    assert states(engine)[a[0]][0] == "failed"
+    assert states(engine)[a[0]] == "failed"
     assert await claimer.claim_batch(limit=100) == []  # blocked: nothing else of "a"
     with engine.connect() as conn:
         (blocked,) = blocked_keys(conn)
@@ -155,10 +162,10 @@ async def test_skip_moves_a_blocked_key_on_and_skip_endpoints_do_it_themselves(
     s = put(engine, "s", 2, endpoint="lenient")
     await _deliver_all(claimer, claims.failed)
     found = states(engine)
-    assert (found[a[1]][0], found[s[1]][0]) == ("waiting", "pending")
+    assert (found[a[1]], found[s[1]]) == ("waiting", "pending")
     with engine.begin() as conn:
         assert skip_messages(conn, [a[0], 999_999], who="ops") == [a[0]]
-    assert states(engine)[a[1]][0] == "pending"
+    assert states(engine)[a[1]] == "pending"
     with engine.connect() as conn:
         assert blocked_keys(conn) == []
 
@@ -175,7 +182,7 @@ async def test_a_reclaimed_head_that_ran_out_of_attempts_ends_its_turn(
         return bool((await short.reclaim_expired()).failed)
 
     await wait_for(reclaimed, timeout=5)
-    assert states(engine)[a[1]][0] == "pending"
+    assert states(engine)[a[1]] == "pending"
 
 
 def test_purge_keeps_the_failed_head_of_a_blocked_key(engine: Engine, endpoint: Any) -> None:
@@ -216,7 +223,7 @@ async def test_an_enqueue_racing_the_head_ending_is_never_stranded(
     await completing
     committer.join()
     session.close()
-    assert states(engine)[tail] == ("pending", 2)
+    assert states(engine)[tail] == "pending"
     assert key_row(engine, "a").head_id == tail
 
 
@@ -259,9 +266,9 @@ def test_enqueue_on_a_key_waits_for_the_transaction_holding_it(
     thread.join(10)
     with engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT idempotency_key, ordering_seq, status FROM poller_outbox ORDER BY 2")
+            text("SELECT idempotency_key, status FROM poller_outbox ORDER BY id")
         ).all()
-    assert [tuple(r) for r in rows] == [("a:0", 1, "pending"), ("a:1", 2, "waiting")]
+    assert [tuple(r) for r in rows] == [("a:0", "pending"), ("a:1", "waiting")]
 
 
 async def test_four_pollers_keep_every_key_in_order_through_failures_and_drops(
@@ -308,3 +315,58 @@ async def test_four_pollers_keep_every_key_in_order_through_failures_and_drops(
     assert receiver.stats.applied == 1200 and receiver.stats.ordered == 1000
     assert receiver.stats.order_violations == 0
     assert receiver.stats.failed_injected > 0 and receiver.stats.dropped_injected > 0
+
+
+def test_the_operator_story_on_the_command_line(engine: Engine, db_url: str) -> None:
+    """A key blocks behind a failed head; `admin blocked` shows it, `admin skip` moves on."""
+    import json
+
+    from click.testing import CliRunner
+
+    from poller.cli import cli
+
+    def run(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(cli, list(args), env={"POLLER_DATABASE_URL": db_url})
+        return result.exit_code, result.output
+
+    code, out = run("endpoints", "add", "shop", "http://127.0.0.1:9/", "--on-failed-head", "skip")
+    assert code == 0, out
+    code, out = run("endpoints", "update", "shop", "--on-failed-head", "block", "--json")
+    assert json.loads(out)["on_failed_head"] == "block"
+    ids = []
+    for n in range(3):
+        code, out = run(
+            "enqueue", "shop", "order.changed", "--data", "{}", "--key", f"o:{n}",
+            "--ordering-key", "order:7",
+        )  # fmt: skip
+        assert code == 0, out
+        ids.append(int(out.split()[1]))
+    assert states(engine)[ids[1]] == "waiting"
+    with engine.begin() as conn:  # the head fails for good on a "block" endpoint
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET status = 'failed', last_error = 'HTTP 500' WHERE id = :i"
+            ),
+            {"i": ids[0]},
+        )
+        from poller.ordering import advance_keys_sync
+
+        advance_keys_sync(conn, [ids[0]])
+    code, out = run("admin", "blocked", "--json")
+    (blocked,) = json.loads(out)
+    assert (blocked["ordering_key"], blocked["head_id"], blocked["waiting"]) == (
+        "order:7",
+        ids[0],
+        2,
+    )
+    code, out = run("admin", "skip", str(ids[1]), "--yes")  # not the head: skipped, no move
+    assert code == 0 and states(engine)[ids[2]] == "waiting"
+    code, out = run("admin", "skip", str(ids[0]), "--yes")
+    assert code == 0 and f"skipped 1: {ids[0]}" in out
+    assert states(engine)[ids[2]] == "pending"  # ids[1] was skipped: the next is ids[2]
+    code, out = run("admin", "blocked")
+    assert code == 0 and "order:7" not in out
+    code, out = run("admin", "skip", "999999", "--yes")
+    assert code == 1 and "nothing skipped" in out
+    code, out = run("enqueue", "shop", "e.v", "--data", "{}", "--key", "x", "--ordering-key", "a b")
+    assert code == 2 and out.startswith("error: ordering_key may hold only visible ASCII")

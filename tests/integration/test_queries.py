@@ -36,7 +36,6 @@ MANY = {
     "deliver_ats": [None],
     "delays": [0.0],
     "ordering_keys": ["o"],
-    "ordering_seqs": [1],
     "statuses": ["pending"],
 }
 KEYS = {"endpoint_ids": [1], "ordering_keys": ["o"]}
@@ -87,13 +86,11 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "COMPLETE_BATCH": COMPLETE,
     "RECLAIM_EXPIRED": {"limit": 10},
     "LOCK_ORDERING_KEYS": KEYS,
-    "SET_ORDERING_KEYS": {**KEYS, "last_seqs": [1], "new_heads": [None]},
+    "SET_ORDERING_HEADS": {**KEYS, "new_heads": [None]},
     "LOCK_KEYS_OF_HEADS": {"ids": [1]},
     "ADVANCE_KEYS": {"ids": [1], "skipped": [], "notify": True},
     "BLOCKED_KEYS": {"endpoint": None, "limit": 10},
     "GAUGE_ORDERING": {},
-    "PURGE_IDLE_KEYS": {"age": 3600.0, "limit": 10},
-    "LOCK_KEYS_OF_MESSAGES": {"ids": [1]},
     "REQUEUE_KEYED": {"ids": [1]},
     "SKIP_MESSAGES": {"ids": [1], "who": "ops"},
 }
