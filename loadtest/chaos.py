@@ -62,6 +62,8 @@ class Scenario:
     restart_redis: bool = False  # keys are lost: Redis runs without persistence
     receiver_flags: list[str] = field(default_factory=list)
     gone_midway: bool = False  # a second endpoint answers 410 after 50 messages
+    pollers: int = POLLERS
+    all_ordered: bool = False  # every message of "a" ordered (else every other one)
 
 
 SCENARIOS = {
@@ -84,6 +86,16 @@ SCENARIOS = {
     ),
     "gone": Scenario("gone", gone_midway=True),
 }
+# Ordered delivery under fire: 4 pollers, every message ordered over ORDERED_KEYS keys,
+# SIGKILLs, the leader frozen past its leases mid-key, 10 % 5xx and 2 % dropped answers.
+SCENARIOS["ordered"] = Scenario(
+    "ordered",
+    kill_every=2.0,
+    freeze_leader=True,
+    receiver_flags=["--fail-rate", "0.1", "--drop-after-process-rate", "0.02"],
+    pollers=4,
+    all_ordered=True,
+)
 SCENARIOS["chaos"] = Scenario(
     "chaos",
     kill_every=3.0,
@@ -106,6 +118,15 @@ class Run:
     errors: list[str] = field(default_factory=list)  # a feeder or injector that crashed
 
 
+def _ordering_key(scenario: Scenario, endpoint: str, n: int) -> str | None:
+    """On "a", every other message (every one with ``all_ordered``) over ORDERED_KEYS keys."""
+    if endpoint != "a":
+        return None
+    if scenario.all_ordered:
+        return f"o{n % ORDERED_KEYS}"
+    return f"o{n // 2 % ORDERED_KEYS}" if n % 2 == 0 else None
+
+
 def _feed(engine: Any, run: Run, messages: int, rate: float) -> None:
     """Commit ``messages`` at ``rate``/s in transactions of 20; every tenth rolls back."""
     n = tx = 0
@@ -122,9 +143,7 @@ def _feed(engine: Any, run: Run, messages: int, rate: float) -> None:
                 "chaos.event",
                 {"n": n + i},
                 f"{endpoint}:{n + i}",
-                ordering_key=f"o{(n + i) // 2 % ORDERED_KEYS}"
-                if endpoint == "a" and (n + i) % 2 == 0
-                else None,
+                ordering_key=_ordering_key(run.scenario, endpoint, n + i),
             )
             for i in range(20)
         ]
@@ -324,7 +343,8 @@ def run_scenario(
     stop = threading.Event()
     run = Run(scenario)
     if scenario.receiver_flags:
-        run.faults.append("receiver 10% 5xx, 2% dropped answers, 2% 2.5 s spikes")
+        spikes = ", 2% 2.5 s spikes" if "--spike-rate" in scenario.receiver_flags else ""
+        run.faults.append(f"receiver 10% 5xx, 2% dropped answers{spikes}")
     if scenario.gone_midway:
         run.faults.append("endpoint answers 410 midway")
     try:
@@ -368,7 +388,9 @@ def run_scenario(
             POLLER_ALLOW_PRIVATE_TARGETS="true",
             POLLER_LOG_FORMAT="json",
         )
-        pollers = [Proc(["run", "--id", f"p{n}"], env, tmp / f"p{n}.log") for n in range(POLLERS)]
+        pollers = [
+            Proc(["run", "--id", f"p{n}"], env, tmp / f"p{n}.log") for n in range(scenario.pollers)
+        ]
         procs.extend(pollers)
         feeder = threading.Thread(
             target=guarded(_feed, run.errors, run.feeding_done, run.faults_done),

@@ -13,13 +13,16 @@ from loadtest.chaos import SCENARIOS, run_scenario, summary
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenario_loses_nothing_and_explains_every_duplicate(name: str, tmp_path: Path) -> None:
-    messages = 3000 if name == "chaos" else 1500
-    result = run_scenario(SCENARIOS[name], messages, deadline=120, tmp=tmp_path, rate=500)
+    # "ordered": 200 keys x 50 messages, 4 pollers, kills, a freeze, receiver faults.
+    messages = {"chaos": 3000, "ordered": 10_000}.get(name, 1500)
+    rate = 1000 if name == "ordered" else 500
+    result = run_scenario(SCENARIOS[name], messages, deadline=120, tmp=tmp_path, rate=rate)
     print("\n" + summary(result))
     assert result["problems"] == []
     assert result["lost"] == 0 and result["duplicate_effects"] == 0
     assert result["messages"] >= messages and result["rolled_back"] > 0
     assert result["wire_duplicates_explained"] == result["wire_duplicates"]
+    assert result["order_violations"] == 0 and result["ordered"] > 0
     if name != "receiver-faults" and name != "gone":
         assert result["faults"], "the scenario injected no fault"
 
@@ -56,3 +59,5 @@ def test_the_audit_catches_a_lost_message() -> None:
     run = Run(Scenario("unit"), committed={"a:1"})
     result = audit(engine, run, counts={})
     assert result["lost"] == 1 and "lost" in result["problems"][0]
+    result = audit(engine, run, counts={"a:1": 1}, order_violations=2)
+    assert result["problems"] == ["2 order violations at the receiver"]

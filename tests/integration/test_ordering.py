@@ -370,3 +370,15 @@ def test_the_operator_story_on_the_command_line(engine: Engine, db_url: str) -> 
     assert code == 1 and "nothing skipped" in out
     code, out = run("enqueue", "shop", "e.v", "--data", "{}", "--key", "x", "--ordering-key", "a b")
     assert code == 2 and out.startswith("error: ordering_key may hold only visible ASCII")
+
+
+async def test_a_blocked_key_holds_back_nothing_but_itself(engine: Engine, claimer: Claims) -> None:
+    make_endpoint(engine, "billing", max_attempts=1)
+    a = put(engine, "a", 3)
+    await _deliver_all(claimer, claims.failed)  # "a" is blocked behind a[0]
+    b = put(engine, "b", 2)
+    free = put(engine, None, 2)
+    assert sorted(await _deliver_all(claimer)) == sorted([b[0], *free])
+    assert await _deliver_all(claimer) == [b[1]]
+    found = states(engine)
+    assert [found[i] for i in a] == ["failed", "waiting", "waiting"]
