@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from poller.errors import PollerError, UnknownEndpoint
 from poller.ordering import requeue_keyed
-from poller.schema import delivery_attempts, endpoints, outbox
+from poller.schema import STATUSES, delivery_attempts, endpoints, outbox
 from poller.settings import default_settings
 
 PURGE_BATCH = 1000
@@ -57,7 +57,7 @@ def queue_stats(conn: Connection) -> dict[str, Any]:
         .group_by(endpoints.c.name, outbox.c.status)
     ).all()
     per_endpoint: dict[str, dict[str, int]] = {}
-    totals: dict[str, int] = {"pending": 0, "in_flight": 0, "delivered": 0, "failed": 0}
+    totals: dict[str, int] = {s: 0 for s in STATUSES}  # waiting: behind an ordering key's head
     for name, status, count in by:
         per_endpoint.setdefault(name, {s: 0 for s in totals})[status] = count
         totals[status] += count

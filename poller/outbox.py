@@ -14,8 +14,8 @@ Nothing here commits. Pollers are woken by a NOTIFY that PostgreSQL delivers
 only if the transaction commits. Input is validated before anything is written;
 each kind of bad input raises its own exception (poller/errors.py).
 
-Idempotency: the same (endpoint, key) with the same event type and payload
-returns the existing message's id; with a different one it raises
+Idempotency: the same (endpoint, key) with the same event type, payload and
+ordering key returns the existing message's id; with a different one it raises
 :class:`~poller.errors.IdempotencyConflict`. ``enqueue_many`` runs inside a
 savepoint, so a conflict leaves none of its rows behind even if the caller
 goes on to commit.
@@ -218,7 +218,11 @@ def _dedupe_batch(checked: Sequence[_Checked]) -> list[int]:
         seen = first.setdefault(ident, index)
         if seen != index:
             earlier = checked[seen]
-            if (earlier.payload, earlier.event_type) != (message.payload, message.event_type):
+            if (earlier.payload, earlier.event_type, earlier.ordering_key) != (
+                message.payload,
+                message.event_type,
+                message.ordering_key,
+            ):
                 raise IdempotencyConflict(message.endpoint, message.idempotency_key, -1)
         owner.append(seen)
     return owner

@@ -233,7 +233,7 @@ async def _watch(
 
 def _progress(counts: dict[str, int], pollers: list[Poller], elapsed: float) -> Table:
     table = Table(title=f"outbox after {elapsed:.1f}s")
-    for status in ("pending", "in_flight", "delivered", "failed"):
+    for status in ("waiting", "pending", "in_flight", "delivered", "failed"):
         table.add_column(status, justify="right")
     table.add_column("deliveries/s", justify="right")
     table.add_column("retries", justify="right")
@@ -244,7 +244,10 @@ def _progress(counts: dict[str, int], pollers: list[Poller], elapsed: float) -> 
         )
     )
     table.add_row(
-        *(str(counts.get(s, 0)) for s in ("pending", "in_flight", "delivered", "failed")),
+        *(
+            str(counts.get(s, 0))
+            for s in ("waiting", "pending", "in_flight", "delivered", "failed")
+        ),
         f"{delivered / max(elapsed, 1e-9):,.0f}",
         str(retries),
     )

@@ -44,7 +44,7 @@ ENQUEUE_EXPLAIN = _statement(
     """
     SELECT e.enabled, e.disabled_reason, o.id AS existing_id,
            (CAST(o.payload AS jsonb) = CAST(:payload AS jsonb)
-            AND o.event_type = :event_type) AS same_content,
+            AND o.event_type = :event_type AND o.ordering_key IS NULL) AS same_content,
            EXISTS (SELECT 1 FROM poller_spent_keys k
                    WHERE k.endpoint_id = e.id AND k.idempotency_key = :idempotency_key) AS spent
     FROM poller_endpoints e
@@ -94,16 +94,19 @@ ENQUEUE_MANY = _statement(
 )
 
 # The existing rows for keys ENQUEUE_MANY skipped, and whether their content matches
-# (as JSON values: the same payload serialized with another key order is the same).
+# (as JSON values: the same payload serialized with another key order is the same;
+# the event type and the ordering key too).
 ENQUEUE_MANY_EXISTING = _statement(
     "ENQUEUE_MANY_EXISTING",
     """
     SELECT o.id, o.endpoint_id, o.idempotency_key,
-           (CAST(o.payload AS jsonb) = m.payload AND o.event_type = m.event_type) AS same_content
+           (CAST(o.payload AS jsonb) = m.payload AND o.event_type = m.event_type
+            AND o.ordering_key IS NOT DISTINCT FROM m.ordering_key) AS same_content
     FROM unnest(
         CAST(:endpoint_ids AS bigint[]), CAST(:idempotency_keys AS text[]),
-        CAST(:payloads AS jsonb[]), CAST(:event_types AS text[])
-    ) AS m(endpoint_id, idempotency_key, payload, event_type)
+        CAST(:payloads AS jsonb[]), CAST(:event_types AS text[]),
+        CAST(:ordering_keys AS text[])
+    ) AS m(endpoint_id, idempotency_key, payload, event_type, ordering_key)
     JOIN poller_outbox o ON o.endpoint_id = m.endpoint_id AND o.idempotency_key = m.idempotency_key
     """,
 )

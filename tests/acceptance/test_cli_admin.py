@@ -164,7 +164,13 @@ async def test_failed_show_retry_and_stats(run, db_url: str, engine: Engine) -> 
     assert attempts_of(engine, ids[0])[-1].poller_id.startswith("admin:")
 
     stats = _json(run("admin", "stats", "--json")[1])
-    assert stats["totals"] == {"pending": 1, "in_flight": 0, "delivered": 0, "failed": 2}
+    assert stats["totals"] == {
+        "waiting": 0,
+        "pending": 1,
+        "in_flight": 0,
+        "delivered": 0,
+        "failed": 2,
+    }
     assert stats["endpoints"]["billing"]["failed"] == 2 and stats["failed_last_hour"] == 2
 
 

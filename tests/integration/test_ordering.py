@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from poller import Message, claims, enqueue, enqueue_many
+from poller import IdempotencyConflict, Message, claims, enqueue, enqueue_many
 from poller.admin import retry_messages
 from poller.claims import Claims
 from poller.ordering import InvalidOrderingKey, blocked_keys, skip_messages
@@ -103,11 +103,18 @@ def test_a_duplicate_head_hands_the_key_to_the_first_new_message(
     found = states(engine)
     assert [found[i] for i in again[1:]] == ["pending", "waiting"]
     assert key_row(engine, "k").head_id == again[1]
-    put(engine, "idle", 0)
-    with Session(engine) as session, session.begin():  # only a replay: no key row stays
-        enqueue_many(
-            session, [Message("billing", "order.changed", {"n": 0}, "k:0", ordering_key="z")]
-        )
+    assert put(engine, "k", 1) == [first]  # a replay on a live key changes nothing
+    with engine.begin() as conn:  # the whole key ends
+        conn.execute(text("UPDATE poller_outbox SET status = 'delivered'"))
+        conn.execute(text("DELETE FROM poller_ordering_keys"))
+    assert put(engine, "k", 1) == [first]  # only a replay: no key row is left behind
+    assert key_row(engine, "k") is None
+    other_key = Message("billing", "order.changed", {"n": 0}, "k:0", ordering_key="z")
+    with pytest.raises(IdempotencyConflict), Session(engine) as session, session.begin():
+        enqueue_many(session, [other_key])  # the same message on another ordering key
+    with pytest.raises(IdempotencyConflict), Session(engine) as session:
+        enqueue(session, endpoint="billing", event_type="order.changed", payload={"n": 0},
+                idempotency_key="k:0")  # fmt: skip
     assert key_row(engine, "z") is None
 
 
@@ -352,6 +359,8 @@ def test_the_operator_story_on_the_command_line(engine: Engine, db_url: str) -> 
         from poller.ordering import advance_keys_sync
 
         advance_keys_sync(conn, [ids[0]])
+    code, out = run("admin", "stats", "--json")
+    assert json.loads(out)["endpoints"]["shop"]["waiting"] == 2, out
     code, out = run("admin", "blocked", "--json")
     (blocked,) = json.loads(out)
     assert (blocked["ordering_key"], blocked["head_id"], blocked["waiting"]) == (
