@@ -35,6 +35,7 @@ from poller import queries
 from poller.claims import ALL_BUCKETS_LITERAL, Claims, delivered
 from poller.db import async_engine, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
+from poller.health import Circuit
 
 
 def _psycopg_sql(sql: str) -> str:
@@ -106,7 +107,7 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
             }
             for r in rows
         ]
-        params = {"outcomes": json.dumps(outcomes), "poller_id": "bench"}
+        params = {"outcomes": json.dumps(outcomes), "poller_id": "bench", **Circuit().params()}
         n = len(rows)
         await conn.execute(RAW_COMPLETE, params)
         await conn.commit()
