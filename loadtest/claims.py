@@ -35,7 +35,6 @@ from poller import queries
 from poller.claims import ALL_BUCKETS_LITERAL, Claims, delivered
 from poller.db import async_engine, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
-from poller.health import Circuit
 
 
 def _psycopg_sql(sql: str) -> str:
@@ -107,7 +106,7 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
             }
             for r in rows
         ]
-        params = {"outcomes": json.dumps(outcomes), "poller_id": "bench", **Circuit().params()}
+        params = {"outcomes": json.dumps(outcomes), "poller_id": "bench"}
         n = len(rows)
         await conn.execute(RAW_COMPLETE, params)
         await conn.commit()

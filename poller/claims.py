@@ -34,7 +34,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
 from poller.endpoints import Endpoint
-from poller.health import Circuit
 from poller.keyring import Keyring
 from poller.ordering import ENDED, advance_keys
 from poller.schema import BUCKETS
@@ -289,12 +288,10 @@ class Claims:
         poller_id: str,
         claim_lease: float,
         keyring: Keyring | None = None,
-        circuit: Circuit | None = None,
     ) -> None:
         self.engine = engine
         self.poller_id = poller_id
         self.claim_lease = claim_lease
-        self.circuit = circuit or Circuit()  # poller/health.py
         self.keyring = keyring  # opens the endpoints' secrets; None: POLLER_SECRETS_KEY's
         self.stale_completions = 0
         self.stale_leader_claims = 0
@@ -405,7 +402,7 @@ class Claims:
         """Apply outcomes (any mix) in one fenced statement; report which were stale."""
         if not outcomes:
             return CompletionResult()
-        params = {**outcomes_json(outcomes, self.poller_id), **self.circuit.params()}
+        params = outcomes_json(outcomes, self.poller_id)
         async with self.engine.begin() as conn:
             rows = (await conn.execute(queries.COMPLETE_BATCH, params)).all()
             ended = [r.id for r in rows if r.ordering_key is not None and r.status in ENDED]

@@ -247,33 +247,6 @@ ordering_keys = Table(
 )
 
 
-# Each endpoint's circuit breaker, shared by every poller (poller/health.py). A row
-# per endpoint, made with it. ``state``: closed (deliver), open (claim nothing until
-# ``open_until``), half_open (one probe message out since ``probe_at``).
-# ``cooldown`` is the open period now in force; it doubles (capped) each reopening.
-endpoint_health = Table(
-    "poller_endpoint_health",
-    metadata,
-    Column(
-        "endpoint_id",
-        BigInteger,
-        ForeignKey("poller_endpoints.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
-    Column("state", Text, nullable=False, server_default=text("'closed'")),
-    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
-    Column("cooldown", Float),
-    Column("opened_at", DateTime(timezone=True)),
-    Column("open_until", DateTime(timezone=True)),
-    Column("probe_at", DateTime(timezone=True)),
-    Column("opens", BigInteger, nullable=False, server_default=text("0")),
-    Column("probes", BigInteger, nullable=False, server_default=text("0")),
-    Column("last_success_at", DateTime(timezone=True)),
-    Column("last_failure_at", DateTime(timezone=True)),
-    CheckConstraint("state IN ('closed', 'open', 'half_open')", name="state_valid"),
-)
-
-
 # --- election (SPEC §6) ---------------------------------------------------------
 
 # The last fence PostgreSQL accepted for each shard. A claim under a smaller

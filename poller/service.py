@@ -86,11 +86,7 @@ class Poller:
         self.supervisor = supervisor or Supervisor()
         self.shards: ShardManager | None = None  # set by serve(), for the demo and tests
         self.claims = Claims(
-            engine,
-            poller_id=poller_id,
-            claim_lease=settings.claim_lease,
-            keyring=settings.keyring,
-            circuit=settings.circuit,
+            engine, poller_id=poller_id, claim_lease=settings.claim_lease, keyring=settings.keyring
         )
         self.completer = Completer(
             self.claims,

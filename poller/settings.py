@@ -26,7 +26,6 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from poller.errors import ConfigurationError
-from poller.health import Circuit
 from poller.keyring import Keyring, keyring_for, parse_keys
 
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
@@ -116,14 +115,6 @@ class Settings(BaseSettings):
     (IdempotencyKeySpent) instead of delivering the same key twice."""
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
     """On SIGTERM, how long in-flight deliveries may finish before their claims are released."""
-    circuit_failures: int = Field(default=0, ge=0, le=1_000_000)
-    """Consecutive failed sends (no answer, 5xx, 408, 429) that open an endpoint's
-    circuit: its messages wait, spending no attempts (poller/health.py). 0: never
-    (the default until the demo and the operator commands know about circuits)."""
-    circuit_cooldown: PositiveSeconds = 30.0
-    """How long a circuit stays open before one probe message is sent."""
-    circuit_cooldown_max: PositiveSeconds = 900.0
-    """Each failed probe doubles the cool-down, up to this."""
     secrets_key: SecretStr | None = None
     """Fernet key(s), comma-separated, that encrypt signing secrets at rest: the first
     seals, all open (poller/keyring.py). Unset: secrets are stored in plain text."""
@@ -135,11 +126,6 @@ class Settings(BaseSettings):
             parse_keys(value.get_secret_value())  # ConfigurationError names the position
             return value
         return None
-
-    @property
-    def circuit(self) -> Circuit:
-        """The circuit breaker's settings."""
-        return Circuit(self.circuit_failures, self.circuit_cooldown, self.circuit_cooldown_max)
 
     @property
     def keyring(self) -> Keyring:
@@ -162,15 +148,6 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"must be host:port, e.g. 127.0.0.1:9108 (got {value!r})")
         return value
-
-    @model_validator(mode="after")
-    def _cooldowns_in_order(self) -> Settings:
-        if self.circuit_cooldown_max < self.circuit_cooldown:
-            raise ValueError(
-                f"POLLER_CIRCUIT_COOLDOWN_MAX={self.circuit_cooldown_max:g}: must be at least "
-                f"POLLER_CIRCUIT_COOLDOWN ({self.circuit_cooldown:g})"
-            )
-        return self
 
     @model_validator(mode="after")
     def _claim_lease_covers_delivery(self) -> Settings:

@@ -7,9 +7,6 @@ from poller.queries._registry import statement as _statement
 # --- claims (§5) --------------------------------------------------------------
 
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.
-# Endpoints whose circuit is open are skipped — their messages wait, spending no
-# attempt; once an open circuit's cool-down has passed (or a probe went missing),
-# this claim turns it half-open and takes one message of it: the probe.
 # Each enabled endpoint gets at most its free in-flight room (its max_in_flight
 # minus what this poller already holds for it, given as JSON); endpoints are
 # visited in a fresh random order each time and each one's rows come, oldest
@@ -27,32 +24,13 @@ CLAIM_BATCH = _statement(
     WITH busy AS (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
-    ), probe AS (
-        UPDATE poller_endpoint_health h
-        SET state = 'half_open', probe_at = now(), probes = h.probes + 1
-        FROM poller_endpoints e
-        WHERE e.id = h.endpoint_id AND e.enabled
-          AND e.bucket = ANY(CAST(:buckets AS smallint[]))
-          AND ((h.state = 'open' AND h.open_until <= now())
-               OR (h.state = 'half_open' AND h.probe_at < now()
-                   - make_interval(secs => 2 * CAST(:claim_lease AS double precision))))
-          AND EXISTS (SELECT 1 FROM poller_outbox p
-                      WHERE p.endpoint_id = h.endpoint_id AND p.status = 'pending'
-                        AND p.next_attempt_at <= now())
-        RETURNING h.endpoint_id
     ), ready AS (
         SELECT e.id,
-               CASE WHEN probe.endpoint_id IS NULL THEN room.n ELSE least(room.n, 1) END AS room
+               coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
+                   - coalesce(busy.n, 0) AS room
         FROM poller_endpoints e
         LEFT JOIN busy ON busy.endpoint_id = e.id
-        LEFT JOIN poller_endpoint_health h ON h.endpoint_id = e.id
-        LEFT JOIN probe ON probe.endpoint_id = e.id
-        CROSS JOIN LATERAL (
-            SELECT coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
-                   - coalesce(busy.n, 0) AS n
-        ) AS room
         WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
-          AND (coalesce(h.state, 'closed') = 'closed' OR probe.endpoint_id IS NOT NULL)
         ORDER BY md5(CAST(e.id AS text) || :salt)
     ), due AS (
         SELECT picked.id
@@ -120,12 +98,7 @@ EXTEND_CLAIMS = _statement(
 # the receiver saw is explained. Ended rows with an ordering key come back with
 # it, and the rows of the keys they headed are locked here (after the outbox
 # rows, as everywhere): the caller's next statement, ADVANCE_KEYS, hands the
-# keys on with a snapshot taken after the locks were granted. Each endpoint's
-# circuit breaker learns from the sends (poller/health.py): a success closes it
-# and resets the count; failed sends (no answer, 5xx, 408, 429) add up, and
-# :circuit_failures in a row — or a failed probe — open it for a cool-down that
-# doubles on each reopening, up to :circuit_cooldown_max. A healthy endpoint's
-# row is written at most about once a second.
+# keys on with a snapshot taken after the locks were granted.
 COMPLETE_BATCH = _statement(
     "COMPLETE_BATCH",
     """
@@ -170,45 +143,6 @@ COMPLETE_BATCH = _statement(
         FROM c
         WHERE c.kind IS NOT NULL
           AND EXISTS (SELECT 1 FROM poller_outbox x WHERE x.id = c.id)
-    ), signals AS (
-        SELECT done.endpoint_id,
-               count(*) FILTER (WHERE c.outcome = 'delivered') AS ok,
-               count(*) FILTER (
-                   WHERE c.kind = 'send' AND c.outcome IN ('retry', 'unknown', 'failed')
-                     AND (c.status_code IS NULL OR c.status_code >= 500
-                          OR c.status_code IN (408, 429))) AS bad
-        FROM c JOIN done ON done.id = c.id
-        GROUP BY done.endpoint_id
-    ), judged AS (
-        SELECT s.endpoint_id, s.ok, s.bad,
-               s.ok = 0 AND s.bad > 0
-                 AND (h.state = 'half_open'
-                      OR (h.state = 'closed' AND CAST(:circuit_failures AS integer) > 0
-                          AND h.consecutive_failures + s.bad
-                              >= CAST(:circuit_failures AS integer))) AS opens,
-               CASE WHEN h.state = 'half_open'
-                    THEN least(coalesce(h.cooldown, 0) * 2,
-                               CAST(:circuit_cooldown_max AS double precision))
-                    ELSE CAST(:circuit_cooldown AS double precision) END AS next_cooldown
-        FROM signals s JOIN poller_endpoint_health h ON h.endpoint_id = s.endpoint_id
-        WHERE s.bad > 0 OR h.state <> 'closed' OR h.consecutive_failures > 0
-           OR h.last_success_at IS NULL OR h.last_success_at < now() - interval '1 second'
-    ), health AS (
-        UPDATE poller_endpoint_health h
-        SET consecutive_failures = CASE WHEN j.ok > 0 THEN 0
-                                        ELSE h.consecutive_failures + j.bad END,
-            last_success_at = CASE WHEN j.ok > 0 THEN now() ELSE h.last_success_at END,
-            last_failure_at = CASE WHEN j.bad > 0 THEN now() ELSE h.last_failure_at END,
-            state = CASE WHEN j.ok > 0 THEN 'closed' WHEN j.opens THEN 'open' ELSE h.state END,
-            cooldown = CASE WHEN j.ok > 0 THEN NULL WHEN j.opens THEN j.next_cooldown
-                            ELSE h.cooldown END,
-            opened_at = CASE WHEN j.opens THEN now() ELSE h.opened_at END,
-            open_until = CASE WHEN j.opens THEN now() + make_interval(secs => j.next_cooldown)
-                              ELSE h.open_until END,
-            opens = h.opens + CASE WHEN j.opens THEN 1 ELSE 0 END
-        FROM judged j
-        WHERE h.endpoint_id = j.endpoint_id
-        RETURNING h.endpoint_id, h.state
     ), heads AS (
         SELECT k.endpoint_id
         FROM done
@@ -219,9 +153,7 @@ COMPLETE_BATCH = _statement(
         ORDER BY k.endpoint_id, k.ordering_key
         FOR UPDATE OF k
     )
-    SELECT id, status, ordering_key, (SELECT count(*) FROM heads) AS heads_locked,
-           (SELECT count(*) FROM health) AS health_updated
-    FROM done
+    SELECT id, status, ordering_key, (SELECT count(*) FROM heads) AS heads_locked FROM done
     """,
 )
 

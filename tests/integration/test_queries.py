@@ -13,7 +13,6 @@ from loadtest.fixtures import insert_due, insert_history, insert_waiting
 from poller import queries
 from poller.claims import ALL_BUCKETS_LITERAL, Outcome, outcomes_json
 from poller.endpoints import CreatedEndpoint
-from poller.health import Circuit
 
 NOW = datetime.now(UTC)
 ONE = {
@@ -84,7 +83,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "LAST_MESSAGE_ID": {},
     "GAUGE_DUE": {},
     "GAUGE_STATUS": {},
-    "COMPLETE_BATCH": {**COMPLETE, **Circuit(failures=3).params()},
+    "COMPLETE_BATCH": COMPLETE,
     "RECLAIM_EXPIRED": {"limit": 10},
     "LOCK_ORDERING_KEYS": KEYS,
     "SET_ORDERING_HEADS": {**KEYS, "new_heads": [None]},
