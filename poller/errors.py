@@ -70,12 +70,13 @@ class NaiveDatetime(EnqueueError):
 
 
 class IdempotencyConflict(PollerError):
-    """The (endpoint, idempotency key) exists already with a different payload or event type."""
+    """The (endpoint, idempotency key) exists already with other content (payload, event
+    type or ordering key)."""
 
     def __init__(self, endpoint: str, idempotency_key: str, existing_id: int) -> None:
         super().__init__(
             f"idempotency key {idempotency_key!r} on endpoint {endpoint!r} is already used by "
-            f"message {existing_id} with a different payload or event type"
+            f"message {existing_id} with a different payload, event type or ordering key"
         )
         self.endpoint = endpoint
         self.idempotency_key = idempotency_key

@@ -62,7 +62,6 @@ def test_the_checker_catches_disorder_and_a_stranded_waiting_message(engine, end
     from sqlalchemy import text
 
     seed_messages(engine, 2, ordering_key="o1")  # billing:0 (head), billing:1 (waiting)
-    seed_messages(engine, 1, ordering_key="o2")
     with engine.begin() as conn:
         conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 1"))
         conn.execute(
