@@ -43,7 +43,6 @@ receiver can check that the positions it applies for a key only grow.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,31 +50,8 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from poller import queries
-from poller.errors import InvalidOrderingKey
 
 ENDED = frozenset({"delivered", "failed"})
-MAX_ORDERING_KEY_LENGTH = 255
-_ORDERING_KEY_RE = re.compile(r"[\x21-\x7e]+")  # it travels in a header: visible ASCII
-
-
-def check_ordering_key(key: object) -> str | None:
-    """None, or a key of 1 to 255 visible ASCII characters; else InvalidOrderingKey."""
-    if key is None:
-        return None
-    if not isinstance(key, str):
-        raise InvalidOrderingKey(f"ordering_key must be a string, not {type(key).__name__}")
-    if not key:
-        raise InvalidOrderingKey("ordering_key must not be empty (leave it out for no order)")
-    if len(key) > MAX_ORDERING_KEY_LENGTH:
-        raise InvalidOrderingKey(
-            f"ordering_key is {len(key)} characters; at most {MAX_ORDERING_KEY_LENGTH} are allowed"
-        )
-    if not _ORDERING_KEY_RE.fullmatch(key):
-        raise InvalidOrderingKey(
-            "ordering_key may hold only visible ASCII characters (no spaces or control "
-            "characters): it is sent in the webhook-ordering-key header"
-        )
-    return key
 
 
 class Positions:

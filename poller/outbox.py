@@ -44,19 +44,20 @@ from poller.errors import (
     IdempotencyKeySpent,
     InvalidEventType,
     InvalidIdempotencyKey,
+    InvalidOrderingKey,
     NaiveDatetime,
     UnknownEndpoint,
 )
 from poller.errors import (
     EnqueueError as _EnqueueError,
 )
-from poller.ordering import Positions, check_ordering_key
+from poller.ordering import Positions
 from poller.payloads import JsonDefault, serialise_payload
 from poller.settings import default_settings
 
 MAX_KEY_LENGTH = 255
 MAX_EVENT_TYPE_LENGTH = 255
-# Keys travel in HTTP headers (webhook-id, Idempotency-Key): visible ASCII only.
+# Idempotency and ordering keys travel in HTTP headers: visible ASCII only.
 _KEY_RE = re.compile(r"[\x21-\x7e]+")
 # Event types are names like "invoice.paid", "order/created", "billing:v2.charge".
 _EVENT_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
@@ -95,21 +96,33 @@ class _Checked:
 # --- validation (pure) ---------------------------------------------------------
 
 
+def _header_token(value: object, name: str, header: str, error: type[_EnqueueError]) -> str:
+    """1 to MAX_KEY_LENGTH visible ASCII characters: the value travels in ``header``."""
+    if not isinstance(value, str):
+        raise error(f"{name} must be a string, not {type(value).__name__}")
+    if not value:
+        raise error(f"{name} must not be empty")
+    if len(value) > MAX_KEY_LENGTH:
+        raise error(f"{name} is {len(value)} characters; at most {MAX_KEY_LENGTH} are allowed")
+    if not _KEY_RE.fullmatch(value):
+        raise error(
+            f"{name} may hold only visible ASCII characters (no spaces or control "
+            f"characters): it is sent in the {header} header"
+        )
+    return value
+
+
 def _check_key(key: object) -> str:
-    if not isinstance(key, str):
-        raise InvalidIdempotencyKey(f"idempotency_key must be a string, not {type(key).__name__}")
-    if not key:
-        raise InvalidIdempotencyKey("idempotency_key must not be empty")
-    if len(key) > MAX_KEY_LENGTH:
-        raise InvalidIdempotencyKey(
-            f"idempotency_key is {len(key)} characters; at most {MAX_KEY_LENGTH} are allowed"
-        )
-    if not _KEY_RE.fullmatch(key):
-        raise InvalidIdempotencyKey(
-            "idempotency_key may hold only visible ASCII characters (no spaces or control "
-            "characters): it is sent in the webhook-id and Idempotency-Key headers"
-        )
-    return key
+    return _header_token(
+        key, "idempotency_key", "webhook-id and Idempotency-Key", InvalidIdempotencyKey
+    )
+
+
+def _check_ordering_key(key: object) -> str | None:
+    """None (no order), or a key like an idempotency key (poller/ordering.py)."""
+    if key is None:
+        return None
+    return _header_token(key, "ordering_key", "webhook-ordering-key", InvalidOrderingKey)
 
 
 def _check_event_type(event_type: object) -> str:
@@ -171,7 +184,7 @@ def check_message(
         deliver_at=deliver_at,
         delay=delay,
         max_attempts=_check_max_attempts(message.max_attempts),
-        ordering_key=check_ordering_key(message.ordering_key),
+        ordering_key=_check_ordering_key(message.ordering_key),
     )
 
 

@@ -13,10 +13,17 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from poller import IdempotencyConflict, Message, claims, enqueue, enqueue_many
+from poller import (
+    IdempotencyConflict,
+    InvalidOrderingKey,
+    Message,
+    claims,
+    enqueue,
+    enqueue_many,
+)
 from poller.admin import retry_messages
 from poller.claims import Claims
-from poller.ordering import InvalidOrderingKey, blocked_keys, skip_messages
+from poller.ordering import blocked_keys, skip_messages
 from poller.receiver import Receiver
 from tests.conftest import make_endpoint
 from tests.integration.helpers import wait_for
