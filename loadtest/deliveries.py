@@ -48,6 +48,39 @@ def start_receiver(tmp: Path, secret: str, name: str) -> tuple[Proc, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
+def start_poller(
+    tmp: Path, engine: Any, url: str, receiver_url: str, secret: str, concurrency: int
+) -> Proc:
+    """The endpoint "bench" on the receiver, and one `poller run` with ``concurrency``
+    deliveries in flight, started and past its first second."""
+    with engine.begin() as conn:
+        create_endpoint(
+            conn,
+            "bench",
+            f"{receiver_url}/bench",
+            secret=secret,
+            max_in_flight=concurrency,
+            allow_private=True,
+        )
+    poller = Proc(
+        ["run", "--id", "bench"],
+        clean_env(
+            POLLER_DATABASE_URL=url,
+            POLLER_CONCURRENCY=str(concurrency),
+            POLLER_ALLOW_PRIVATE_TARGETS="true",
+            POLLER_BATCH_SIZE="100",
+        ),
+        tmp / "poller.log",
+    )
+    try:
+        poller.wait_for("starting")
+    except BaseException:
+        poller.stop()  # the caller never got it to stop
+        raise
+    time.sleep(1.0)  # a benchmark warm-up, not synchronisation: the poller already runs
+    return poller
+
+
 async def raw_ceiling(url: str, messages: int, concurrency: int, secret: str) -> float:
     """Requests/s of plain aiohttp POSTing signed payloads, ``concurrency`` in flight."""
     from poller.delivery import sign
@@ -161,28 +194,7 @@ def main() -> None:
             receiver, receiver_url = start_receiver(tmp, secret, "receiver-poller")
             procs.append(receiver)
             engine = sync_engine(url)
-            with engine.begin() as conn:
-                create_endpoint(
-                    conn,
-                    "bench",
-                    f"{receiver_url}/bench",
-                    secret=secret,
-                    max_in_flight=args.concurrency,
-                    allow_private=True,
-                )
-            poller = Proc(
-                ["run", "--id", "bench"],
-                clean_env(
-                    POLLER_DATABASE_URL=url,
-                    POLLER_CONCURRENCY=str(args.concurrency),
-                    POLLER_ALLOW_PRIVATE_TARGETS="true",
-                    POLLER_BATCH_SIZE="100",
-                ),
-                tmp / "poller.log",
-            )
-            procs.append(poller)
-            poller.wait_for("starting")
-            time.sleep(1.0)
+            procs.append(start_poller(tmp, engine, url, receiver_url, secret, args.concurrency))
             rate = drain(engine, args.messages, args.timeout)
             print(
                 f"raw aiohttp ceiling ({args.concurrency} in flight): {ceiling:,.0f} req/s\n"

@@ -29,12 +29,12 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from loadtest.bench_db import fresh_database, server_url
-from loadtest.deliveries import _payload, start_receiver
+from loadtest.deliveries import _payload, start_poller, start_receiver
 from loadtest.fixtures import insert_waiting
-from loadtest.procs import Proc, clean_env
+from loadtest.procs import Proc
 from poller import Message, enqueue_many
 from poller.db import sync_engine
-from poller.endpoints import create_endpoint, new_secret
+from poller.endpoints import new_secret
 
 
 def _applied(receiver_url: str) -> int:
@@ -99,27 +99,7 @@ def main() -> None:
             receiver, receiver_url = start_receiver(tmp, secret, "receiver")
             procs.append(receiver)
             engine = sync_engine(url)
-            with engine.begin() as conn:
-                create_endpoint(
-                    conn,
-                    "bench",
-                    f"{receiver_url}/bench",
-                    secret=secret,
-                    max_in_flight=args.concurrency,
-                    allow_private=True,
-                )
-            poller = Proc(
-                ["run", "--id", "bench"],
-                clean_env(
-                    POLLER_DATABASE_URL=url,
-                    POLLER_CONCURRENCY=str(args.concurrency),
-                    POLLER_ALLOW_PRIVATE_TARGETS="true",
-                ),
-                tmp / "poller.log",
-            )
-            procs.append(poller)
-            poller.wait_for("starting")
-            time.sleep(1.0)
+            procs.append(start_poller(tmp, engine, url, receiver_url, secret, args.concurrency))
 
             def free(tag: str) -> list[Message]:
                 return [Message("bench", "e.v", _payload(i), f"{tag}:{i}") for i in range(n)]
