@@ -398,3 +398,15 @@ async def test_a_blocked_key_holds_back_nothing_but_itself(engine: Engine, claim
     assert await _deliver_all(claimer) == [b[1]]
     found = states(engine)
     assert [found[i] for i in a] == ["failed", "waiting", "waiting"]
+
+
+@pytest.mark.parametrize("policy", ["maybe", "", "BLOCK", 1])
+def test_a_failed_head_policy_must_be_block_or_skip(engine: Engine, policy: Any) -> None:
+    from poller.endpoints import update_endpoint
+    from poller.errors import InvalidEndpoint
+
+    with pytest.raises(InvalidEndpoint, match="on_failed_head must be one of block, skip"):
+        make_endpoint(engine, "a", on_failed_head=policy)
+    make_endpoint(engine, "b")
+    with pytest.raises(InvalidEndpoint, match="on_failed_head"), engine.begin() as conn:
+        update_endpoint(conn, "b", on_failed_head=policy)
