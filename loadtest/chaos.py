@@ -385,6 +385,8 @@ def run_scenario(
             POLLER_REQUEST_TIMEOUT="2",
             POLLER_SWEEP_INTERVAL="0.5",
             POLLER_RETRY_SCHEDULE="[0.2, 0.5, 1]",
+            POLLER_CIRCUIT_COOLDOWN="0.5",
+            POLLER_CIRCUIT_COOLDOWN_MAX="2",
             POLLER_ALLOW_PRIVATE_TARGETS="true",
             POLLER_LOG_FORMAT="json",
         )

@@ -35,6 +35,7 @@ from poller import queries
 from poller.claims import ALL_BUCKETS_LITERAL, Claims, delivered
 from poller.db import async_engine, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
+from poller.health import HealthPolicy
 
 
 def _psycopg_sql(sql: str) -> str:
@@ -43,6 +44,7 @@ def _psycopg_sql(sql: str) -> str:
 
 RAW_CLAIM = _psycopg_sql(queries.STATEMENTS["CLAIM_BATCH"])
 RAW_COMPLETE = _psycopg_sql(queries.STATEMENTS["COMPLETE_BATCH"])
+HEALTH = HealthPolicy().params()
 
 
 def _seed(url: str, rows: int) -> None:
@@ -106,7 +108,7 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
             }
             for r in rows
         ]
-        params = {"outcomes": json.dumps(outcomes), "poller_id": "bench"}
+        params = {"outcomes": json.dumps(outcomes), "poller_id": "bench", **HEALTH}
         n = len(rows)
         await conn.execute(RAW_COMPLETE, params)
         await conn.commit()

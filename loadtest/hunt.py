@@ -76,6 +76,7 @@ class Plan:
     faults: list[tuple[float, str]]  # (seconds after the start, fault)
     lookup: bool
     on_failed_head: str = "block"  # what the endpoint's ordering keys do on a failed head
+    circuit_failures: int = 10  # failed sends in a row that open the circuit (0: never)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -94,7 +95,8 @@ class Plan:
             max_attempts=rng.randint(2, 5),
             faults=faults,
             lookup=rng.random() < 0.8,
-            on_failed_head=rng.choice(["block", "skip"]),  # drawn last: earlier draws unchanged
+            on_failed_head=rng.choice(["block", "skip"]),  # drawn late: earlier draws unchanged
+            circuit_failures=rng.choice([0, 3, 10]),
         )
 
     def describe(self) -> str:
@@ -103,7 +105,7 @@ class Plan:
             f"seed {self.seed}: {self.pollers} pollers, election {self.election}, "
             f"{self.http_client}, max_attempts {self.max_attempts}, "
             f"lookup {'on' if self.lookup else 'off'}, {self.on_failed_head} on a failed head, "
-            f"faults: {faults}"
+            f"circuit after {self.circuit_failures or 'never'}, faults: {faults}"
         )
 
 
@@ -405,6 +407,9 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             POLLER_ALLOW_PRIVATE_TARGETS="true",
             POLLER_LOG_FORMAT="json",
             POLLER_SECRETS_KEY=secrets_key,
+            POLLER_CIRCUIT_FAILURES=str(plan.circuit_failures),
+            POLLER_CIRCUIT_COOLDOWN="0.2",
+            POLLER_CIRCUIT_COOLDOWN_MAX="0.8",
             **({"POLLER_REDIS_URL": redis_url} if redis_url else {}),
         )
         fleet = Fleet(env, plan.pollers, tmp, run)

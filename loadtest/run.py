@@ -148,6 +148,8 @@ def main() -> None:
                 POLLER_REQUEST_TIMEOUT="3",
                 POLLER_SWEEP_INTERVAL="1",
                 POLLER_RETRY_SCHEDULE="[0.5, 1, 2, 4]",
+                POLLER_CIRCUIT_COOLDOWN="1",
+                POLLER_CIRCUIT_COOLDOWN_MAX="4",
             )
             pollers = [
                 Proc(["run", "--id", f"poller-{n}"], poller_env, tmp / f"poller-{n}.log")

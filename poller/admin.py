@@ -12,7 +12,7 @@ from __future__ import annotations
 import getpass
 import socket
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, select, update
@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from poller.errors import PollerError, UnknownEndpoint
 from poller.ordering import requeue_keyed
 from poller.schema import STATUSES, delivery_attempts, endpoints, outbox
+from poller.schema import endpoint_health as health_table
 from poller.settings import default_settings
 
 PURGE_BATCH = 1000
@@ -76,15 +77,43 @@ def queue_stats(conn: Connection) -> dict[str, Any]:
     recent = conn.execute(
         select(func.count()).where(delivery_attempts.c.finished_at > now - timedelta(minutes=1))
     ).scalar_one()
+    states = {
+        row.name: _endpoint_state(row)
+        for row in conn.execute(
+            select(
+                endpoints.c.name,
+                endpoints.c.enabled,
+                endpoints.c.paused_until,
+                health_table.c.state,
+            ).join(health_table, health_table.c.endpoint_id == endpoints.c.id, isouter=True)
+        )
+    }
+    held = sum(
+        counts["pending"] for name, counts in per_endpoint.items() if states.get(name, "ok") != "ok"
+    )
     return {
         "totals": totals,
         "endpoints": per_endpoint,
+        # Why an endpoint's pending messages may be waiting: ok, disabled, circuit open,
+        # circuit half-open, paused (Retry-After). ``held``: pending behind such endpoints.
+        "endpoint_states": {name: states.get(name, "ok") for name in per_endpoint},
+        "pending_held": held,
         "oldest_due_pending_seconds": float(oldest_due) if oldest_due is not None else None,
         "in_flight": totals["in_flight"],
         "failed_last_hour": failed_hour,
         "failed_last_day": failed_day,
         "attempts_per_second_last_minute": recent / 60,
     }
+
+
+def _endpoint_state(row: Any) -> str:
+    if not row.enabled:
+        return "disabled"
+    if row.state in ("open", "half_open"):
+        return "circuit " + str(row.state).replace("_", "-")
+    if row.paused_until is not None and row.paused_until > datetime.now(UTC):
+        return "paused"
+    return "ok"
 
 
 def list_failed(
@@ -185,6 +214,59 @@ def endpoint_health(conn: Connection, endpoint_id: int) -> dict[str, Any]:
         "failures_since_last_success": failures,
         "messages": queue,
     }
+
+
+def health_report(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
+    """Each endpoint's health (poller/health.py), or ``name``'s: circuit, failure streak,
+    last success, send success ratio over 1 h and 24 h, rate limit and its use now."""
+    from poller import queries
+
+    rows = conn.execute(queries.HEALTH_REPORT, {"name": name}).all()
+    if name is not None and not rows:
+        raise UnknownEndpoint(name)
+    report = []
+    for r in rows:
+        paused = r.paused_until if r.state == "closed" else None
+        if paused is not None and paused <= datetime.now(UTC):
+            paused = None
+        report.append(
+            {
+                "name": r.name,
+                "enabled": r.enabled,
+                "disabled_reason": r.disabled_reason,
+                "circuit": r.state,
+                "consecutive_failures": r.consecutive_failures,
+                "circuit_failures": r.circuit_failures,
+                "circuit_cooldown": r.circuit_cooldown,
+                "opened_at": r.opened_at,
+                "next_probe_at": r.open_until if r.state == "open" else None,
+                "probe_sent_at": r.probe_at if r.state == "half_open" else None,
+                "cooldown": r.cooldown,
+                "opens": r.opens,
+                "probes": r.probes,
+                "last_success_at": r.last_success_at,
+                "last_failure_at": r.last_failure_at,
+                "failing_since": r.failing_since,
+                "last_error": r.last_error,
+                "paused_until": paused,
+                "success_ratio_1h": _ratio(r.ok_1h, r.sends_1h),
+                "sends_1h": r.sends_1h,
+                "success_ratio_24h": _ratio(r.ok_24h, r.sends_24h),
+                "sends_24h": r.sends_24h,
+                "rate_limit": r.rate_limit,
+                "rate_burst": r.rate_burst if r.rate_limit is not None else None,
+                "rate_tokens": None if r.tokens is None else round(max(r.tokens, 0.0), 2),
+                "rate_in_use": None
+                if r.tokens is None
+                else round(1 - max(r.tokens, 0.0) / r.rate_burst, 3),
+                "pending": r.pending,
+            }
+        )
+    return report
+
+
+def _ratio(ok: int, total: int) -> float | None:
+    return None if not total else round(ok / total, 4)
 
 
 # --- acting ----------------------------------------------------------------------

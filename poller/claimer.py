@@ -34,6 +34,7 @@ from poller.claims import Claims
 from poller.completer import Completer
 from poller.db import OutageLog, is_transient, libpq_url
 from poller.dispatcher import Dispatcher, EndpointCache
+from poller.health import GOVERN_INTERVAL
 from poller.schema import NOTIFY_CHANNEL
 from poller.settings import Settings
 from poller.shards import ClaimScope
@@ -65,6 +66,8 @@ class Claimer:
         self.on_cycle: list[Callable[[int], object]] = []
         self.cycles = 0  # claim cycles run (each calls on_cycle with what it claimed)
         self.wake = asyncio.Event()
+        self._governed_last = -GOVERN_INTERVAL  # monotonic time of the last governed claim
+        self._governed_busy = False  # it found governed endpoints with due messages
         self._outage = OutageLog("claiming")
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -96,11 +99,22 @@ class Claimer:
             for callback in self.on_cycle:
                 callback(claimed)
             if claimed < room or room <= 0:
-                await self._sleep(settings.poll_interval)
+                await self._sleep(self._idle_for())
+
+    def _idle_for(self) -> float:
+        """How long to wait for a wake-up: the poll interval, or less while governed
+        endpoints (rate limited, probing) have due messages that wait for their turn."""
+        if not self._governed_busy:
+            return self.settings.poll_interval
+        wait = self._governed_last + GOVERN_INTERVAL - time.monotonic()
+        return min(self.settings.poll_interval, max(wait, 0.0))
 
     async def _claim(self, limit: int) -> int:
         scope = self.scope()
         asked = time.monotonic()  # the lease runs from the claim, at the latest from here
+        # Rate-limited endpoints and open circuits' probes (poller/health.py): at most
+        # ten times a second, in the same transaction as the plain claim.
+        governed = asked - self._governed_last >= GOVERN_INTERVAL
         batch = await self.claims.claim(
             limit,
             scope.buckets,
@@ -110,7 +124,11 @@ class Claimer:
             shards=scope.shards,
             on_refused=self.on_refused,
             endpoint_versions=self.endpoints.versions,
+            governed=governed,
         )
+        if batch.governed is not None:
+            self._governed_last = asked
+            self._governed_busy = batch.governed > 0
         # Committed: from here to the last start, no I/O and no await.
         self.endpoints.update(batch.endpoints)
         for msg in batch.messages:
@@ -118,6 +136,9 @@ class Claimer:
             self.dispatcher.start(msg)
         if batch.messages:
             metrics.CLAIMED.inc(len(batch.messages))
+            if governed and (probes := sum(1 for m in batch.messages if m.probe)):
+                metrics.CIRCUIT_PROBES.inc(probes)
+                log.info("claimed %d probe message(s) for open circuits", probes)
             log.debug("claimed %d messages", len(batch.messages))
         return len(batch.messages)
 

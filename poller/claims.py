@@ -23,6 +23,7 @@ each attempt in ``poller_delivery_attempts`` in the same transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
 from poller.endpoints import Endpoint
+from poller.events import EventSink, OperationalEvent
+from poller.health import HealthPolicy
 from poller.keyring import Keyring
 from poller.ordering import ENDED, advance_keys
 from poller.schema import BUCKETS
@@ -62,6 +65,7 @@ class ClaimedMessage:
     endpoint_updated_at: datetime  # a newer one than the poller's cached endpoint: reload it
     refunds: int = 0  # attempts handed back by graceful shutdowns so far
     ordering_key: str | None = None  # ordered delivery: the key (the id is the position)
+    probe: bool = False  # sent to test an open circuit (poller/health.py)
 
     @property
     def last_attempt(self) -> bool:
@@ -82,6 +86,8 @@ class Outcome:
     refund: int = 0  # 1 hands the attempt back (graceful release)
     kind: AttemptKind | None = "send"  # None: nothing reached the wire, no attempt row
     disable_reason: str | None = None  # disable the endpoint too (410 Gone), if applied
+    pause: float | None = None  # pause the whole endpoint this many seconds (Retry-After)
+    probe: bool | None = None  # True: a failed probe, its refund not counted in ``refunds``
     status_code: int | None = None
     error_class: str | None = None
     error_message: str | None = None
@@ -168,6 +174,21 @@ def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
     )
 
 
+def probe_failed(outcome: Outcome) -> Outcome:
+    """A failed probe (poller/health.py): the circuit opens again and the attempt is handed
+    back, so a message does not age out while its endpoint is down. Bounded all the same:
+    probes come one per cool-down, and the endpoint is disabled after POLLER_DISABLE_AFTER."""
+    return dataclasses.replace(
+        outcome,
+        status="pending",
+        outcome="probe_failed" if outcome.outcome == "failed" else outcome.outcome,
+        retry_delay=0.0,
+        needs_lookup=bool(outcome.needs_lookup),
+        refund=1,
+        probe=True,
+    )
+
+
 def crashed(msg: ClaimedMessage, delay: float, *, maybe_sent: bool, **detail: Any) -> Outcome:
     """The delivery raised instead of coming to an answer: an attempt all the same.
 
@@ -220,6 +241,7 @@ def released(msg: ClaimedMessage, *, maybe_sent: bool = False) -> Outcome:
 class ClaimBatch:
     messages: list[ClaimedMessage]
     endpoints: list[Endpoint]  # the claimed messages' endpoints the caller's cache lacked
+    governed: int | None = None  # governed endpoints with due messages (None: not asked)
 
 
 @dataclass(slots=True)
@@ -227,12 +249,15 @@ class CompletionResult:
     applied: list[int] = field(default_factory=list)
     stale: list[int] = field(default_factory=list)
     promoted: int = 0  # buckets where an ordered message became its key's head (now due)
+    events: list[OperationalEvent] = field(default_factory=list)  # for hooks, after commit
+    opened: int = 0  # circuits this completion opened
 
 
 @dataclass(slots=True)
 class ReclaimResult:
     pending: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
+    events: list[OperationalEvent] = field(default_factory=list)
 
 
 TEXT_CAP = 2048
@@ -264,6 +289,7 @@ _OPTIONAL_FIELDS = tuple(
     f for f in Outcome.__dataclass_fields__ if f not in ("message_id", "started_at")
 )
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
+_GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed")
 
 
 def buckets_literal(buckets: Sequence[int]) -> str:
@@ -288,11 +314,16 @@ class Claims:
         poller_id: str,
         claim_lease: float,
         keyring: Keyring | None = None,
+        health: HealthPolicy | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.engine = engine
         self.poller_id = poller_id
         self.claim_lease = claim_lease
         self.keyring = keyring  # opens the endpoints' secrets; None: POLLER_SECRETS_KEY's
+        self.health = health or HealthPolicy()  # poller/health.py
+        self._health_params = self.health.params()
+        self.events = events or EventSink()  # poller/events.py
         self.stale_completions = 0
         self.stale_leader_claims = 0
 
@@ -313,6 +344,7 @@ class Claims:
         shards: int = 1,
         on_refused: Callable[[list[int]], None] | None = None,
         endpoint_versions: Mapping[int, datetime] | None = None,
+        governed: bool = False,
     ) -> ClaimBatch:
         """Claim up to ``limit`` due rows of ``buckets`` (default: all), fairly per endpoint.
 
@@ -328,6 +360,11 @@ class Claims:
         in the same transaction and returned in ``endpoints``. So once the claim
         has committed the caller needs no further I/O before sending: nothing
         can fail between a committed claim and its deliveries.
+
+        With ``governed``, the messages of rate-limited endpoints and probes of
+        open circuits are claimed first (CLAIM_GOVERNED, poller/health.py), and
+        ``governed`` in the result says how many such endpoints had due messages.
+        Without it, those endpoints are left alone.
         """
         if buckets is not None and not buckets:
             return ClaimBatch([], [])
@@ -362,10 +399,21 @@ class Claims:
                 if not allowed:
                     return ClaimBatch([], [])
                 params["buckets"] = buckets_literal(allowed)
-            result = await conn.execute(queries.CLAIM_BATCH, params)
-            if tuple(result.keys()) != _CLAIMED_FIELDS:  # pragma: no cover - a schema slip
-                raise RuntimeError(f"CLAIM_BATCH returns {tuple(result.keys())}")
-            messages = [ClaimedMessage(*row) for row in result.all()]
+            messages: list[ClaimedMessage] = []
+            governed_count = None
+            if governed:
+                result = await conn.execute(queries.CLAIM_GOVERNED, params)
+                if tuple(result.keys()) != _GOVERNED_FIELDS:  # pragma: no cover - a schema slip
+                    raise RuntimeError(f"CLAIM_GOVERNED returns {tuple(result.keys())}")
+                found = result.all()
+                governed_count = int(found[0].governed)
+                messages = [ClaimedMessage(*row[:-1]) for row in found if row.id is not None]
+                params["limit"] = limit - len(messages)
+            if limit > len(messages):
+                result = await conn.execute(queries.CLAIM_BATCH, params)
+                if tuple(result.keys()) != _CLAIMED_FIELDS:  # pragma: no cover - a schema slip
+                    raise RuntimeError(f"CLAIM_BATCH returns {tuple(result.keys())}")
+                messages += [ClaimedMessage(*row) for row in result.all()]
             versions = endpoint_versions or {}
             stale = sorted(
                 {
@@ -379,7 +427,7 @@ class Claims:
             if stale:
                 rows = await conn.execute(queries.ENDPOINTS_BY_ID, {"ids": stale})
                 endpoints = [Endpoint.from_row(row, self.keyring) for row in rows]
-        return ClaimBatch(messages, endpoints)
+        return ClaimBatch(messages, endpoints, governed_count)
 
     async def extend(self, held: Mapping[int, int]) -> set[int]:
         """Extend the claim lease of held rows ({id: claim_token}); returns the ids still held.
@@ -399,10 +447,15 @@ class Claims:
         return {row.id for row in rows}
 
     async def complete(self, outcomes: Sequence[Outcome]) -> CompletionResult:
-        """Apply outcomes (any mix) in one fenced statement; report which were stale."""
+        """Apply outcomes (any mix) in one fenced statement; report which were stale.
+
+        The endpoints' health learns from them in the same statement; operational
+        events for what changed (and for messages that failed for good) are
+        enqueued in the same transaction and returned for the in-process hooks.
+        """
         if not outcomes:
             return CompletionResult()
-        params = outcomes_json(outcomes, self.poller_id)
+        params = {**outcomes_json(outcomes, self.poller_id), **self._health_params}
         async with self.engine.begin() as conn:
             rows = (await conn.execute(queries.COMPLETE_BATCH, params)).all()
             ended = [r.id for r in rows if r.ordering_key is not None and r.status in ENDED]
@@ -412,11 +465,16 @@ class Claims:
                 # claims it — the caller wakes its own claimer (``promoted``).
                 moved = await advance_keys(conn, ended, locked=True, notify=False)
                 promoted = sum(1 for row in moved if row.what == "promoted")
+            transitions = (rows[0].events or []) if rows else []
+            failed = [r.id for r in rows if r.status == "failed"]
+            events = await self.events.record(conn, transitions, failed)
         applied = {row.id for row in rows}
         result = CompletionResult(
             applied=[o.message_id for o in outcomes if o.message_id in applied],
             stale=[o.message_id for o in outcomes if o.message_id not in applied],
             promoted=promoted,
+            events=events,
+            opened=sum(1 for t in transitions if t["was"] == "closed" and t["state"] == "open"),
         )
         self.stale_completions += len(result.stale)
         return result
@@ -428,7 +486,8 @@ class Claims:
             failed = [row.id for row in rows if row.status == "failed"]
             if failed:
                 await advance_keys(conn, failed)
-        result = ReclaimResult()
+            events = await self.events.record(conn, failed=failed)
+        result = ReclaimResult(events=events)
         for row in rows:
             (result.failed if row.status == "failed" else result.pending).append(row.id)
         return result

@@ -144,6 +144,10 @@ class Completer:
         self._unhold(batch)
         if result.promoted:
             self.on_promoted()
+        if result.opened:
+            metrics.CIRCUIT_OPENS.inc(result.opened)
+        if result.events:
+            self.claims.events.notify(result.events)
         if result.stale:
             metrics.STALE_COMPLETIONS.inc(len(result.stale))
             log.warning(
@@ -190,4 +194,7 @@ class Completer:
                 result = await self._complete([stripped])
             total.applied += result.applied
             total.stale += result.stale
+            total.promoted += result.promoted
+            total.events += result.events
+            total.opened += result.opened
         return total

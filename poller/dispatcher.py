@@ -32,6 +32,7 @@ from poller.claims import ClaimedMessage, Outcome, clean_text
 from poller.completer import Completer
 from poller.delivery import LookupAnswer, Verdict
 from poller.endpoints import Endpoint
+from poller.health import is_endpoint_failure
 from poller.retry import backoff
 from poller.senders import Sender
 from poller.settings import Settings
@@ -169,6 +170,12 @@ class Dispatcher:
         if attempt.verdict is Verdict.GONE:
             log.warning("endpoint %s answered 410 Gone: disabling it", endpoint.name)
             outcome = dataclasses.replace(outcome, disable_reason=f"410 Gone from {endpoint.name}")
+        if attempt.retry_after is not None:  # 429/503: the whole endpoint waits (health.py)
+            pause = min(attempt.retry_after, self.settings.retry_after_max)
+            outcome = dataclasses.replace(outcome, pause=pause)
+            metrics.ENDPOINT_PAUSES.inc()
+        if msg.probe and is_endpoint_failure(attempt.status_code, outcome.outcome):
+            outcome = claims.probe_failed(outcome)
         return outcome
 
     def _crash(

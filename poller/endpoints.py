@@ -155,6 +155,51 @@ def _on_failed_head(value: object) -> str | None:
     raise InvalidEndpoint(f"on_failed_head must be one of {', '.join(ON_FAILED_HEAD)}")
 
 
+class _Default:
+    """Give as a health setting to :func:`update_endpoint` to go back to the default."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
+MAX_RATE = 1_000_000.0
+
+
+def _health_settings(
+    rate_limit: Any, rate_burst: Any, circuit_failures: Any, circuit_cooldown: Any
+) -> dict[str, Any]:
+    """The given health settings, checked (``DEFAULT`` becomes NULL; None is left out)."""
+    checked: dict[str, Any] = {}
+    for name, value in (
+        ("rate_limit", rate_limit),
+        ("rate_burst", rate_burst),
+        ("circuit_failures", circuit_failures),
+        ("circuit_cooldown", circuit_cooldown),
+    ):
+        if value is None:
+            continue
+        if value is DEFAULT:
+            checked[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidEndpoint(f"{name} must be a number")
+        if name == "rate_limit" and not (math.isfinite(value) and 0 < value <= MAX_RATE):
+            raise InvalidEndpoint(
+                f"rate_limit must be more than 0 and at most {MAX_RATE:g} per second"
+            )
+        if name == "rate_burst" and (not isinstance(value, int) or not 1 <= value <= 1_000_000):
+            raise InvalidEndpoint("rate_burst must be a whole number from 1 to 1000000")
+        if name == "circuit_failures" and (
+            not isinstance(value, int) or not 0 <= value <= 1_000_000
+        ):
+            raise InvalidEndpoint("circuit_failures must be a whole number from 0 (never open) up")
+        if name == "circuit_cooldown" and not (math.isfinite(value) and 0 < value <= 86400):
+            raise InvalidEndpoint("circuit_cooldown must be more than 0 and at most 86400 seconds")
+        checked[name] = value
+    return checked
+
+
 def _positive(value: Any, what: str, *, integer: bool) -> Any:
     if value is None:
         return None
@@ -193,6 +238,14 @@ class Endpoint:
     previous_secret_expires_at: datetime | None = None
     on_failed_head: str = "block"
     """Ordered keys whose head fails for good: ``block`` (wait for an operator) or ``skip``."""
+    rate_limit: float | None = None
+    """Requests per second across all pollers (poller/health.py); None: unlimited."""
+    rate_burst: int | None = None
+    """Requests the rate limit allows at once; None: one second's worth."""
+    circuit_failures: int | None = None
+    """Failed sends in a row that open the circuit (0: never); None: POLLER_CIRCUIT_FAILURES."""
+    circuit_cooldown: float | None = None
+    """Seconds open before the first probe; None: POLLER_CIRCUIT_COOLDOWN."""
     secret_sealed: bool = False
     """True when the stored secret is encrypted (POLLER_SECRETS_KEY)."""
     secret_error: str | None = None
@@ -250,6 +303,10 @@ def create_endpoint(
     allow_private: bool | None = None,
     keyring: Keyring | None = None,
     on_failed_head: str = "block",
+    rate_limit: float | None = None,
+    rate_burst: int | None = None,
+    circuit_failures: int | None = None,
+    circuit_cooldown: float | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -273,6 +330,7 @@ def create_endpoint(
         "secret": secret or new_secret(),
         "bucket": bucket_for(name),
         "on_failed_head": _on_failed_head(on_failed_head) or "block",
+        **_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
     }
     plain = values["secret"]
     _check_secret(plain)
@@ -323,8 +381,17 @@ def update_endpoint(
     max_in_flight: int | None = None,
     allow_private: bool | None = None,
     on_failed_head: str | None = None,
+    rate_limit: float | None = None,
+    rate_burst: int | None = None,
+    circuit_failures: int | None = None,
+    circuit_cooldown: float | None = None,
 ) -> Endpoint:
-    """Change the given fields (None leaves a field as it is); checked like create."""
+    """Change the given fields (None leaves a field as it is); checked like create.
+    A new ``url`` closes the endpoint's circuit (poller/health.py).
+
+    A health setting given as :data:`DEFAULT` goes back to the default (no rate
+    limit, the global breaker settings).
+    """
     if allow_private is None:
         from poller.settings import default_settings
 
@@ -345,15 +412,33 @@ def update_endpoint(
             changes[field_name] = _positive(value, field_name, integer=integer)
     if on_failed_head is not None:
         changes["on_failed_head"] = _on_failed_head(on_failed_head)
+    changes.update(_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown))
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
-    return _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()))
+    endpoint = _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()))
+    if "url" in changes:  # a new destination: what the old one did says nothing of it
+        _reset_health(conn, endpoint.id)
+    return endpoint
+
+
+def _reset_health(conn: Conn, endpoint_id: int) -> None:
+    """Close the endpoint's circuit and forget its failure streak and pause (health.py)."""
+    from poller import queries
+
+    conn.execute(queries.RESET_HEALTH, {"endpoint_id": endpoint_id})
 
 
 def set_enabled(conn: Conn, name: str, enabled: bool, reason: str | None = None) -> Endpoint:
-    """Enable (clearing the reason) or disable (with a reason) an endpoint."""
+    """Enable (clearing the reason) or disable (with a reason) an endpoint.
+
+    Enabling also closes its circuit and forgets its failure streak and any pause
+    (poller/health.py): an operator who turns it back on wants its backlog sent.
+    """
     values = {"enabled": enabled, "disabled_reason": None if enabled else (reason or "disabled")}
-    return _one(conn, name, update(endpoints).values(**values, updated_at=func.now()))
+    endpoint = _one(conn, name, update(endpoints).values(**values, updated_at=func.now()))
+    if enabled:
+        _reset_health(conn, endpoint.id)
+    return endpoint
 
 
 def rotate_secret(

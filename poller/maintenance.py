@@ -101,6 +101,7 @@ class Reclaimer:
 
     async def run_once(self) -> int:
         result = await self.claims.reclaim_expired()
+        self.claims.events.notify(result.events)
         count = len(result.pending) + len(result.failed)
         if count:
             self.reclaimed += count
@@ -141,6 +142,9 @@ class Purger:
         return count
 
 
+CIRCUIT_LEVELS = {"closed": 0, "half_open": 1, "open": 2}
+
+
 class GaugeRefresher:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -151,12 +155,17 @@ class GaugeRefresher:
             due = (await conn.execute(queries.GAUGE_DUE)).all()
             by_status = (await conn.execute(queries.GAUGE_STATUS)).all()
             ordering = (await conn.execute(queries.GAUGE_ORDERING)).all()
+            health = (await conn.execute(queries.GAUGE_HEALTH)).all()
         per_endpoint = (
             metrics.PENDING_DUE,
             metrics.OLDEST_DUE_SECONDS,
             metrics.ORDERING_BLOCKED_KEYS,
             metrics.ORDERING_BLOCKED_SECONDS,
             metrics.ORDERING_WAITING,
+            metrics.CIRCUIT_STATE,
+            metrics.CIRCUIT_OPEN_SECONDS,
+            metrics.ENDPOINT_ENABLED,
+            metrics.DISABLED_PENDING,
         )
         names = {row.name for row in due}
         for gone in self._endpoints - names:  # removed endpoints leave no stale series
@@ -171,6 +180,11 @@ class GaugeRefresher:
             metrics.ORDERING_BLOCKED_KEYS.labels(row.name).set(row.blocked)
             metrics.ORDERING_BLOCKED_SECONDS.labels(row.name).set(float(row.blocked_seconds))
             metrics.ORDERING_WAITING.labels(row.name).set(row.waiting)
+        for row in health:
+            metrics.CIRCUIT_STATE.labels(row.name).set(CIRCUIT_LEVELS.get(row.state, 0))
+            metrics.CIRCUIT_OPEN_SECONDS.labels(row.name).set(float(row.open_seconds))
+            metrics.ENDPOINT_ENABLED.labels(row.name).set(1 if row.enabled else 0)
+            metrics.DISABLED_PENDING.labels(row.name).set(row.disabled_pending)
         for row in by_status:
             metrics.MESSAGES.labels(row.status).set(row.n)
         return 0

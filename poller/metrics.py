@@ -111,6 +111,37 @@ ORDERING_WAITING = Gauge(
     ["endpoint"],
 )
 
+CIRCUIT_STATE = Gauge(
+    "webhook_poller_circuit_state",
+    "Each endpoint's circuit: 0 closed, 1 half-open (a probe out), 2 open (maintenance leader).",
+    ["endpoint"],
+)
+CIRCUIT_OPEN_SECONDS = Gauge(
+    "webhook_poller_circuit_open_seconds",
+    "How long the endpoint's circuit has not been closed (0: closed).",
+    ["endpoint"],
+)
+ENDPOINT_ENABLED = Gauge(
+    "webhook_poller_endpoint_enabled",
+    "1 when the endpoint is enabled, 0 when disabled (by an operator, 410 Gone or auto-disable).",
+    ["endpoint"],
+)
+DISABLED_PENDING = Gauge(
+    "webhook_poller_endpoint_disabled_pending",
+    "Pending messages that wait because their endpoint is disabled.",
+    ["endpoint"],
+)
+CIRCUIT_OPENS = Counter(
+    "webhook_poller_circuit_opens_total", "Circuits this poller's completions opened."
+)
+CIRCUIT_PROBES = Counter(
+    "webhook_poller_circuit_probes_total", "Probe messages this poller claimed for open circuits."
+)
+ENDPOINT_PAUSES = Counter(
+    "webhook_poller_endpoint_pauses_total",
+    "429/503 answers with Retry-After that paused their whole endpoint.",
+)
+
 
 def sample_total(metric: Counter, **labels: str) -> float:
     """This process's total of a counter over the series matching ``labels`` (demo, tests)."""

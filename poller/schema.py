@@ -88,6 +88,15 @@ endpoints = Table(
     Column("bucket", SmallInteger, nullable=False),
     # What a key does when its head fails for good: stop until an operator acts, or move on.
     Column("on_failed_head", Text, nullable=False, server_default=text("'block'")),
+    # Endpoint health (poller/health.py): requests per second across all pollers (and
+    # the burst allowed), and overrides of POLLER_CIRCUIT_FAILURES / _COOLDOWN.
+    Column("rate_limit", Float),
+    Column("rate_burst", Integer),
+    Column("circuit_failures", Integer),
+    Column("circuit_cooldown", Float),
+    # The claim statement skips the endpoint until then: CIRCUIT_HOLD while its circuit
+    # is not closed, a Retry-After's end after a 429. Not a setting: updated_at stays.
+    Column("paused_until", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint(f"bucket >= 0 AND bucket < {BUCKETS}", name="bucket_range"),
@@ -95,6 +104,18 @@ endpoints = Table(
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout_positive"),
     CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
+    CheckConstraint(
+        "rate_limit IS NULL OR (rate_limit > 0 AND rate_limit <= 1000000)",
+        name="rate_limit_positive",
+    ),
+    CheckConstraint("rate_burst IS NULL OR rate_burst >= 1", name="rate_burst_positive"),
+    CheckConstraint(
+        "circuit_failures IS NULL OR circuit_failures >= 0", name="circuit_failures_not_negative"
+    ),
+    CheckConstraint(
+        "circuit_cooldown IS NULL OR (circuit_cooldown > 0 AND circuit_cooldown <= 86400)",
+        name="circuit_cooldown_positive",
+    ),
 )
 
 outbox = Table(
@@ -201,6 +222,9 @@ delivery_attempts = Table(
     Column("stale", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint("kind IN ('send', 'lookup', 'manual')", name="kind_valid"),
     Index("ix_poller_delivery_attempts_message", "message_id", "id"),
+    # Success ratios over the last hour/day (``endpoints health``): rows arrive in
+    # time order, so a BRIN index is tiny and nearly free to maintain.
+    Index("ix_poller_delivery_attempts_finished_at", "finished_at", postgresql_using="brin"),
 )
 
 
@@ -245,6 +269,43 @@ ordering_keys = Table(
         postgresql_where=text("blocked_since IS NOT NULL"),
     ),
 )
+
+
+# Each endpoint's health, shared by every poller (poller/health.py); a row per
+# endpoint, made with it by a trigger (migration 0007). ``state``: closed
+# (deliver), open (claim nothing until ``open_until``), half_open (one probe out
+# since ``probe_at``). ``cooldown``: the open period in force, doubled (capped) on
+# each failed probe. ``failing_since``: the first failed send after the last
+# success (auto-disable). ``tokens`` at ``tokens_at``: the rate limit's bucket.
+endpoint_health = Table(
+    "poller_endpoint_health",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("poller_endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("state", Text, nullable=False, server_default=text("'closed'")),
+    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
+    Column("cooldown", Float),
+    Column("opened_at", DateTime(timezone=True)),
+    Column("open_until", DateTime(timezone=True)),
+    Column("probe_at", DateTime(timezone=True)),
+    Column("opens", BigInteger, nullable=False, server_default=text("0")),
+    Column("probes", BigInteger, nullable=False, server_default=text("0")),
+    Column("last_success_at", DateTime(timezone=True)),
+    Column("last_failure_at", DateTime(timezone=True)),
+    Column("failing_since", DateTime(timezone=True)),
+    Column("last_error", Text),
+    Column("tokens", Float, nullable=False, server_default=text("0")),
+    Column("tokens_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("state IN ('closed', 'open', 'half_open')", name="state_valid"),
+)
+CIRCUIT_STATES = ("closed", "open", "half_open")
+# ``paused_until`` while a circuit is not closed: far enough to mean "until a probe
+# closes it", near enough that every client reads it as a datetime ('infinity' is not).
+CIRCUIT_HOLD = "9000-01-01 00:00:00+00"
 
 
 # --- election (SPEC §6) ---------------------------------------------------------

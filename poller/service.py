@@ -47,6 +47,7 @@ from poller.dispatcher import Dispatcher, EndpointCache
 from poller.election import Elector, make_elector
 from poller.endpoints import Endpoint
 from poller.errors import ConfigurationError
+from poller.events import EventHook, EventSink
 from poller.keyring import Keyring
 from poller.maintenance import Call, GaugeRefresher, Periodic, Purger, Reclaimer
 from poller.migrate import check_schema
@@ -86,8 +87,16 @@ class Poller:
         self.supervisor = supervisor or Supervisor()
         self.shards: ShardManager | None = None  # set by serve(), for the demo and tests
         self.claims = Claims(
-            engine, poller_id=poller_id, claim_lease=settings.claim_lease, keyring=settings.keyring
+            engine,
+            poller_id=poller_id,
+            claim_lease=settings.claim_lease,
+            keyring=settings.keyring,
+            health=settings.health,
+            events=EventSink(settings.operator_endpoint),
         )
+        # Operational events (poller/events.py), in process: append callables taking one
+        # OperationalEvent; they run after the change committed, and must not block.
+        self.on_event: list[EventHook] = self.claims.events.hooks
         self.completer = Completer(
             self.claims,
             batch_limit=max(settings.batch_size, 100),
@@ -195,6 +204,19 @@ async def check_secrets(engine: AsyncEngine, keyring: Keyring) -> None:
         )
 
 
+async def check_operator_endpoint(engine: AsyncEngine, name: str | None) -> None:
+    """POLLER_OPERATOR_ENDPOINT names an endpoint, or ConfigurationError."""
+    if name is None:
+        return
+    async with engine.connect() as conn:
+        found = (await conn.execute(select(endpoints.c.id).where(endpoints.c.name == name))).first()
+    if found is None:
+        raise ConfigurationError(
+            f"POLLER_OPERATOR_ENDPOINT={name}: no such endpoint "
+            f"(create it with 'poller endpoints add {name} URL')"
+        )
+
+
 async def _started(
     engine: AsyncEngine, settings: Settings, backend: str, stop: asyncio.Event
 ) -> bool:
@@ -207,6 +229,7 @@ async def _started(
             await check_schema(engine)
             await check_cluster(engine, settings.shards, backend)
             await check_secrets(engine, settings.keyring)
+            await check_operator_endpoint(engine, settings.operator_endpoint)
         except Exception as exc:
             if not is_transient(exc):
                 raise

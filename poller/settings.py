@@ -26,6 +26,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from poller.errors import ConfigurationError
+from poller.health import HealthPolicy
 from poller.keyring import Keyring, keyring_for, parse_keys
 
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
@@ -115,6 +116,19 @@ class Settings(BaseSettings):
     (IdempotencyKeySpent) instead of delivering the same key twice."""
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
     """On SIGTERM, how long in-flight deliveries may finish before their claims are released."""
+    circuit_failures: int = Field(default=10, ge=0, le=1_000_000)
+    """Failed sends in a row (no answer, 5xx, 408, 429) that open an endpoint's circuit:
+    its messages then wait, spending no attempts (poller/health.py). 0: never open."""
+    circuit_cooldown: float = Field(default=30.0, gt=0, le=86400)
+    """Seconds a circuit stays open before one probe message is sent."""
+    circuit_cooldown_max: float = Field(default=900.0, gt=0, le=86400)
+    """Each failed probe doubles the cool-down, up to this many seconds."""
+    disable_after: float = Field(default=5 * 86400.0, ge=0, le=365 * 86400)
+    """Disable an endpoint whose sends have failed this many seconds with no delivery
+    (the reason is stored; ``endpoints enable`` undoes it). 0: never."""
+    operator_endpoint: str | None = None
+    """Name of the endpoint that receives operational events (circuit opened/closed,
+    endpoint disabled, message failed) as signed webhooks (poller/events.py)."""
     secrets_key: SecretStr | None = None
     """Fernet key(s), comma-separated, that encrypt signing secrets at rest: the first
     seals, all open (poller/keyring.py). Unset: secrets are stored in plain text."""
@@ -126,6 +140,34 @@ class Settings(BaseSettings):
             parse_keys(value.get_secret_value())  # ConfigurationError names the position
             return value
         return None
+
+    @property
+    def health(self) -> HealthPolicy:
+        """The circuit breaker's and auto-disable's settings."""
+        return HealthPolicy(
+            self.circuit_failures,
+            self.circuit_cooldown,
+            self.circuit_cooldown_max,
+            self.disable_after,
+        )
+
+    @field_validator("operator_endpoint")
+    @classmethod
+    def _endpoint_name(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
+            raise ValueError("must be an endpoint name (letters, digits, '.', '_', '-')")
+        return value
+
+    @model_validator(mode="after")
+    def _cooldowns_in_order(self) -> Settings:
+        if self.circuit_cooldown_max < self.circuit_cooldown:
+            raise ValueError(
+                f"POLLER_CIRCUIT_COOLDOWN_MAX={self.circuit_cooldown_max:g}: must be at least "
+                f"POLLER_CIRCUIT_COOLDOWN ({self.circuit_cooldown:g})"
+            )
+        return self
 
     @property
     def keyring(self) -> Keyring:

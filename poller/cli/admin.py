@@ -45,12 +45,18 @@ def stats(as_json: bool) -> None:
         emit_json(found)
         return
     statuses = list(found["totals"])
+    states = found["endpoint_states"]
     rows = [
-        (name, *(counts[s] for s in statuses))
+        (name, *(counts[s] for s in statuses), states[name])
         for name, counts in sorted(found["endpoints"].items())
     ]
-    rows.append(("all", *(found["totals"][s] for s in statuses)))
-    table("messages", ["endpoint", *statuses], rows)
+    rows.append(("all", *(found["totals"][s] for s in statuses), ""))
+    table("messages", ["endpoint", *statuses, "endpoint state"], rows)
+    if found["pending_held"]:
+        click.echo(
+            f"{found['pending_held']} pending messages wait for a disabled, paused or "
+            "open-circuit endpoint ('poller endpoints health')"
+        )
     lag = found["oldest_due_pending_seconds"]
     click.echo(
         f"oldest due pending: {'none' if lag is None else f'{lag:.1f}s'}   "

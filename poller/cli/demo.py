@@ -4,11 +4,15 @@ Starts PostgreSQL and Redis in a temporary folder, migrates, starts two
 reference receivers (one healthy but flaky: some 5xx, some answers dropped
 after processing; one that always answers 500), creates an endpoint on each
 (the healthy one with a lookup URL), runs two pollers elected through Redis
-(shards split between them), enqueues messages from
-inside SQLAlchemy transactions (plus one rolled back, which never appears),
-shows live progress and ends with a summary. One message in five is ordered per customer (an
-ordering key); the summary counts order violations at the receiver. Everything it started is stopped
-before it exits.
+(shards split between them), enqueues messages from inside SQLAlchemy
+transactions (plus one rolled back, which never appears), shows live progress
+and ends with a summary. One message in five is ordered per customer (an
+ordering key); the summary counts order violations at the receiver. The
+broken endpoint's circuit opens after a few failed sends: its messages wait,
+spending no attempts, while probes test it; once the healthy endpoint's
+messages are delivered the broken receiver comes back, a probe closes the
+circuit and its backlog drains. Operational events are printed as they
+happen. Everything it started is stopped before it exits.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from poller.cli.run import event_loop_run
 from poller.db import poller_engine, sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
+from poller.events import OperationalEvent
 from poller.receiver import Faults, Receiver
 from poller.senders import make_sender
 from poller.service import Poller, serve
@@ -48,6 +53,10 @@ DEMO_SETTINGS: dict[str, Any] = {
     "sweep_interval": 0.5,
     "allow_private_targets": True,
     "shutdown_grace": 2.0,
+    # The circuit breaker: open after 5 failed sends in a row, probe after 1 s, then 2 s.
+    "circuit_failures": 5,
+    "circuit_cooldown": 1.0,
+    "circuit_cooldown_max": 2.0,
 }
 
 
@@ -102,7 +111,7 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
     engine.dispose()
     console.print(
         f"receivers: orders → {healthy_url} (5 % 5xx, 2 % dropped after processing), "
-        f"legacy → {broken_url} (always 500, 3 attempts)"
+        f"legacy → {broken_url} (answers 500 until the orders are delivered, 3 attempts)"
     )
     schedule = ", ".join(f"{s:g}" for s in DEMO_SETTINGS["retry_schedule"])
     console.print(
@@ -134,6 +143,8 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
     try:
         await _started(ready, runs)
         pollers = [future.result() for future in ready]
+        for poller in pollers:
+            poller.on_event.append(lambda event: console.print(_event_line(event)))
         console.print(
             f"two pollers elected through Redis, {settings.shards} shards: "
             + ", ".join(
@@ -147,7 +158,7 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
             "(+1 in a transaction that rolled back); one in five is ordered, "
             f"per customer ({ORDERED_KEYS} ordering keys)"
         )
-        finished = await _watch(console, aengine, pollers, count, began, timeout)
+        finished = await _watch(console, aengine, pollers, count, began, timeout, broken)
         console.print()
     finally:
         stop.set()
@@ -217,7 +228,9 @@ async def _watch(
     count: int,
     began: float,
     timeout: float,
+    broken: Receiver,
 ) -> bool:
+    legacy = sum(1 for n in range(count) if n % 50 == 0)
     with Live(console=console, refresh_per_second=8, transient=False) as live:
         while True:
             counts = await _counts(engine)
@@ -225,6 +238,9 @@ async def _watch(
             live.update(_progress(counts, pollers, time.monotonic() - began))
             if done >= count:
                 return True
+            if broken.faults.fail_rate and counts.get("delivered", 0) >= count - legacy:
+                broken.faults.fail_rate = 0.0
+                console.print("legacy's receiver is back: the next probe will close its circuit")
             if time.monotonic() - began > timeout:
                 console.print(f"[red]gave up after {timeout:g}s with {count - done} open[/]")
                 return False
@@ -252,6 +268,10 @@ def _progress(counts: dict[str, int], pollers: list[Poller], elapsed: float) -> 
         str(retries),
     )
     return table
+
+
+def _event_line(event: OperationalEvent) -> str:
+    return f"[yellow]event[/] {event.type} {event.endpoint}: {event.reason}"
 
 
 async def _summary(
@@ -292,6 +312,11 @@ async def _summary(
         ),
         ("stale completions (fenced)", int(metrics.sample_total(metrics.STALE_COMPLETIONS))),
         (
+            "circuits opened / probes sent",
+            f"{int(metrics.sample_total(metrics.CIRCUIT_OPENS))}"
+            f" / {int(metrics.sample_total(metrics.CIRCUIT_PROBES))}",
+        ),
+        (
             "ordered messages applied / order violations",
             f"{stats['ordered']} / {stats['order_violations']}",
         ),
@@ -305,4 +330,4 @@ async def _summary(
     why.add_column("messages", justify="right")
     for name, error, n in reasons:
         why.add_row(name, error or "", str(n))
-    return Group(table, why)
+    return Group(table, why) if reasons else Group(table)

@@ -37,10 +37,40 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "max_in_flight": endpoint.max_in_flight,
         "bucket": endpoint.bucket,
         "on_failed_head": endpoint.on_failed_head,
+        "rate_limit": endpoint.rate_limit,
+        "rate_burst": endpoint.rate_burst,
+        "circuit_failures": endpoint.circuit_failures,
+        "circuit_cooldown": endpoint.circuit_cooldown,
         "created_at": endpoint.created_at,
         "previous_secret_expires_at": endpoint.previous_secret_expires_at,
         "secret_encrypted": endpoint.secret_sealed,
     }
+
+
+class OrDefault(click.ParamType[Any]):
+    """A number in a range, or ``default`` (back to the global setting / no limit)."""
+
+    def __init__(self, kind: type, low: float, high: float, *, low_open: bool = False) -> None:
+        self.kind, self.low, self.high, self.low_open = kind, low, high, low_open
+        self.name = "number|default"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is api.DEFAULT or str(value).strip().lower() == "default":
+            return api.DEFAULT
+        try:
+            number = self.kind(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a {self.kind.__name__} or 'default'", param, ctx)
+        low_ok = number > self.low if self.low_open else number >= self.low
+        if not (low_ok and number <= self.high):  # also refuses nan
+            edge = "more than" if self.low_open else "at least"
+            self.fail(
+                f"{value!r} must be {edge} {self.low:g} and at most {self.high:g}", param, ctx
+            )
+        return number
+
+
+HEALTH_OPTIONS = ("rate_limit", "rate_burst", "circuit_failures", "circuit_cooldown")
 
 
 def _limits(func: Any) -> Any:
@@ -54,6 +84,27 @@ def _limits(func: Any) -> Any:
                 "--on-failed-head",
                 type=click.Choice(["block", "skip"]),
                 help="Ordered keys whose head fails for good: block (default) or skip it.",
+            ),
+            click.option(
+                "--rate-limit",
+                type=OrDefault(float, 0, api.MAX_RATE, low_open=True),
+                help="Requests per second across all pollers ('default': unlimited).",
+            ),
+            click.option(
+                "--rate-burst",
+                type=OrDefault(int, 1, 1_000_000),
+                help="Requests allowed at once (default: one second's worth).",
+            ),
+            click.option(
+                "--circuit-failures",
+                type=OrDefault(int, 0, 1_000_000),
+                help="Failed sends in a row that open the circuit (0: never; "
+                "'default': POLLER_CIRCUIT_FAILURES).",
+            ),
+            click.option(
+                "--circuit-cooldown",
+                type=OrDefault(float, 0, 86400, low_open=True),
+                help="Seconds open before a probe ('default': POLLER_CIRCUIT_COOLDOWN).",
             ),
         ]
     ):
@@ -80,9 +131,11 @@ def add(
     max_in_flight: int | None,
     on_failed_head: str | None,
     as_json: bool,
+    **health: Any,
 ) -> None:
     """Create an endpoint; its signing secret is printed once, here."""
     engine = command_engine()
+    health = {k: (None if v is api.DEFAULT else v) for k, v in health.items()}
     with engine.begin() as conn:
         created = api.create_endpoint(
             conn,
@@ -93,6 +146,7 @@ def add(
             timeout=timeout,
             max_in_flight=max_in_flight,
             on_failed_head=on_failed_head or "block",
+            **health,
         )
     if as_json:
         emit_json({**_public(created.endpoint), "secret": created.secret})
@@ -115,8 +169,10 @@ def update(
     max_in_flight: int | None,
     on_failed_head: str | None,
     as_json: bool,
+    **health: Any,
 ) -> None:
-    """Change an endpoint's URL, lookup URL or limits (--lookup-url '' removes it)."""
+    """Change an endpoint's URL, lookup URL or limits (--lookup-url '' removes it;
+    a health setting given as 'default' goes back to the default)."""
     with command_engine().begin() as conn:
         endpoint = api.update_endpoint(
             conn,
@@ -127,6 +183,7 @@ def update(
             timeout=timeout,
             max_in_flight=max_in_flight,
             on_failed_head=on_failed_head,
+            **health,
         )
     if as_json:
         emit_json(_public(endpoint))
@@ -188,10 +245,64 @@ def show(name: str, as_json: bool) -> None:
     table(f"endpoint {name}", ["field", "value"], rows)
 
 
+@endpoints.command(name="health")
+@click.argument("name", required=False)
+@json_option
+def health_(name: str | None, as_json: bool) -> None:
+    """Circuit, failure streak, success ratios and rate limit of every endpoint (or NAME)."""
+    with command_engine().connect() as conn:
+        report = admin.health_report(conn, name)
+    if as_json:
+        emit_json(report if name is None else report[0])
+        return
+    table(
+        "endpoint health" if name is None else f"endpoint {name} health",
+        ["name", "state", "failures", "last success", "ok 1h", "ok 24h", "rate", "pending"],
+        [
+            (
+                r["name"],
+                _state(r),
+                r["consecutive_failures"],
+                age(r["last_success_at"]),
+                _percent(r["success_ratio_1h"], r["sends_1h"]),
+                _percent(r["success_ratio_24h"], r["sends_24h"]),
+                _rate(r),
+                r["pending"],
+            )
+            for r in report
+        ],
+    )
+    for r in report:
+        if r["last_error"] and (r["circuit"] != "closed" or r["consecutive_failures"]):
+            click.echo(f"{r['name']}: last error {r['last_error']}", err=True)
+
+
+def _state(r: dict[str, Any]) -> str:
+    if not r["enabled"]:
+        return f"disabled: {r['disabled_reason']}"
+    if r["circuit"] == "open":
+        return f"circuit open since {age(r['opened_at'])}, probe {age(r['next_probe_at'])}"
+    if r["circuit"] == "half_open":
+        return f"circuit half-open (probe sent {age(r['probe_sent_at'])})"
+    if r["paused_until"] is not None:
+        return f"paused (Retry-After) until {age(r['paused_until'])}"
+    return "ok"
+
+
+def _percent(ratio: float | None, sends: int) -> str:
+    return "-" if ratio is None else f"{ratio:.1%} of {sends}"
+
+
+def _rate(r: dict[str, Any]) -> str:
+    if r["rate_limit"] is None:
+        return "unlimited"
+    return f"{r['rate_limit']:g}/s, burst {r['rate_burst']}, {r['rate_in_use']:.0%} in use"
+
+
 @endpoints.command()
 @click.argument("name")
 def enable(name: str) -> None:
-    """Deliver to it again (its waiting messages resume)."""
+    """Deliver to it again: closes its circuit; its waiting messages resume."""
     with command_engine().begin() as conn:
         api.set_enabled(conn, name, True)
     click.echo(f"endpoint {name} enabled")

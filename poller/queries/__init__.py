@@ -10,7 +10,7 @@ one statement per batch, never one per row.
 runs every one against the migrated schema.
 
 The statements live in one module per part of the flow — ``enqueue``,
-``claims``, ``cluster`` (election, shards), ``maintenance``, ``ordering`` — and are all
+``claims``, ``health``, ``cluster`` (election, shards), ``maintenance``, ``ordering`` — and are all
 reachable here as ``queries.NAME``.
 """
 
@@ -20,6 +20,7 @@ from poller.queries._registry import STATEMENTS
 from poller.queries.claims import *  # noqa: F403
 from poller.queries.cluster import *  # noqa: F403
 from poller.queries.enqueue import *  # noqa: F403
+from poller.queries.health import *  # noqa: F403
 from poller.queries.maintenance import *  # noqa: F403
 from poller.queries.ordering import *  # noqa: F403
 

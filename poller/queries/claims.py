@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from poller.queries._registry import statement as _statement
+from poller.schema import CIRCUIT_HOLD
 
 # --- claims (§5) --------------------------------------------------------------
 
@@ -12,12 +13,16 @@ from poller.queries._registry import statement as _statement
 # visited in a fresh random order each time and each one's rows come, oldest
 # due first, from its own partial index. So one endpoint's backlog, or a slow
 # endpoint at its cap, never starves the others, and a disabled endpoint's
-# rows wait. Each row comes back with its endpoint's updated_at, so a poller
-# notices an endpoint changed (new URL, secret) before it sends. SKIP LOCKED
-# lets pollers share a shard without waiting on each other. Attempts are
-# counted here, at claim time, so a message that kills its poller still runs
-# out of attempts; one new claim_token per batch fences every later write for
-# these attempts; the lease is measured on the database clock.
+# rows wait. So do a paused endpoint's (paused_until: its circuit is not
+# closed, or it answered 429/503 with Retry-After) and a rate-limited one's:
+# CLAIM_GOVERNED (poller/queries/health.py) takes those, at most ten times a
+# second, so this statement only reads two more columns of each endpoint.
+# Each row comes back with its endpoint's updated_at, so a poller notices an
+# endpoint changed (new URL, secret) before it sends. SKIP LOCKED lets pollers
+# share a shard without waiting on each other. Attempts are counted here, at
+# claim time, so a message that kills its poller still runs out of attempts;
+# one new claim_token per batch fences every later write for these attempts;
+# the lease is measured on the database clock.
 CLAIM_BATCH = _statement(
     "CLAIM_BATCH",
     """
@@ -31,6 +36,7 @@ CLAIM_BATCH = _statement(
         FROM poller_endpoints e
         LEFT JOIN busy ON busy.endpoint_id = e.id
         WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+          AND e.rate_limit IS NULL AND (e.paused_until IS NULL OR e.paused_until <= now())
         ORDER BY md5(CAST(e.id AS text) || :salt)
     ), due AS (
         SELECT picked.id
@@ -61,7 +67,8 @@ CLAIM_BATCH = _statement(
     RETURNING o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
               o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
               o.claim_expires_at, o.needs_lookup, o.created_at,
-              e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key
+              e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key,
+              false AS probe
     """,
 )
 
@@ -89,16 +96,28 @@ EXTEND_CLAIMS = _statement(
 # Apply a batch of outcomes, each fenced by (id, claim_token, in_flight): a
 # write from a superseded claim matches no row and changes nothing. The batch
 # is one JSON array (absent keys are NULL): json.dumps is several times
-# cheaper than adapting fifteen parallel arrays. The status,
-# retry delay, lookup flag and refund are decided by the caller
-# (poller/claims.py) from the claimed row; this statement only applies them
-# (counting refunds), disables an endpoint that answered 410 when that outcome
-# applied, and records each attempt that reached the wire in
-# poller_delivery_attempts — stale ones too, marked stale, so every duplicate
-# the receiver saw is explained. Ended rows with an ordering key come back with
+# cheaper than adapting fifteen parallel arrays. The status, retry delay,
+# lookup flag and refund are decided by the caller (poller/claims.py) from
+# the claimed row; this statement only applies them (counting refunds, except
+# a failed probe's: poller/health.py) and records each attempt that reached
+# the wire in poller_delivery_attempts — stale ones too, marked stale, so
+# every duplicate the receiver saw is explained. Ended rows with an ordering key come back with
 # it, and the rows of the keys they headed are locked here (after the outbox
 # rows, as everywhere): the caller's next statement, ADVANCE_KEYS, hands the
 # keys on with a snapshot taken after the locks were granted.
+#
+# Each endpoint's health learns from the applied sends (poller/health.py): a
+# delivery closes its circuit and resets the count; a failed send (no answer,
+# 5xx, 408, 429) adds one, and the endpoint's circuit_failures (else
+# :circuit_failures) in a row — or a failed probe — open it for a cool-down
+# that doubles on each failed probe, up to :circuit_cooldown_max. The health
+# rows to change are locked in endpoint order and judged from their locked
+# (newest) version, so concurrent completions neither deadlock nor lose counts;
+# a healthy endpoint's row is written at most about once a second. An endpoint
+# row changes only on a transition: paused_until (CIRCUIT_HOLD while the circuit
+# is not closed; a Retry-After's end after 429/503), and disabled after 410
+# Gone or after failing for :disable_after seconds without a success. What
+# changed comes back (``events``, the same on every row) for operational events.
 COMPLETE_BATCH = _statement(
     "COMPLETE_BATCH",
     """
@@ -108,12 +127,12 @@ COMPLETE_BATCH = _statement(
             retry_delay double precision, needs_lookup boolean, refund integer,
             status_code integer, error_class text, error_message text, kind text,
             started_at timestamptz, duration_ms double precision, response_excerpt text,
-            disable_reason text)
+            disable_reason text, pause double precision, probe boolean)
     ), done AS (
         UPDATE poller_outbox o
         SET status = c.status,
             attempts = o.attempts - coalesce(c.refund, 0),
-            refunds = o.refunds + coalesce(c.refund, 0),
+            refunds = o.refunds + CASE WHEN c.probe THEN 0 ELSE coalesce(c.refund, 0) END,
             needs_lookup = coalesce(c.needs_lookup, o.needs_lookup),
             next_attempt_at = CASE WHEN c.status = 'pending'
                 THEN now() + make_interval(secs => coalesce(c.retry_delay, 0))
@@ -128,11 +147,6 @@ COMPLETE_BATCH = _statement(
         FROM c
         WHERE o.id = c.id AND o.claim_token = c.claim_token AND o.status = 'in_flight'
         RETURNING o.id, o.endpoint_id, o.status, o.ordering_key
-    ), disabled AS (
-        UPDATE poller_endpoints e
-        SET enabled = false, disabled_reason = c.disable_reason, updated_at = now()
-        FROM c JOIN done ON done.id = c.id
-        WHERE e.id = done.endpoint_id AND c.disable_reason IS NOT NULL AND e.enabled
     ), recorded AS (
         INSERT INTO poller_delivery_attempts
             (message_id, attempt, kind, claim_token, poller_id, started_at, duration_ms,
@@ -143,6 +157,97 @@ COMPLETE_BATCH = _statement(
         FROM c
         WHERE c.kind IS NOT NULL
           AND EXISTS (SELECT 1 FROM poller_outbox x WHERE x.id = c.id)
+    ), signals AS (
+        SELECT done.endpoint_id,
+               count(*) FILTER (WHERE c.outcome = 'delivered') AS ok,
+               count(*) FILTER (
+                   WHERE c.kind = 'send' AND c.outcome IN ('retry', 'unknown', 'failed')
+                     AND (c.status_code IS NULL OR c.status_code >= 500
+                          OR c.status_code IN (408, 429))) AS bad,
+               max(c.pause) AS pause,
+               max(c.disable_reason) AS gone,
+               max(CASE WHEN c.kind = 'send' AND c.outcome <> 'delivered'
+                        THEN coalesce('HTTP ' || c.status_code, c.error_class) END) AS error
+        FROM c JOIN done ON done.id = c.id
+        GROUP BY done.endpoint_id
+    ), candidates AS (
+        SELECT s.* FROM signals s
+        JOIN poller_endpoint_health h ON h.endpoint_id = s.endpoint_id
+        WHERE s.bad > 0 OR s.pause IS NOT NULL OR s.gone IS NOT NULL OR h.state <> 'closed'
+           OR h.consecutive_failures > 0 OR h.last_success_at IS NULL
+           OR h.last_success_at < now() - interval '1 second'
+    ), locked AS (
+        SELECT h.* FROM poller_endpoint_health h
+        WHERE h.endpoint_id IN (SELECT endpoint_id FROM candidates)
+        ORDER BY h.endpoint_id
+        FOR UPDATE
+    ), judged AS (
+        SELECT s.endpoint_id, s.ok, s.bad, s.pause, s.gone, s.error, h.state AS was,
+               s.ok = 0 AND s.bad > 0
+                 AND (h.state = 'half_open'
+                      OR (h.state = 'closed'
+                          AND coalesce(e.circuit_failures, CAST(:circuit_failures AS integer)) > 0
+                          AND h.consecutive_failures + s.bad
+                              >= coalesce(e.circuit_failures,
+                                          CAST(:circuit_failures AS integer)))) AS opens,
+               CASE WHEN h.state = 'half_open'
+                    THEN least(coalesce(h.cooldown, 0) * 2,
+                               CAST(:circuit_cooldown_max AS double precision))
+                    ELSE coalesce(e.circuit_cooldown, CAST(:circuit_cooldown AS double precision))
+               END AS next_cooldown,
+               e.enabled AND (s.gone IS NOT NULL
+                   OR (s.ok = 0 AND s.bad > 0 AND CAST(:disable_after AS double precision) > 0
+                       AND coalesce(h.failing_since, now()) <= now()
+                           - make_interval(secs => CAST(:disable_after AS double precision))))
+                   AS disables,
+               h.failing_since
+        FROM candidates s
+        JOIN locked h ON h.endpoint_id = s.endpoint_id
+        JOIN poller_endpoints e ON e.id = s.endpoint_id
+    ), health AS (
+        UPDATE poller_endpoint_health h
+        SET consecutive_failures = CASE WHEN j.ok > 0 THEN 0
+                                        ELSE h.consecutive_failures + j.bad END,
+            last_success_at = CASE WHEN j.ok > 0 THEN now() ELSE h.last_success_at END,
+            last_failure_at = CASE WHEN j.bad > 0 THEN now() ELSE h.last_failure_at END,
+            failing_since = CASE WHEN j.ok > 0 THEN NULL
+                                 WHEN j.bad > 0 THEN coalesce(h.failing_since, now())
+                                 ELSE h.failing_since END,
+            last_error = CASE WHEN j.bad > 0 THEN j.error ELSE h.last_error END,
+            state = CASE WHEN j.ok > 0 THEN 'closed' WHEN j.opens THEN 'open' ELSE h.state END,
+            cooldown = CASE WHEN j.ok > 0 THEN NULL WHEN j.opens THEN j.next_cooldown
+                            ELSE h.cooldown END,
+            opened_at = CASE WHEN j.opens AND h.state = 'closed' THEN now()
+                             WHEN j.ok > 0 THEN NULL ELSE h.opened_at END,
+            open_until = CASE WHEN j.opens THEN now() + make_interval(secs => j.next_cooldown)
+                              WHEN j.ok > 0 THEN NULL ELSE h.open_until END,
+            opens = h.opens + CASE WHEN j.opens AND h.state = 'closed' THEN 1 ELSE 0 END
+        FROM judged j
+        WHERE h.endpoint_id = j.endpoint_id
+        RETURNING h.endpoint_id, j.was, h.state, h.consecutive_failures, h.cooldown,
+                  j.disables, j.gone, j.error, j.failing_since
+    ), endpoint AS (
+        UPDATE poller_endpoints e
+        SET paused_until = CASE
+                WHEN j.opens THEN CAST('{HOLD}' AS timestamptz)
+                WHEN j.ok > 0 AND j.was <> 'closed' THEN NULL
+                WHEN j.pause IS NOT NULL AND coalesce(e.paused_until < '{HOLD}', true)
+                    THEN greatest(coalesce(e.paused_until, now()),
+                                  now() + make_interval(secs => j.pause))
+                ELSE e.paused_until END,
+            enabled = e.enabled AND NOT j.disables,
+            disabled_reason = CASE WHEN NOT j.disables THEN e.disabled_reason
+                WHEN j.gone IS NOT NULL THEN j.gone
+                ELSE 'failing since ' || CAST(CAST(j.failing_since AT TIME ZONE 'UTC'
+                                                AS timestamp(0)) AS text) || ' UTC with no '
+                     || 'success (POLLER_DISABLE_AFTER): last error ' || coalesce(j.error, '?')
+                END,
+            updated_at = CASE WHEN j.disables THEN now() ELSE e.updated_at END
+        FROM judged j
+        WHERE e.id = j.endpoint_id
+          AND (j.opens OR j.disables OR j.pause IS NOT NULL
+               OR (j.ok > 0 AND j.was <> 'closed'))
+        RETURNING e.id
     ), heads AS (
         SELECT k.endpoint_id
         FROM done
@@ -153,8 +258,17 @@ COMPLETE_BATCH = _statement(
         ORDER BY k.endpoint_id, k.ordering_key
         FOR UPDATE OF k
     )
-    SELECT id, status, ordering_key, (SELECT count(*) FROM heads) AS heads_locked FROM done
-    """,
+    SELECT id, endpoint_id, status, ordering_key, (SELECT count(*) FROM heads) AS heads_locked,
+           (SELECT json_agg(json_build_object(
+                'endpoint_id', health.endpoint_id, 'was', health.was, 'state', health.state,
+                'failures', health.consecutive_failures, 'cooldown', health.cooldown,
+                'disabled', health.disables, 'gone', health.gone IS NOT NULL,
+                'error', health.error))
+            FROM health
+            WHERE health.was <> health.state OR health.disables) AS events,
+           (SELECT count(*) FROM endpoint) AS endpoints_changed
+    FROM done
+    """.replace("{HOLD}", CIRCUIT_HOLD),
 )
 
 # Reclaim claims whose lease expired (their poller died or stalled): back to

@@ -13,6 +13,8 @@ COMMANDS = [
     ["endpoints", "add", "billing", "https://hooks.example.com/in"],  # generates a secret
     ["endpoints", "update", "billing", "--url", "https://hooks.example.com/v2"],
     ["endpoints", "list"],
+    ["endpoints", "health"],
+    ["endpoints", "update", "billing", "--rate-limit", "50", "--circuit-failures", "default"],
     ["endpoints", "show", "billing"],
     ["endpoints", "enable", "billing"],
     ["endpoints", "disable", "billing", "--yes"],

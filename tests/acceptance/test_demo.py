@@ -32,8 +32,14 @@ def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert int(_row(out, "delivered")) == 490  # every 50th goes to the always-500 endpoint
-    assert int(_row(out, "failed")) == 10
+    # Every 50th goes to "legacy", down until the rest are delivered: its circuit opens,
+    # its messages wait without spending attempts, and drain once a probe gets through.
+    assert int(_row(out, "delivered")) == 500
+    assert int(_row(out, "failed")) == 0
+    opened, probes = (int(n) for n in _row(out, "circuits opened / probes sent").split(" / "))
+    assert opened == 1 and probes >= 1
+    assert "event endpoint.circuit_opened legacy: 5 failed sends in a row" in out
+    assert "event endpoint.circuit_closed legacy" in out
     assert int(_row(out, "still open")) == 0
     assert int(_row(out, "rolled-back message stored")) == 0
     assert int(_row(out, "applied by the receiver (unique keys)")) == 490

@@ -25,6 +25,8 @@ FAST: dict[str, Any] = {
     "lease_ttl": 1.5,
     "allow_private_targets": True,
     "shutdown_grace": 2.0,
+    "circuit_cooldown": 0.2,
+    "circuit_cooldown_max": 0.5,
 }
 
 

@@ -13,6 +13,7 @@ from loadtest.fixtures import insert_due, insert_history, insert_waiting
 from poller import queries
 from poller.claims import ALL_BUCKETS_LITERAL, Outcome, outcomes_json
 from poller.endpoints import CreatedEndpoint
+from poller.health import HealthPolicy
 
 NOW = datetime.now(UTC)
 ONE = {
@@ -39,9 +40,12 @@ MANY = {
     "statuses": ["pending"],
 }
 KEYS = {"endpoint_ids": [1], "ordering_keys": ["o"]}
-COMPLETE = outcomes_json(
-    [Outcome(1, 1, 1, "delivered", "delivered", status_code=200, started_at=NOW)], "p"
-)
+COMPLETE = {
+    **outcomes_json(
+        [Outcome(1, 1, 1, "delivered", "delivered", status_code=200, started_at=NOW)], "p"
+    ),
+    **HealthPolicy().params(),
+}
 
 SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_ONE": ONE,
@@ -59,6 +63,17 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
         "default_max_in_flight": 16,
         "salt": "s",
     },
+    "CLAIM_GOVERNED": {
+        "buckets": ALL_BUCKETS_LITERAL,
+        "limit": 10,
+        "claimed_by": "p",
+        "claim_lease": 30.0,
+        "in_flight": '[{"endpoint_id": 1, "n": 3}]',
+        "default_max_in_flight": 16,
+    },
+    "GAUGE_HEALTH": {},
+    "HEALTH_REPORT": {"name": None},
+    "RESET_HEALTH": {"endpoint_id": 1},
     "ENDPOINTS_BY_ID": {"ids": [1, 2]},
     "EXTEND_CLAIMS": {"ids": [1, 2], "tokens": [5, 6], "claim_lease": 30.0},
     "CLUSTER_FACT": {"key": "shards", "value": "8"},

@@ -1,0 +1,103 @@
+"""Endpoint health: circuit breaker, rate limits, pauses and auto-disable, shared by every poller.
+
+All of it lives in PostgreSQL (``poller_endpoint_health``, one row per endpoint,
+and ``poller_endpoints.paused_until``), so every poller agrees on it and a
+restart forgets nothing.
+
+Circuit breaker
+---------------
+::
+
+                N failed sends in a row                 cool-down passed and a
+    ┌────────┐ ────────────────────────▶ ┌──────┐ ── message due: it goes ──▶ ┌───────────┐
+    │ closed │                           │ open │    alone, the probe         │ half_open │
+    └────────┘ ◀── a delivery (one in ── └──────┘ ◀── the probe failed: ───── └───────────┘
+        ▲           flight when it opened)           cool-down doubled, capped      │
+        └────────────────────── the probe (or any send) was delivered ──────────────┘
+
+* **Closed**: messages are claimed as usual. Each completion batch tells the
+  endpoint's row what its sends did (COMPLETE_BATCH): a delivery resets the
+  count of consecutive failed sends; a failed send — no answer, a 5xx, 408 or
+  429 — adds one. Another 4xx counts neither way: the receiver is up and
+  refusing that message. ``circuit_failures`` in a row (the endpoint's, else
+  ``POLLER_CIRCUIT_FAILURES``, default 10; 0 turns the breaker off) open it.
+* **Open**: the claim statement skips the endpoint (``paused_until`` is
+  ``CIRCUIT_HOLD``, the year 9000). Its messages wait **without spending attempts**; nothing is
+  sent. Messages already in flight when it opened finish as they do.
+* After the cool-down (the endpoint's ``circuit_cooldown``, else
+  ``POLLER_CIRCUIT_COOLDOWN``, default 30 s) the next governed claim that finds
+  one of its messages due takes that one alone — the **probe** — and marks the
+  circuit half-open. A probe that never reports (its poller died) is replaced
+  after two claim leases.
+* **Half-open**: a delivered probe closes the circuit; the backlog then drains
+  at the endpoint's ``max_in_flight`` and rate limit. A failed probe opens it
+  again for twice the cool-down, up to ``POLLER_CIRCUIT_COOLDOWN_MAX`` (default
+  15 min). **A failed probe's attempt is handed back**: while an endpoint is
+  down its messages do not age out, whatever the number of probes; the
+  endpoint's health decides instead (auto-disable, below).
+
+Rate limits
+-----------
+An endpoint's ``rate_limit`` (requests per second, with ``rate_burst``, default
+one second's worth) is a token bucket in its health row. Its messages are not
+claimed by the plain claim statement but by ``CLAIM_GOVERNED``, which takes
+tokens and messages in one statement under the row's lock (SKIP LOCKED): every
+poller draws on the same bucket, whatever the election mode, with no round
+trip per message. Each poller runs it at most ten times a second.
+
+A ``429`` or ``503`` with a valid ``Retry-After`` pauses the **whole
+endpoint** until then (capped by ``POLLER_RETRY_AFTER_MAX``), not only that
+message: ``paused_until`` makes every poller skip it.
+
+Auto-disable
+------------
+An endpoint whose sends have failed for ``POLLER_DISABLE_AFTER`` (default 5
+days; 0: never) without a single delivery is disabled, the reason stored
+(``failing since … with no success``). Its messages stay ``pending`` and wait,
+spending nothing; ``admin stats`` counts them, the
+``webhook_poller_endpoint_disabled_pending`` gauge shows them, and
+``WebhookPollerEndpointDisabled`` alerts. ``poller endpoints enable NAME``
+closes the circuit and the backlog drains.
+
+Operational events
+------------------
+Transitions are reported as :class:`OperationalEvent` — to in-process hooks
+and, with ``POLLER_OPERATOR_ENDPOINT``, as signed webhooks to that endpoint,
+enqueued in the same transaction as the change (poller/events.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """The global settings of the breaker and auto-disable (``POLLER_CIRCUIT_*``, ...)."""
+
+    circuit_failures: int = 10  # failed sends in a row that open a circuit; 0: never
+    circuit_cooldown: float = 30.0  # seconds open before the first probe
+    circuit_cooldown_max: float = 900.0  # each failed probe doubles the cool-down, up to this
+    disable_after: float = 5 * 86400.0  # failing this long with no delivery: disable; 0: never
+
+    def params(self) -> dict[str, float]:
+        return {
+            "circuit_failures": self.circuit_failures,
+            "circuit_cooldown": self.circuit_cooldown,
+            "circuit_cooldown_max": self.circuit_cooldown_max,
+            "disable_after": self.disable_after,
+        }
+
+
+ENDPOINT_FAILURE_STATUSES = frozenset({408, 429})
+
+
+def is_endpoint_failure(status_code: int | None, outcome: str) -> bool:
+    """A failed send that counts against the endpoint (the rule COMPLETE_BATCH applies)."""
+    if outcome not in ("retry", "unknown", "failed"):
+        return False
+    return status_code is None or status_code >= 500 or status_code in ENDPOINT_FAILURE_STATUSES
+
+
+GOVERN_INTERVAL = 0.1
+"""Seconds between two governed claims of one poller while governed endpoints have due messages."""

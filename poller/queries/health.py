@@ -1,0 +1,175 @@
+"""Statements of endpoint health (poller/health.py): governed claims, health reports.
+
+A *governed* endpoint is one the plain claim statement skips: rate limited, or
+with a circuit that is not closed. Its messages are claimed here, in the same
+transaction as CLAIM_BATCH (after the shard fences), at most ten times a
+second, so the hot path pays nothing for endpoints that are neither.
+"""
+
+from __future__ import annotations
+
+from poller.queries._registry import statement as _statement
+
+# Claim the due messages of governed endpoints in the given buckets: a rate-limited
+# endpoint gets as many as its token bucket holds (rate_limit per second, up to
+# rate_burst, default one second's worth), an open circuit whose cool-down has
+# passed — or a half-open one whose probe went missing for two claim leases — gets
+# one, the probe, and turns (or stays) half-open. Health rows are locked with SKIP
+# LOCKED, so two pollers never spend the same tokens or both send a probe, and a
+# claim never waits. Every row comes back flagged ``probe``; the last column,
+# ``governed`` (on every row, and on a row of NULLs when nothing was claimed),
+# counts the governed endpoints that had due messages, so the caller knows to come
+# back soon for the rest.
+CLAIM_GOVERNED = _statement(
+    "CLAIM_GOVERNED",
+    """
+    WITH busy AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
+            AS b(endpoint_id bigint, n integer)
+    ), gov AS (
+        SELECT e.id, e.rate_limit, h.state <> 'closed' AS probing,
+               coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
+                   - coalesce(busy.n, 0) AS room,
+               CASE WHEN e.rate_limit IS NOT NULL THEN least(
+                   coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),
+                   h.tokens + e.rate_limit * extract(epoch FROM now() - h.tokens_at)) END AS tokens
+        FROM poller_endpoints e
+        JOIN poller_endpoint_health h ON h.endpoint_id = e.id
+        LEFT JOIN busy ON busy.endpoint_id = e.id
+        WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+          AND ((h.state = 'closed' AND e.rate_limit IS NOT NULL
+                AND (e.paused_until IS NULL OR e.paused_until <= now()))
+               OR (h.state = 'open' AND h.open_until <= now())
+               OR (h.state = 'half_open' AND h.probe_at < now()
+                   - make_interval(secs => 2 * CAST(:claim_lease AS double precision))))
+          AND EXISTS (SELECT 1 FROM poller_outbox p
+                      WHERE p.endpoint_id = e.id AND p.status = 'pending'
+                        AND p.next_attempt_at <= now())
+        ORDER BY e.id
+        FOR UPDATE OF h SKIP LOCKED
+    ), allow AS (
+        SELECT id, rate_limit, tokens, probing,
+               greatest(0, least(room, CASE WHEN probing THEN 1
+                                            ELSE CAST(floor(tokens) AS integer) END)) AS n
+        FROM gov
+    ), due AS (
+        SELECT picked.id, allow.id AS endpoint_id
+        FROM allow
+        CROSS JOIN LATERAL (
+            SELECT o.id FROM poller_outbox o
+            WHERE o.endpoint_id = allow.id
+              AND o.status = 'pending'
+              AND o.next_attempt_at <= now()
+            ORDER BY o.next_attempt_at, o.id
+            LIMIT allow.n
+            FOR UPDATE SKIP LOCKED
+        ) AS picked
+        WHERE allow.n > 0
+        LIMIT :limit
+    ), taken AS (
+        SELECT endpoint_id, count(*) AS n FROM due GROUP BY endpoint_id
+    ), spent AS (
+        UPDATE poller_endpoint_health h
+        SET tokens = CASE WHEN a.rate_limit IS NULL THEN h.tokens
+                          ELSE a.tokens - coalesce(t.n, 0) END,
+            tokens_at = CASE WHEN a.rate_limit IS NULL THEN h.tokens_at ELSE now() END,
+            state = CASE WHEN a.probing AND t.n > 0 THEN 'half_open' ELSE h.state END,
+            probe_at = CASE WHEN a.probing AND t.n > 0 THEN now() ELSE h.probe_at END,
+            probes = h.probes + CASE WHEN a.probing AND t.n > 0 THEN 1 ELSE 0 END
+        FROM allow a
+        LEFT JOIN taken t ON t.endpoint_id = a.id
+        WHERE h.endpoint_id = a.id
+        RETURNING h.endpoint_id
+    ), token AS (
+        SELECT nextval('poller_claim_token_seq') AS claim_token
+    ), claimed AS (
+        UPDATE poller_outbox o
+        SET status = 'in_flight',
+            attempts = o.attempts + 1,
+            claim_token = token.claim_token,
+            claimed_by = :claimed_by,
+            claim_expires_at = now()
+                + make_interval(secs => CAST(:claim_lease AS double precision)),
+            updated_at = now()
+        FROM due, token, poller_endpoints e, allow a
+        WHERE o.id = due.id AND e.id = o.endpoint_id AND a.id = o.endpoint_id
+        RETURNING o.id, o.endpoint_id, o.bucket, o.event_type,
+                  CAST(o.payload AS text) AS payload, o.idempotency_key, o.attempts,
+                  o.max_attempts, o.claim_token, o.claim_expires_at, o.needs_lookup,
+                  o.created_at, e.updated_at AS endpoint_updated_at, o.refunds,
+                  o.ordering_key, a.probing AS probe
+    )
+    SELECT claimed.*, g.n AS governed
+    FROM (SELECT count(*) AS n FROM gov) AS g
+    LEFT JOIN claimed ON true
+    """,
+)
+
+# Gauges (maintenance leader): each endpoint's circuit, how long it has been open,
+# whether it is enabled, and the pending messages that wait on a disabled one.
+GAUGE_HEALTH = _statement(
+    "GAUGE_HEALTH",
+    """
+    SELECT e.name, e.enabled, coalesce(h.state, 'closed') AS state,
+           CASE WHEN h.opened_at IS NULL THEN 0
+                ELSE extract(epoch FROM now() - h.opened_at) END AS open_seconds,
+           CASE WHEN e.enabled THEN 0
+                ELSE (SELECT count(*) FROM poller_outbox o
+                      WHERE o.endpoint_id = e.id AND o.status = 'pending') END AS disabled_pending
+    FROM poller_endpoints e
+    LEFT JOIN poller_endpoint_health h ON h.endpoint_id = e.id
+    """,
+)
+
+# ``poller endpoints health``: each endpoint's (or one's) health, with its send
+# success ratio over the last hour and day (from the attempt history, found by
+# the BRIN index on finished_at) and its rate limit's tokens now.
+HEALTH_REPORT = _statement(
+    "HEALTH_REPORT",
+    """
+    SELECT e.id, e.name, e.enabled, e.disabled_reason, e.rate_limit,
+           coalesce(e.rate_burst, CAST(greatest(1, ceil(e.rate_limit)) AS integer)) AS rate_burst,
+           e.circuit_failures, e.circuit_cooldown, e.paused_until,
+           h.state, h.consecutive_failures, h.cooldown, h.opened_at, h.open_until, h.probe_at,
+           h.opens, h.probes, h.last_success_at, h.last_failure_at, h.failing_since,
+           h.last_error,
+           CASE WHEN e.rate_limit IS NOT NULL THEN least(
+               CAST(coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))) AS double precision),
+               h.tokens + e.rate_limit * extract(epoch FROM now() - h.tokens_at)) END AS tokens,
+           s.sends_1h, s.ok_1h, s.sends_24h, s.ok_24h,
+           (SELECT count(*) FROM poller_outbox o
+            WHERE o.endpoint_id = e.id AND o.status = 'pending') AS pending
+    FROM poller_endpoints e
+    JOIN poller_endpoint_health h ON h.endpoint_id = e.id
+    LEFT JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE a.finished_at > now() - interval '1 hour') AS sends_1h,
+               count(*) FILTER (WHERE a.finished_at > now() - interval '1 hour'
+                                  AND a.outcome = 'delivered') AS ok_1h,
+               count(*) AS sends_24h,
+               count(*) FILTER (WHERE a.outcome = 'delivered') AS ok_24h
+        FROM poller_delivery_attempts a
+        JOIN poller_outbox o ON o.id = a.message_id
+        WHERE o.endpoint_id = e.id AND a.kind = 'send' AND NOT a.stale
+          AND a.finished_at > now() - interval '24 hours'
+    ) AS s ON true
+    WHERE CAST(:name AS text) IS NULL OR e.name = CAST(:name AS text)
+    ORDER BY e.name
+    """,
+)
+
+# ``endpoints enable``: a re-enabled endpoint starts afresh — circuit closed, no
+# failure streak, no pause — so its backlog drains at once.
+RESET_HEALTH = _statement(
+    "RESET_HEALTH",
+    """
+    WITH e AS (
+        UPDATE poller_endpoints SET paused_until = NULL
+        WHERE id = CAST(:endpoint_id AS bigint)
+        RETURNING id
+    )
+    UPDATE poller_endpoint_health
+    SET state = 'closed', consecutive_failures = 0, cooldown = NULL, opened_at = NULL,
+        open_until = NULL, probe_at = NULL, failing_since = NULL
+    WHERE endpoint_id = CAST(:endpoint_id AS bigint)
+    """,
+)

@@ -1,0 +1,537 @@
+"""Endpoint health (poller/health.py): the circuit breaker, whole-endpoint pauses after
+429/503 + Retry-After, rate limits across pollers, auto-disable, operational events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session
+
+from poller import Message, claims, enqueue_many
+from poller.claims import ClaimedMessage, Claims
+from poller.cli import cli
+from poller.endpoints import new_secret, set_enabled, update_endpoint
+from poller.errors import ConfigurationError, InvalidEndpoint
+from poller.events import (
+    CIRCUIT_CLOSED,
+    CIRCUIT_OPENED,
+    ENDPOINT_DISABLED,
+    MESSAGE_FAILED,
+    EventSink,
+    OperationalEvent,
+)
+from poller.health import HealthPolicy
+from poller.receiver import Faults, Receiver
+from tests.conftest import make_endpoint
+from tests.integration.helpers import seed, wait_for
+from tests.integration.service_helpers import (
+    counts,
+    fast_settings,
+    running_poller,
+    running_receiver,
+)
+
+
+def health(engine: Engine, name: str = "billing") -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT h.*, e.paused_until, e.enabled, e.disabled_reason "
+                "FROM poller_endpoint_health h "
+                "JOIN poller_endpoints e ON e.id = h.endpoint_id WHERE e.name = :n"
+            ),
+            {"n": name},
+        ).one()
+
+
+def attempts_spent(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT sum(attempts) FROM poller_outbox")).scalar_one())
+
+
+@pytest.fixture
+def breaker(aengine: AsyncEngine) -> Claims:
+    policy = HealthPolicy(circuit_failures=3, circuit_cooldown=0.3, circuit_cooldown_max=0.6)
+    return Claims(aengine, poller_id="p1", claim_lease=30, health=policy)
+
+
+def failing(msg: ClaimedMessage, status: int | None = 500) -> claims.Outcome:
+    error_class = None if status else "ConnectError"
+    return claims.retry(msg, 0, status_code=status, error_class=error_class, error_message="down")
+
+
+async def claim(breaker: Claims, limit: int = 100) -> list[ClaimedMessage]:
+    return await breaker.claim_batch(limit=limit, governed=True)
+
+
+async def claim_within(breaker: Claims, seconds: float = 5.0) -> list[ClaimedMessage]:
+    deadline = time.monotonic() + seconds
+    while not (batch := await claim(breaker)):
+        assert time.monotonic() < deadline, "nothing became claimable"
+    return batch
+
+
+async def test_failed_sends_open_the_circuit_and_a_probe_closes_it(
+    engine: Engine, breaker: Claims
+) -> None:
+    make_endpoint(engine, "billing", max_attempts=10)
+    seed(engine, 10)
+    first = await claim(breaker, 2)
+    await breaker.complete([failing(m) for m in first])
+    assert (health(engine).state, health(engine).consecutive_failures) == ("closed", 2)
+    second = await claim(breaker, 1)
+    await breaker.complete([failing(m, None) for m in second])  # no answer: counts too
+    opened = health(engine)
+    assert (opened.state, opened.opens, opened.cooldown) == ("open", 1, 0.3)
+    assert opened.paused_until is not None and opened.last_error == "ConnectError"
+
+    spent = attempts_spent(engine)
+    assert await claim(breaker) == []  # open: nothing claimed, nothing spent
+    assert attempts_spent(engine) == spent
+
+    probe = await claim_within(breaker)
+    assert [m.probe for m in probe] == [True]  # one message: the probe
+    assert health(engine).state == "half_open" and health(engine).probes == 1
+    assert await claim(breaker) == []
+    await breaker.complete([claims.probe_failed(failing(probe[0], 503))])
+    reopened = health(engine)
+    assert (reopened.state, reopened.opens, reopened.cooldown) == ("open", 1, 0.6)  # doubled
+    assert attempts_spent(engine) == spent  # the probe's attempt was handed back
+
+    probe = await claim_within(breaker)
+    await breaker.complete([claims.delivered(probe[0], status_code=200)])
+    closed = health(engine)
+    assert (closed.state, closed.consecutive_failures, closed.cooldown) == ("closed", 0, None)
+    assert closed.paused_until is None and closed.failing_since is None
+    assert len(await claim(breaker)) == 9  # the backlog drains, the retried ones too
+
+
+async def test_a_4xx_answer_is_not_a_failed_endpoint(engine: Engine, breaker: Claims) -> None:
+    make_endpoint(engine, "billing", max_attempts=10)
+    seed(engine, 5)
+    batch = await claim(breaker, 5)
+    await breaker.complete([claims.failed(m, status_code=400) for m in batch])
+    assert (health(engine).state, health(engine).consecutive_failures) == ("closed", 0)
+
+
+async def test_the_breaker_off_never_opens_but_an_endpoint_can_override_it(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    off = Claims(aengine, poller_id="p1", claim_lease=30, health=HealthPolicy(circuit_failures=0))
+    make_endpoint(engine, "billing", max_attempts=10)
+    make_endpoint(engine, "strict", max_attempts=10)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoints SET circuit_failures = 2 WHERE name = 'strict'"))
+    seed(engine, 30)
+    seed(engine, 2, endpoint="strict")
+    batch = await off.claim_batch(limit=100)
+    await off.complete([failing(m) for m in batch])
+    assert (health(engine).state, health(engine).consecutive_failures) == ("closed", 30)
+    assert health(engine, "strict").state == "open"
+
+
+async def test_a_success_in_the_same_batch_keeps_the_circuit_closed(
+    engine: Engine, breaker: Claims
+) -> None:
+    make_endpoint(engine, "billing", max_attempts=10)
+    seed(engine, 6)
+    batch = await claim(breaker, 6)
+    outcomes = [failing(m) for m in batch[:5]] + [claims.delivered(batch[5], status_code=200)]
+    await breaker.complete(outcomes)
+    assert (health(engine).state, health(engine).consecutive_failures) == ("closed", 0)
+
+
+async def test_retry_after_pauses_the_whole_endpoint(engine: Engine, breaker: Claims) -> None:
+    make_endpoint(engine, "billing", max_attempts=10)
+    make_endpoint(engine, "other", max_attempts=10)
+    seed(engine, 5)
+    first = await claim(breaker, 1)
+    seed(engine, 3, endpoint="other")
+    throttled = claims.retry(first[0], 0.0, status_code=429, error_message="HTTP 429")
+    await breaker.complete([dataclass_replace(throttled, pause=0.5)])
+    assert health(engine).paused_until is not None
+    batch = await claim(breaker)
+    assert {m.endpoint_id for m in batch} == {health(engine, "other").endpoint_id}
+    rest = await claim_within(breaker)  # once the pause is over
+    assert len(rest) == 5 and all(not m.probe for m in rest)
+
+
+def dataclass_replace(outcome: claims.Outcome, **changes: Any) -> claims.Outcome:
+    import dataclasses
+
+    return dataclasses.replace(outcome, **changes)
+
+
+async def test_a_rate_limit_hands_out_tokens_not_messages(engine: Engine, breaker: Claims) -> None:
+    make_endpoint(engine, "billing", max_attempts=10)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoints SET rate_limit = 20, rate_burst = 4"))
+        conn.execute(text("UPDATE poller_endpoint_health SET tokens_at = now() - interval '1 h'"))
+    seed(engine, 40)
+    assert await breaker.claim_batch(limit=100) == []  # the plain claim leaves it alone
+    began = time.monotonic()
+    first = await claim(breaker)
+    assert len(first) == 4  # the burst
+    got = len(first)
+    while got < 14:
+        got += len(await claim(breaker))
+    elapsed = time.monotonic() - began
+    assert elapsed >= 10 / 20 * 0.9, elapsed  # 10 more tokens at 20/s: half a second
+
+
+# --- operational events, at the claims level ---------------------------------------
+
+
+async def test_events_never_report_on_the_operator_endpoint_itself(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """Its own failures would otherwise enqueue events to itself, which fail, and so on."""
+    policy = HealthPolicy(circuit_failures=2)
+    sink = EventSink("billing")
+    own = Claims(aengine, poller_id="p1", claim_lease=30, health=policy, events=sink)
+    make_endpoint(engine, "billing", max_attempts=1)
+    seed(engine, 3)
+    batch = await own.claim_batch(limit=10)
+    result = await own.complete([failing(m) for m in batch])
+    assert health(engine).state == "open" and len(result.applied) == 3
+    assert result.events == [] and sink.published == 0
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM poller_outbox")).scalar_one() == 3
+
+
+async def test_a_missing_operator_endpoint_loses_no_completion(
+    engine: Engine, aengine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = EventSink("removed-since")
+    own = Claims(aengine, poller_id="p1", claim_lease=30, events=sink)
+    make_endpoint(engine, "billing", max_attempts=1)
+    seed(engine, 2)
+    batch = await own.claim_batch(limit=10)
+    result = await own.complete([failing(m) for m in batch])
+    assert len(result.applied) == 2 and [e.type for e in result.events] == [MESSAGE_FAILED] * 2
+    assert counts(engine) == {"failed": 2} and sink.published == 0
+    assert "POLLER_OPERATOR_ENDPOINT=removed-since" in caplog.text
+
+
+# --- the service ---------------------------------------------------------------------
+
+
+class Recording(Receiver):
+    """A receiver that keeps every applied body (operational events)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bodies: list[dict[str, Any]] = []
+
+    def _apply(
+        self, key: str, body: bytes, now: float, headers: dict[bytes, bytes] | None = None
+    ) -> None:
+        if key not in self.applied:
+            self.bodies.append(json.loads(body))
+        super()._apply(key, body, now, headers)
+
+
+@contextlib.asynccontextmanager
+async def recording(secret: str) -> AsyncIterator[tuple[Recording, str]]:
+    receiver = Recording(secrets=[secret])
+    port = await receiver.start()
+    try:
+        yield receiver, f"http://127.0.0.1:{port}"
+    finally:
+        await receiver.stop()
+
+
+async def test_a_down_endpoint_gets_a_handful_of_probes_not_thousands(
+    engine: Engine, db_url: str
+) -> None:
+    """5,000 messages to an endpoint that is down, then back: while down the receiver
+    sees the sends that opened the circuit and a few probes, no message spends an
+    attempt while the circuit is open, and all 5,000 are delivered after."""
+    faults = Faults(fail_rate=1.0, status=503)
+    async with running_receiver(faults) as (receiver, url):
+        make_endpoint(engine, "billing", url=url, max_attempts=10, max_in_flight=8)
+        seed(engine, 5000)
+        settings = fast_settings(circuit_failures=5, circuit_cooldown=0.2, circuit_cooldown_max=0.4)
+        async with running_poller(db_url, settings):
+
+            async def probed_thrice() -> bool:
+                return health(engine).probes >= 3 and health(engine).state == "open"
+
+            await wait_for(probed_thrice, timeout=20)
+            down, probes = receiver.stats.received, health(engine).probes
+            # 5 to open, plus what was claimed before that completion committed (room
+            # freed by fast failures is refilled meanwhile), plus the probes: not thousands
+            assert down < 5 + 4 * 8 + probes, (down, probes)
+            assert attempts_spent(engine) == down - probes  # probes handed theirs back
+            faults.fail_rate = 0.0  # the endpoint is back
+
+            async def delivered() -> bool:
+                return counts(engine).get("delivered", 0) == 5000
+
+            await wait_for(delivered, timeout=90, interval=0.1)
+    assert receiver.stats.applied == 5000 and receiver.stats.duplicates == 0
+    assert health(engine).state == "closed"
+
+
+async def test_a_healthy_endpoint_beside_an_open_circuit_keeps_its_rate(
+    engine: Engine, db_url: str
+) -> None:
+    async with (
+        running_receiver(Faults(fail_rate=1.0, status=500)) as (down, down_url),
+        running_receiver() as (up, up_url),
+    ):
+        make_endpoint(engine, "broken", url=down_url, max_attempts=10)
+        make_endpoint(engine, "billing", url=up_url, max_attempts=10)
+        settings = fast_settings(circuit_failures=5, circuit_cooldown=60, circuit_cooldown_max=60)
+        async with running_poller(db_url, settings):
+            seed(engine, 500)
+            began = time.monotonic()
+
+            def drained(n: int) -> Callable[[], Awaitable[bool]]:
+                async def check() -> bool:
+                    return up.stats.applied >= n
+
+                return check
+
+            await wait_for(drained(500), timeout=30)
+            alone = time.monotonic() - began
+            seed(engine, 3000, endpoint="broken")
+
+            async def opened() -> bool:
+                return health(engine, "broken").state == "open"
+
+            await wait_for(opened, timeout=10)
+            with Session(engine) as session, session.begin():
+                enqueue_many(
+                    session,
+                    [Message("billing", "e", {"n": i}, f"more:{i}") for i in range(500)],
+                )
+            began = time.monotonic()
+            await wait_for(drained(1000), timeout=30)
+            beside = time.monotonic() - began
+    # the broken one opened (5 failed sends, plus up to a few rounds of its 16 in flight
+    # claimed before that completion committed), then waited: not 3,000
+    assert down.stats.received < 5 + 4 * 16, down.stats.received
+    assert beside < 2 * alone + 1.0, (alone, beside)
+
+
+async def test_a_rate_limit_holds_across_two_pollers(engine: Engine, db_url: str) -> None:
+    """50 requests per second, two pollers claiming every shard (no election): the
+    receiver sees 50/s within 10 % over 20 s, and both pollers took part."""
+    async with running_receiver() as (receiver, url):
+        make_endpoint(engine, "billing", url=url, max_attempts=10)
+        with Session(engine) as session, session.begin():
+            update_endpoint(session, "billing", rate_limit=50, rate_burst=5)
+        seed(engine, 1500)
+        settings = fast_settings(election="none")
+        async with (
+            running_poller(db_url, settings, "p1") as p1,
+            running_poller(db_url, settings, "p2") as p2,
+        ):
+            took = {"p1": 0, "p2": 0}
+            p1.claimer.on_cycle.append(lambda n: took.__setitem__("p1", took["p1"] + n))
+            p2.claimer.on_cycle.append(lambda n: took.__setitem__("p2", took["p2"] + n))
+
+            async def started() -> bool:
+                return receiver.stats.received > 5  # past the burst
+
+            await wait_for(started, timeout=10)
+            first = receiver.stats.received
+            await asyncio.sleep(20)  # the measurement window itself, not a synchronisation
+            rate = (receiver.stats.received - first) / 20
+    assert 45 <= rate <= 55, rate
+    assert took["p1"] > 0 and took["p2"] > 0, took
+
+
+async def test_an_endpoint_failing_too_long_is_disabled_and_enable_drains_it(
+    engine: Engine, db_url: str
+) -> None:
+    faults = Faults(fail_rate=1.0, status=502)
+    seen: list[OperationalEvent] = []
+    async with running_receiver(faults) as (receiver, url):
+        make_endpoint(engine, "billing", url=url, max_attempts=10)
+        seed(engine, 20)
+        settings = fast_settings(
+            circuit_failures=3, circuit_cooldown=0.2, circuit_cooldown_max=0.2, disable_after=1.0
+        )
+        async with running_poller(db_url, settings) as poller:
+            poller.on_event.append(seen.append)
+
+            async def disabled() -> bool:
+                return not health(engine).enabled
+
+            await wait_for(disabled, timeout=20)
+            reason = health(engine).disabled_reason
+            assert reason.startswith("failing since ") and "last error HTTP 502" in reason
+            assert counts(engine) == {"pending": 20}  # nothing lost, nothing failed
+            faults.fail_rate = 0.0
+            with Session(engine) as session, session.begin():
+                set_enabled(session, "billing", True)
+            assert (health(engine).state, health(engine).consecutive_failures) == ("closed", 0)
+
+            async def delivered() -> bool:
+                return counts(engine) == {"delivered": 20}
+
+            await wait_for(delivered, timeout=20)
+    assert [e.type for e in seen].count(ENDPOINT_DISABLED) == 1
+    assert receiver.stats.applied == 20
+
+
+async def test_operational_events_arrive_signed_for_exactly_what_happened(
+    engine: Engine, db_url: str
+) -> None:
+    faults = Faults(fail_rate=1.0, status=503)
+    hooked: list[OperationalEvent] = []
+    async with running_receiver(faults) as (_, url):
+        ops_secret = new_secret()
+        async with recording(ops_secret) as (ops, ops_url):
+            make_endpoint(engine, "ops", url=ops_url, secret=ops_secret)
+            make_endpoint(engine, "billing", url=url)
+            seed(engine, 3, max_attempts=1)  # these fail for good
+            with Session(engine) as session, session.begin():  # this one waits out the circuit
+                ids = enqueue_many(session, [Message("billing", "e", {}, "late", max_attempts=5)])
+            settings = fast_settings(
+                circuit_failures=3,
+                circuit_cooldown=0.2,
+                circuit_cooldown_max=0.2,
+                operator_endpoint="ops",
+            )
+            async with running_poller(db_url, settings) as poller:
+                poller.on_event.append(hooked.append)
+
+                async def reopened() -> bool:
+                    return health(engine).probes >= 1 and health(engine).state == "open"
+
+                await wait_for(reopened, timeout=20)
+                faults.fail_rate = 0.0
+
+                async def five_events() -> bool:
+                    return len(ops.bodies) >= 5 and counts(engine).get("delivered") == 6
+
+                await wait_for(five_events, timeout=20)
+    types = sorted(b["type"] for b in ops.bodies)
+    assert types == sorted([CIRCUIT_OPENED, CIRCUIT_CLOSED] + [MESSAGE_FAILED] * 3)
+    assert sorted(e.type for e in hooked) == types
+    assert ops.stats.bad_signatures == 0 and ops.stats.duplicates == 0
+    failed = [b for b in ops.bodies if b["type"] == MESSAGE_FAILED]
+    assert {b["endpoint"]["name"] for b in ops.bodies} == {"billing"}
+    assert ids[0] not in {b["data"]["message_id"] for b in failed}
+    assert all(b["data"]["last_status_code"] == 503 for b in failed)
+    opened = next(b for b in ops.bodies if b["type"] == CIRCUIT_OPENED)
+    assert opened["data"]["last_error"] == "HTTP 503" and "payload" not in json.dumps(opened)
+
+
+async def test_a_missing_operator_endpoint_stops_the_poller_at_start(db_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="POLLER_OPERATOR_ENDPOINT=ops: no such"):
+        async with running_poller(db_url, fast_settings(operator_endpoint="ops")):
+            pass
+
+
+# --- the CLI ---------------------------------------------------------------------------
+
+
+def cli_run(db_url: str, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        cli, list(args), env={"POLLER_DATABASE_URL": db_url, "POLLER_ELECTION": "postgres"}
+    )
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--rate-limit", "0"),
+        ("--rate-limit", "-5"),
+        ("--rate-limit", "nan"),
+        ("--rate-limit", "inf"),
+        ("--rate-limit", "1e400"),
+        ("--rate-limit", "fast"),
+        ("--rate-burst", "0"),
+        ("--rate-burst", "1.5"),
+        ("--circuit-failures", "-1"),
+        ("--circuit-failures", "99999999999"),
+        ("--circuit-cooldown", "0"),
+        ("--circuit-cooldown", "NaN"),
+        ("--circuit-cooldown", "86401"),
+    ],
+)
+def test_nasty_health_settings_are_refused_in_one_line(
+    db_url: str, engine: Engine, option: str, value: str
+) -> None:
+    make_endpoint(engine, "billing")
+    code, out = cli_run(db_url, "endpoints", "update", "billing", option, value)
+    assert code == 2, out
+    assert "Traceback" not in out and option in out
+    assert health(engine).state == "closed"
+
+
+def test_nasty_health_settings_are_refused_by_the_api(engine: Engine) -> None:
+    make_endpoint(engine, "billing")
+    for changes in (
+        {"rate_limit": float("nan")},
+        {"rate_limit": True},
+        {"rate_burst": 2.5},
+        {"circuit_failures": -1},
+        {"circuit_cooldown": float("inf")},
+        {"rate_limit": "50"},
+    ):
+        with Session(engine) as session, pytest.raises(InvalidEndpoint):
+            update_endpoint(session, "billing", **changes)
+
+
+def test_health_settings_and_the_health_command(db_url: str, engine: Engine) -> None:
+    make_endpoint(engine, "billing")
+    code, out = cli_run(
+        db_url,
+        "endpoints",
+        "update",
+        "billing",
+        "--rate-limit",
+        "50",
+        "--rate-burst",
+        "10",
+        "--circuit-failures",
+        "0",
+        "--json",
+    )
+    assert code == 0, out
+    shown = json.loads(out)
+    assert (shown["rate_limit"], shown["rate_burst"], shown["circuit_failures"]) == (50, 10, 0)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE poller_endpoint_health SET state = 'open', opened_at = now(), "
+                "open_until = now() + interval '30 s', consecutive_failures = 12, "
+                "last_error = 'HTTP 503'"
+            )
+        )
+    code, out = cli_run(db_url, "endpoints", "health", "billing", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["circuit"] == "open" and report["consecutive_failures"] == 12
+    assert report["rate_limit"] == 50 and report["rate_burst"] == 10
+    assert report["next_probe_at"] is not None and report["success_ratio_1h"] is None
+    code, out = cli_run(db_url, "endpoints", "health")
+    assert code == 0 and "circuit open" in out and "HTTP 503" in out, out
+    code, out = cli_run(db_url, "admin", "stats", "--json")
+    assert json.loads(out)["endpoint_states"] == {}  # no messages: no endpoint rows
+    seed(engine, 2)
+    code, out = cli_run(db_url, "admin", "stats")
+    assert "circuit open" in out and "2 pending messages wait" in out, out
+    code, out = cli_run(db_url, "endpoints", "enable", "billing")
+    assert code == 0 and health(engine).state == "closed"
+    code, out = cli_run(
+        db_url, "endpoints", "update", "billing", "--rate-limit", "default", "--json"
+    )
+    assert json.loads(out)["rate_limit"] is None
+    code, out = cli_run(db_url, "endpoints", "health", "nosuch")
+    assert code == 1 and "nosuch" in out and "Traceback" not in out
