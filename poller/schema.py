@@ -305,7 +305,7 @@ endpoint_health = Table(
 CIRCUIT_STATES = ("closed", "open", "half_open")
 # ``paused_until`` while a circuit is not closed: far enough to mean "until a probe
 # closes it", near enough that every client reads it as a datetime ('infinity' is not).
-CIRCUIT_HOLD = "9000-01-01 00:00:00+00"
+CIRCUIT_HOLD = "9000-01-01 UTC"  # no colon: raw-psycopg rewrites (loadtest) would see a parameter
 
 
 # --- election (SPEC §6) ---------------------------------------------------------

@@ -58,6 +58,15 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
         ("POLLER_SHUTDOWN_GRACE", "inf"),
         ("POLLER_CONNECT_TIMEOUT", "0"),
         ("POLLER_PERMANENT_STATUSES", "[99]"),
+        ("POLLER_CIRCUIT_FAILURES", "-1"),
+        ("POLLER_CIRCUIT_FAILURES", "ten"),
+        ("POLLER_CIRCUIT_COOLDOWN", "0"),
+        ("POLLER_CIRCUIT_COOLDOWN", "nan"),
+        ("POLLER_CIRCUIT_COOLDOWN_MAX", "inf"),
+        ("POLLER_DISABLE_AFTER", "-1"),
+        ("POLLER_DISABLE_AFTER", "NaN"),
+        ("POLLER_OPERATOR_ENDPOINT", "ops; DROP TABLE x"),
+        ("POLLER_OPERATOR_ENDPOINT", "-ops"),
     ],
 )
 def test_invalid_value_names_its_variable(
@@ -66,6 +75,12 @@ def test_invalid_value_names_its_variable(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigurationError, match=variable):
         load_settings()
+
+
+def test_the_circuit_cool_down_cap_is_not_below_the_cool_down() -> None:
+    with pytest.raises(ConfigurationError, match="POLLER_CIRCUIT_COOLDOWN_MAX=10: must be at"):
+        load_settings(circuit_cooldown=60, circuit_cooldown_max=10)
+    assert load_settings(operator_endpoint="").operator_endpoint is None
 
 
 def test_claim_lease_must_cover_a_lookup_and_a_send() -> None:
