@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -254,12 +254,15 @@ async def serve(
     stop: asyncio.Event,
     elector: Elector | None = None,
     ready: asyncio.Future[Poller] | None = None,
+    on_event: Sequence[EventHook] = (),
 ) -> Poller:
     """A whole poller: shard leadership, claiming and delivering, until ``stop``.
 
     Leases are taken before the first claim and given up only after the last
     delivery has been written (graceful stop), so shards pass straight on.
     ``ready`` receives the Poller once it runs (tests and the demo watch it).
+    ``on_event``: callables given each operational event (poller/events.py)
+    after the change it reports committed; they must not block.
     Raises ServiceCrashed when a loop crashed (after stopping gracefully).
     """
     backend = elector.backend if elector is not None else settings.election_backend
@@ -286,6 +289,7 @@ async def serve(
         on_refused=manager.refused,
         supervisor=supervisor,
     )
+    poller.on_event.extend(on_event)
     holder.append(poller)
     poller.shards = manager
     try:

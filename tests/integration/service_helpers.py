@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, text
 
 from poller.db import poller_engine
 from poller.election import Elector
+from poller.events import EventHook
 from poller.receiver import Faults, Receiver
 from poller.senders import make_sender
 from poller.service import Poller, serve
@@ -46,7 +47,11 @@ async def running_receiver(faults: Faults | None = None) -> AsyncIterator[tuple[
 
 @contextlib.asynccontextmanager
 async def serving(
-    db_url: str, settings: Settings, poller_id: str = "p1", elector: Elector | None = None
+    db_url: str,
+    settings: Settings,
+    poller_id: str = "p1",
+    elector: Elector | None = None,
+    on_event: Sequence[EventHook] = (),
 ) -> AsyncIterator[tuple[Poller, asyncio.Task[Poller]]]:
     """serve() in this event loop: the running Poller and its task (which may crash)."""
     engine = poller_engine(db_url, settings, pool_size=4)
@@ -63,6 +68,7 @@ async def serving(
             stop=stop,
             elector=elector,
             ready=ready,
+            on_event=on_event,
         )
     )
     try:
@@ -82,10 +88,14 @@ async def serving(
 
 @contextlib.asynccontextmanager
 async def running_poller(
-    db_url: str, settings: Settings, poller_id: str = "p1", elector: Elector | None = None
+    db_url: str,
+    settings: Settings,
+    poller_id: str = "p1",
+    elector: Elector | None = None,
+    on_event: Sequence[EventHook] = (),
 ) -> AsyncIterator[Poller]:
     """A whole poller (shard manager included) in this event loop; stopped gracefully."""
-    async with serving(db_url, settings, poller_id, elector) as (poller, task):
+    async with serving(db_url, settings, poller_id, elector, on_event) as (poller, task):
         yield poller
     if not task.cancelled() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]

@@ -363,8 +363,7 @@ async def test_an_endpoint_failing_too_long_is_disabled_and_enable_drains_it(
         settings = fast_settings(
             circuit_failures=3, circuit_cooldown=0.2, circuit_cooldown_max=0.2, disable_after=1.0
         )
-        async with running_poller(db_url, settings) as poller:
-            poller.on_event.append(seen.append)
+        async with running_poller(db_url, settings, on_event=[seen.append]):
 
             async def disabled() -> bool:
                 return not health(engine).enabled
@@ -405,8 +404,7 @@ async def test_operational_events_arrive_signed_for_exactly_what_happened(
                 circuit_cooldown_max=0.2,
                 operator_endpoint="ops",
             )
-            async with running_poller(db_url, settings) as poller:
-                poller.on_event.append(hooked.append)
+            async with running_poller(db_url, settings, on_event=[hooked.append]):
 
                 async def reopened() -> bool:
                     return health(engine).probes >= 1 and health(engine).state == "open"
