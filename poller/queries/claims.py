@@ -7,6 +7,19 @@ from poller.schema import CIRCUIT_HOLD
 
 # --- claims (§5) --------------------------------------------------------------
 
+# What a claim writes (one attempt more, a fresh claim token, the lease on the
+# database clock) and returns, in CLAIM_BATCH and CLAIM_GOVERNED alike.
+CLAIMING = """SET status = 'in_flight',
+        attempts = o.attempts + 1,
+        claim_token = token.claim_token,
+        claimed_by = :claimed_by,
+        claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision)),
+        updated_at = now()"""
+CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
+    o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
+    o.claim_expires_at, o.needs_lookup, o.created_at,
+    e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key"""
+
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.
 # Each enabled endpoint gets at most its free in-flight room (its max_in_flight
 # minus what this poller already holds for it, given as JSON); endpoints are
@@ -25,7 +38,7 @@ from poller.schema import CIRCUIT_HOLD
 # the lease is measured on the database clock.
 CLAIM_BATCH = _statement(
     "CLAIM_BATCH",
-    """
+    f"""
     WITH busy AS (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
@@ -56,19 +69,10 @@ CLAIM_BATCH = _statement(
         SELECT nextval('poller_claim_token_seq') AS claim_token
     )
     UPDATE poller_outbox o
-    SET status = 'in_flight',
-        attempts = o.attempts + 1,
-        claim_token = token.claim_token,
-        claimed_by = :claimed_by,
-        claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision)),
-        updated_at = now()
+    {CLAIMING}
     FROM due, token, poller_endpoints e
     WHERE o.id = due.id AND e.id = o.endpoint_id
-    RETURNING o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
-              o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
-              o.claim_expires_at, o.needs_lookup, o.created_at,
-              e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key,
-              false AS probe
+    RETURNING {CLAIMED}, false AS probe
     """,
 )
 

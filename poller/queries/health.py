@@ -9,6 +9,7 @@ second, so the hot path pays nothing for endpoints that are neither.
 from __future__ import annotations
 
 from poller.queries._registry import statement as _statement
+from poller.queries.claims import CLAIMED, CLAIMING
 
 # Claim the due messages of governed endpoints in the given buckets: a rate-limited
 # endpoint gets as many as its token bucket holds (rate_limit per second, up to
@@ -22,7 +23,7 @@ from poller.queries._registry import statement as _statement
 # back soon for the rest.
 CLAIM_GOVERNED = _statement(
     "CLAIM_GOVERNED",
-    """
+    f"""
     WITH busy AS (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
@@ -84,20 +85,10 @@ CLAIM_GOVERNED = _statement(
         SELECT nextval('poller_claim_token_seq') AS claim_token
     ), claimed AS (
         UPDATE poller_outbox o
-        SET status = 'in_flight',
-            attempts = o.attempts + 1,
-            claim_token = token.claim_token,
-            claimed_by = :claimed_by,
-            claim_expires_at = now()
-                + make_interval(secs => CAST(:claim_lease AS double precision)),
-            updated_at = now()
+        {CLAIMING}
         FROM due, token, poller_endpoints e, allow a
         WHERE o.id = due.id AND e.id = o.endpoint_id AND a.id = o.endpoint_id
-        RETURNING o.id, o.endpoint_id, o.bucket, o.event_type,
-                  CAST(o.payload AS text) AS payload, o.idempotency_key, o.attempts,
-                  o.max_attempts, o.claim_token, o.claim_expires_at, o.needs_lookup,
-                  o.created_at, e.updated_at AS endpoint_updated_at, o.refunds,
-                  o.ordering_key, a.probing AS probe
+        RETURNING {CLAIMED}, a.probing AS probe
     )
     SELECT claimed.*, g.n AS governed
     FROM (SELECT count(*) AS n FROM gov) AS g

@@ -47,6 +47,15 @@ COMPLETE = {
     **HealthPolicy().params(),
 }
 
+CLAIM = {
+    "buckets": ALL_BUCKETS_LITERAL,
+    "limit": 10,
+    "claimed_by": "p",
+    "claim_lease": 30.0,
+    "in_flight": '[{"endpoint_id": 1, "n": 3}]',
+    "default_max_in_flight": 16,
+}
+
 SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_ONE": ONE,
     "ENQUEUE_EXPLAIN": ONE,
@@ -54,23 +63,8 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_MANY": MANY,
     "ENQUEUE_MANY_EXISTING": MANY,
     "NOTIFY_BUCKETS": {"buckets": [1, 2]},
-    "CLAIM_BATCH": {
-        "buckets": ALL_BUCKETS_LITERAL,
-        "limit": 10,
-        "claimed_by": "p",
-        "claim_lease": 30.0,
-        "in_flight": '[{"endpoint_id": 1, "n": 3}]',
-        "default_max_in_flight": 16,
-        "salt": "s",
-    },
-    "CLAIM_GOVERNED": {
-        "buckets": ALL_BUCKETS_LITERAL,
-        "limit": 10,
-        "claimed_by": "p",
-        "claim_lease": 30.0,
-        "in_flight": '[{"endpoint_id": 1, "n": 3}]',
-        "default_max_in_flight": 16,
-    },
+    "CLAIM_BATCH": {**CLAIM, "salt": "s"},
+    "CLAIM_GOVERNED": CLAIM,
     "GAUGE_HEALTH": {},
     "HEALTH_REPORT": {"name": None},
     "RESET_HEALTH": {"endpoint_id": 1},
