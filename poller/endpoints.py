@@ -32,6 +32,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from poller.errors import EndpointExists, InvalidEndpoint, PollerError, UnknownEndpoint
+from poller.health import DEFAULT as DEFAULT  # re-exported: update_endpoint's sentinel
+from poller.health import MAX_RATE as MAX_RATE
+from poller.health import check_health_settings
 from poller.keyring import Keyring, SecretUnreadable, default_keyring, is_sealed
 from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
 from poller.schema import BUCKETS, ON_FAILED_HEAD, endpoints, outbox
@@ -153,51 +156,6 @@ def _on_failed_head(value: object) -> str | None:
     if value is None or value in ON_FAILED_HEAD:
         return value
     raise InvalidEndpoint(f"on_failed_head must be one of {', '.join(ON_FAILED_HEAD)}")
-
-
-class _Default:
-    """Give as a health setting to :func:`update_endpoint` to go back to the default."""
-
-    def __repr__(self) -> str:
-        return "DEFAULT"
-
-
-DEFAULT: Any = _Default()
-MAX_RATE = 1_000_000.0
-
-
-def _health_settings(
-    rate_limit: Any, rate_burst: Any, circuit_failures: Any, circuit_cooldown: Any
-) -> dict[str, Any]:
-    """The given health settings, checked (``DEFAULT`` becomes NULL; None is left out)."""
-    checked: dict[str, Any] = {}
-    for name, value in (
-        ("rate_limit", rate_limit),
-        ("rate_burst", rate_burst),
-        ("circuit_failures", circuit_failures),
-        ("circuit_cooldown", circuit_cooldown),
-    ):
-        if value is None:
-            continue
-        if value is DEFAULT:
-            checked[name] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidEndpoint(f"{name} must be a number")
-        if name == "rate_limit" and not (math.isfinite(value) and 0 < value <= MAX_RATE):
-            raise InvalidEndpoint(
-                f"rate_limit must be more than 0 and at most {MAX_RATE:g} per second"
-            )
-        if name == "rate_burst" and (not isinstance(value, int) or not 1 <= value <= 1_000_000):
-            raise InvalidEndpoint("rate_burst must be a whole number from 1 to 1000000")
-        if name == "circuit_failures" and (
-            not isinstance(value, int) or not 0 <= value <= 1_000_000
-        ):
-            raise InvalidEndpoint("circuit_failures must be a whole number from 0 (never open) up")
-        if name == "circuit_cooldown" and not (math.isfinite(value) and 0 < value <= 86400):
-            raise InvalidEndpoint("circuit_cooldown must be more than 0 and at most 86400 seconds")
-        checked[name] = value
-    return checked
 
 
 def _positive(value: Any, what: str, *, integer: bool) -> Any:
@@ -330,7 +288,7 @@ def create_endpoint(
         "secret": secret or new_secret(),
         "bucket": bucket_for(name),
         "on_failed_head": _on_failed_head(on_failed_head) or "block",
-        **_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
+        **check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
     }
     plain = values["secret"]
     _check_secret(plain)
@@ -412,7 +370,9 @@ def update_endpoint(
             changes[field_name] = _positive(value, field_name, integer=integer)
     if on_failed_head is not None:
         changes["on_failed_head"] = _on_failed_head(on_failed_head)
-    changes.update(_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown))
+    changes.update(
+        check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown)
+    )
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
     endpoint = _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()))

@@ -68,7 +68,11 @@ enqueued in the same transaction as the change (poller/events.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
+
+from poller.errors import InvalidEndpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +105,48 @@ def is_endpoint_failure(status_code: int | None, outcome: str) -> bool:
 
 GOVERN_INTERVAL = 0.1
 """Seconds between two governed claims of one poller while governed endpoints have due messages."""
+
+
+class _Default:
+    """Give as a health setting to :func:`update_endpoint` to go back to the default."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
+MAX_RATE = 1_000_000.0
+
+
+def check_health_settings(
+    rate_limit: Any, rate_burst: Any, circuit_failures: Any, circuit_cooldown: Any
+) -> dict[str, Any]:
+    """An endpoint's given health settings, checked (``DEFAULT`` becomes NULL; None is left out)."""
+    checked: dict[str, Any] = {}
+    for name, value in (
+        ("rate_limit", rate_limit),
+        ("rate_burst", rate_burst),
+        ("circuit_failures", circuit_failures),
+        ("circuit_cooldown", circuit_cooldown),
+    ):
+        if value is None:
+            continue
+        if value is DEFAULT:
+            checked[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidEndpoint(f"{name} must be a number")
+        if name == "rate_limit" and not (math.isfinite(value) and 0 < value <= MAX_RATE):
+            raise InvalidEndpoint(
+                f"rate_limit must be more than 0 and at most {MAX_RATE:g} per second"
+            )
+        if name == "rate_burst" and (not isinstance(value, int) or not 1 <= value <= 1_000_000):
+            raise InvalidEndpoint("rate_burst must be a whole number from 1 to 1000000")
+        if name == "circuit_failures" and (
+            not isinstance(value, int) or not 0 <= value <= 1_000_000
+        ):
+            raise InvalidEndpoint("circuit_failures must be a whole number from 0 (never open) up")
+        if name == "circuit_cooldown" and not (math.isfinite(value) and 0 < value <= 86400):
+            raise InvalidEndpoint("circuit_cooldown must be more than 0 and at most 86400 seconds")
+        checked[name] = value
+    return checked
