@@ -1,6 +1,7 @@
 """webhook-poller: a transactional outbox delivered as signed webhooks.
 
-The public API: enqueue inside your transaction, and the settings and errors.
+The public API: enqueue (to one named endpoint) or publish (to every subscribed
+endpoint) inside your transaction, and the settings and errors.
 
     from poller import enqueue
     enqueue(session, endpoint="billing", event_type="invoice.paid",
@@ -16,6 +17,7 @@ from poller.errors import (
     EndpointDisabled,
     EndpointExists,
     EnqueueError,
+    EventConflict,
     IdempotencyConflict,
     IdempotencyKeySpent,
     InvalidEndpoint,
@@ -23,6 +25,8 @@ from poller.errors import (
     InvalidIdempotencyKey,
     InvalidOrderingKey,
     InvalidPayload,
+    InvalidSubscription,
+    InvalidTenant,
     NaiveDatetime,
     PayloadTooLarge,
     PollerError,
@@ -36,6 +40,14 @@ from poller.outbox import (
     enqueue_many_async,
 )
 from poller.payloads import RawJSON
+from poller.publish import (
+    Event,
+    Published,
+    publish,
+    publish_async,
+    publish_many,
+    publish_many_async,
+)
 from poller.settings import Settings, load_settings
 
 try:
@@ -48,6 +60,8 @@ __all__ = [
     "EndpointDisabled",
     "EndpointExists",
     "EnqueueError",
+    "Event",
+    "EventConflict",
     "IdempotencyConflict",
     "IdempotencyKeySpent",
     "InvalidEndpoint",
@@ -55,10 +69,13 @@ __all__ = [
     "InvalidIdempotencyKey",
     "InvalidOrderingKey",
     "InvalidPayload",
+    "InvalidSubscription",
+    "InvalidTenant",
     "Message",
     "NaiveDatetime",
     "PayloadTooLarge",
     "PollerError",
+    "Published",
     "RawJSON",
     "Settings",
     "UnknownEndpoint",
@@ -68,4 +85,8 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_async",
     "load_settings",
+    "publish",
+    "publish_async",
+    "publish_many",
+    "publish_many_async",
 ]

@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from poller.errors import PollerError, UnknownEndpoint
 from poller.ordering import requeue_keyed
-from poller.schema import STATUSES, delivery_attempts, endpoints, outbox
+from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
 from poller.schema import endpoint_health as health_table
 from poller.settings import default_settings
 
@@ -181,6 +181,10 @@ def message_detail(
     ).all()
     detail = dict(row._mapping)
     detail.pop("endpoint_id")
+    if detail["payload"] is None and row.event_id is not None:  # a published event's row
+        detail["payload"] = conn.execute(
+            select(event_log.c.payload).where(event_log.c.id == row.event_id)
+        ).scalar()
     detail["attempts_log"] = [dict(a._mapping) for a in attempts]
     return detail
 

@@ -38,6 +38,7 @@ from poller.health import check_health_settings
 from poller.keyring import Keyring, SecretUnreadable, default_keyring, is_sealed
 from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
 from poller.schema import BUCKETS, ON_FAILED_HEAD, endpoints, outbox
+from poller.subscriptions import check_subscription_settings
 
 SECRET_PREFIX = "whsec_"
 LOOKUP_PLACEHOLDER = "{idempotency_key}"
@@ -204,6 +205,12 @@ class Endpoint:
     """Failed sends in a row that open the circuit (0: never); None: POLLER_CIRCUIT_FAILURES."""
     circuit_cooldown: float | None = None
     """Seconds open before the first probe; None: POLLER_CIRCUIT_COOLDOWN."""
+    event_types: tuple[str, ...] = ()
+    """Published event types it receives: names and ``prefix*`` (poller/subscriptions.py)."""
+    tenant: str | None = None
+    """Only events published for this tenant reach it; None: only events without one."""
+    payload_filter: dict[str, Any] | None = None
+    """A JSON object a published event's payload must contain to reach it."""
     secret_sealed: bool = False
     """True when the stored secret is encrypted (POLLER_SECRETS_KEY)."""
     secret_error: str | None = None
@@ -215,6 +222,7 @@ class Endpoint:
         keyring = keyring or default_keyring()
         values = {name: getattr(row, name) for name in _STORED_FIELDS}
         values["secret_sealed"] = is_sealed(row.secret)
+        values["event_types"] = tuple(row.event_types or ())
         try:
             values["secret"] = keyring.open(row.secret)
             if row.previous_secret is not None:
@@ -265,11 +273,16 @@ def create_endpoint(
     rate_burst: int | None = None,
     circuit_failures: int | None = None,
     circuit_cooldown: float | None = None,
+    event_types: Any = None,
+    tenant: str | None = None,
+    payload_filter: Any = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
     ``allow_private`` defaults to ``POLLER_ALLOW_PRIVATE_TARGETS``; the secret is
     stored sealed with ``keyring`` (default: POLLER_SECRETS_KEY's), if it has a key.
+    ``event_types``, ``tenant`` and ``payload_filter`` say which published events
+    reach it (poller/subscriptions.py); without ``event_types``, none does.
     """
     keyring = keyring or default_keyring()
     if allow_private is None:
@@ -289,6 +302,7 @@ def create_endpoint(
         "bucket": bucket_for(name),
         "on_failed_head": _on_failed_head(on_failed_head) or "block",
         **check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
+        **check_subscription_settings(event_types, tenant, payload_filter),
     }
     plain = values["secret"]
     _check_secret(plain)
@@ -343,12 +357,18 @@ def update_endpoint(
     rate_burst: int | None = None,
     circuit_failures: int | None = None,
     circuit_cooldown: float | None = None,
+    event_types: Any = None,
+    tenant: Any = None,
+    payload_filter: Any = None,
 ) -> Endpoint:
     """Change the given fields (None leaves a field as it is); checked like create.
     A new ``url`` closes the endpoint's circuit (poller/health.py).
 
     A health setting given as :data:`DEFAULT` goes back to the default (no rate
-    limit, the global breaker settings).
+    limit, the global breaker settings); so do ``tenant`` and ``payload_filter``
+    (none). ``event_types=[]`` ends every subscription. A changed subscription
+    applies to events published from then on; ``poller admin replay`` sends
+    earlier ones.
     """
     if allow_private is None:
         from poller.settings import default_settings
@@ -373,6 +393,7 @@ def update_endpoint(
     changes.update(
         check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown)
     )
+    changes.update(check_subscription_settings(event_types, tenant, payload_filter))
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
     endpoint = _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()))

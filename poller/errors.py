@@ -99,11 +99,36 @@ class IdempotencyKeySpent(PollerError):
         self.idempotency_key = idempotency_key
 
 
+class InvalidTenant(EnqueueError):
+    """The tenant is empty, too long, or has characters other than visible ASCII."""
+
+
+class EventConflict(IdempotencyConflict):
+    """An event with this idempotency key (in this tenant) was published already with
+    other content (payload, event type or ordering key)."""
+
+    def __init__(self, tenant: str | None, idempotency_key: str, existing_id: int) -> None:
+        where = f"in tenant {tenant!r}" if tenant is not None else "(no tenant)"
+        PollerError.__init__(
+            self,
+            f"idempotency key {idempotency_key!r} {where} is already used by event "
+            f"{existing_id} with a different payload, event type or ordering key",
+        )
+        self.endpoint = ""
+        self.tenant = tenant
+        self.idempotency_key = idempotency_key
+        self.existing_id = existing_id
+
+
 # --- endpoints ---------------------------------------------------------------
 
 
 class InvalidEndpoint(PollerError, ValueError):
     """An endpoint's name, URL or limits are invalid."""
+
+
+class InvalidSubscription(InvalidEndpoint):
+    """An endpoint's event types, tenant or payload filter are invalid."""
 
 
 class EndpointExists(PollerError):

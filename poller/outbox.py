@@ -85,12 +85,13 @@ class Message:
 class _Checked:
     endpoint: str
     event_type: str
-    payload: str  # serialised JSON
+    payload: str | None  # serialised JSON; None for a published event's row
     idempotency_key: str
     deliver_at: datetime | None
     delay: float
     max_attempts: int | None
     ordering_key: str | None = None
+    event_id: int | None = None  # a published event's row (poller/publish.py): payload is None
 
 
 # --- validation (pure) ---------------------------------------------------------
@@ -278,11 +279,20 @@ def _place_keyed(
 
 
 def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
-    settings = default_settings()
     owner = _dedupe_batch(checked)
     unique = [m for i, m in enumerate(checked) if owner[i] == i]
     names = sorted({m.endpoint for m in unique})
     endpoints = _usable_endpoints(names, (yield queries.ENDPOINTS_BY_NAME, {"names": names}))
+    ids = yield from insert_steps(unique, endpoints)
+    return [ids[owner[i]] for i in range(len(checked))]
+
+
+def insert_steps(unique: Sequence[_Checked], endpoints: Mapping[str, Row[Any]]) -> _Steps:
+    """Insert these messages (no two with one (endpoint, key)) to these usable endpoints
+    (rows like ENDPOINTS_BY_NAME's, by name); return their ids by index, an existing
+    message's id for an idempotent repeat. Ordered ones are placed behind their keys'
+    heads; a conflict or a spent key raises (the caller's savepoint undoes the rest)."""
+    settings = default_settings()
 
     def budget(m: _Checked) -> int:
         endpoint_max = endpoints[m.endpoint].max_attempts
@@ -300,6 +310,7 @@ def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
         "delays": [m.delay for m in unique],
         "ordering_keys": [m.ordering_key for m in unique],
         "statuses": statuses,
+        "event_ids": [m.event_id for m in unique],
     }
     inserted = yield queries.ENQUEUE_MANY, columns
     heads = positions.finish(inserted) if positions is not None else None
@@ -321,13 +332,10 @@ def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
     if inserted and settings.notify:
         buckets = sorted({endpoints[m.endpoint].bucket for m in unique})
         yield queries.NOTIFY_BUCKETS, {"buckets": buckets}
-    return [
-        ids[(endpoints[m.endpoint].id, m.idempotency_key)]
-        for m in (checked[owner[i]] for i in range(len(checked)))
-    ]
+    return [ids[(endpoints[m.endpoint].id, m.idempotency_key)] for m in unique]
 
 
-def _drive(conn: SyncConn, steps: _Steps) -> Any:
+def drive(conn: SyncConn, steps: _Steps) -> Any:
     result: list[Row[Any]] | None = None
     try:
         while True:
@@ -337,7 +345,7 @@ def _drive(conn: SyncConn, steps: _Steps) -> Any:
         return done.value
 
 
-async def _drive_async(conn: AsyncConn, steps: _Steps) -> Any:
+async def drive_async(conn: AsyncConn, steps: _Steps) -> Any:
     result: list[Row[Any]] | None = None
     try:
         while True:
@@ -419,7 +427,7 @@ def enqueue(
         json_default,
         ordering_key,
     )
-    return int(_drive(conn, _enqueue_one_steps(message)))
+    return int(drive(conn, _enqueue_one_steps(message)))
 
 
 def enqueue_many(
@@ -434,7 +442,7 @@ def enqueue_many(
     if not checked:
         return []
     with conn.begin_nested():
-        return list(_drive(conn, _enqueue_many_steps(checked)))
+        return list(drive(conn, _enqueue_many_steps(checked)))
 
 
 async def enqueue_async(
@@ -460,7 +468,7 @@ async def enqueue_async(
         json_default,
         ordering_key,
     )
-    return int(await _drive_async(conn, _enqueue_one_steps(message)))
+    return int(await drive_async(conn, _enqueue_one_steps(message)))
 
 
 async def enqueue_many_async(
@@ -471,4 +479,4 @@ async def enqueue_many_async(
     if not checked:
         return []
     async with conn.begin_nested():
-        return list(await _drive_async(conn, _enqueue_many_steps(checked)))
+        return list(await drive_async(conn, _enqueue_many_steps(checked)))

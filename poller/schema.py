@@ -46,7 +46,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSON
+from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -99,6 +99,13 @@ endpoints = Table(
     Column("paused_until", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Fan-out (poller/publish.py): the event types published events reach it by (names
+    # and ``prefix*`` patterns; none: only ``enqueue`` reaches it), its tenant (a
+    # tenant's events reach only its endpoints; events without one only endpoints
+    # without one), and a JSON object the payload must contain (``@>``).
+    Column("event_types", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    Column("tenant", Text),
+    Column("payload_filter", JSONB(none_as_null=True)),
     CheckConstraint(f"bucket >= 0 AND bucket < {BUCKETS}", name="bucket_range"),
     CheckConstraint("on_failed_head IN ('block', 'skip')", name="on_failed_head_valid"),
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts_positive"),
@@ -116,6 +123,40 @@ endpoints = Table(
         "circuit_cooldown IS NULL OR (circuit_cooldown > 0 AND circuit_cooldown <= 86400)",
         name="circuit_cooldown_positive",
     ),
+    CheckConstraint(
+        "payload_filter IS NULL OR jsonb_typeof(payload_filter) = 'object'",
+        name="payload_filter_object",
+    ),
+    # publish() finds a tenant's endpoints (or those without a tenant: '') by this index.
+    Index("ix_poller_endpoints_tenant", func.coalesce(text("tenant"), text("''"))),
+    # ... and the endpoints subscribed to an event type (an array overlap, queries/publish.py).
+    Index("ix_poller_endpoints_event_types", "event_types", postgresql_using="gin"),
+)
+
+# Published events (poller/publish.py): each kept once, however many endpoints it
+# fans out to; their outbox rows reference it and carry no payload of their own.
+# An idempotency key is unique within a tenant (and among events without one).
+event_log = Table(
+    "poller_events",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("event_type", Text, nullable=False),
+    # json, not jsonb: the exact text the application's payload serialized to.
+    Column("payload", JSON, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("tenant", Text),
+    Column("ordering_key", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # How many endpoints it reached when published (0 is allowed, and counted).
+    Column("fanned_out", Integer, nullable=False, server_default=text("0")),
+    Index(
+        "uq_poller_events_tenant_key",
+        func.coalesce(text("tenant"), text("''")),
+        "idempotency_key",
+        unique=True,
+    ),
+    # Replay (a time window, oldest first) and retention.
+    Index("ix_poller_events_created_at", "created_at", "id"),
 )
 
 outbox = Table(
@@ -131,7 +172,8 @@ outbox = Table(
     Column("bucket", SmallInteger, nullable=False),
     Column("event_type", Text, nullable=False),
     # json, not jsonb: the exact text the application's payload serialized to.
-    Column("payload", JSON, nullable=False),
+    # NULL for a published event's delivery: the payload is its event's.
+    Column("payload", JSON),
     Column("idempotency_key", Text, nullable=False),
     Column("status", Text, nullable=False, server_default=text("'pending'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
@@ -153,7 +195,10 @@ outbox = Table(
     # poller_ordering_keys, so their ids grow in the order transactions took the key:
     # the id is the message's position in its key.
     Column("ordering_key", Text),
+    # The published event this row delivers (poller/publish.py); NULL for enqueue's rows.
+    Column("event_id", BigInteger, ForeignKey("poller_events.id", ondelete="RESTRICT")),
     UniqueConstraint("endpoint_id", "idempotency_key", name="uq_poller_outbox_endpoint_key"),
+    CheckConstraint("payload IS NOT NULL OR event_id IS NOT NULL", name="payload_or_event"),
     CheckConstraint(
         "status IN ('waiting', 'pending', 'in_flight', 'delivered', 'failed')",
         name="status_valid",
@@ -192,6 +237,8 @@ outbox = Table(
     Index(
         "ix_poller_outbox_delivered", "delivered_at", postgresql_where=text("status = 'delivered'")
     ),
+    # An event's deliveries (admin show, replay, the events' retention).
+    Index("ix_poller_outbox_event", "event_id", postgresql_where=text("event_id IS NOT NULL")),
 )
 
 delivery_attempts = Table(

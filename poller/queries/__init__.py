@@ -10,7 +10,8 @@ one statement per batch, never one per row.
 runs every one against the migrated schema.
 
 The statements live in one module per part of the flow — ``enqueue``,
-``claims``, ``health``, ``cluster`` (election, shards), ``maintenance``, ``ordering`` — and are all
+``claims``, ``health``, ``cluster`` (election, shards), ``maintenance``, ``ordering``,
+``publish`` (fan-out, replay) — and are all
 reachable here as ``queries.NAME``.
 """
 
@@ -23,5 +24,6 @@ from poller.queries.enqueue import *  # noqa: F403
 from poller.queries.health import *  # noqa: F403
 from poller.queries.maintenance import *  # noqa: F403
 from poller.queries.ordering import *  # noqa: F403
+from poller.queries.publish import *  # noqa: F403
 
 __all__ = ["STATEMENTS"]

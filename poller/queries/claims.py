@@ -15,7 +15,11 @@ CLAIMING = """SET status = 'in_flight',
         claimed_by = :claimed_by,
         claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision)),
         updated_at = now()"""
-CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type, CAST(o.payload AS text) AS payload,
+# A published event's rows have no payload of their own: the event's is read once
+# per row claimed (coalesce evaluates the subquery only for those rows).
+CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
+    CAST(coalesce(o.payload, (SELECT ev.payload FROM poller_events ev WHERE ev.id = o.event_id))
+         AS text) AS payload,
     o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
     o.claim_expires_at, o.needs_lookup, o.created_at,
     e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key"""

@@ -67,24 +67,25 @@ ENDPOINTS_BY_NAME = _statement(
 # skipped and resolved by ENQUEUE_MANY_EXISTING, and so are spent keys.
 # Ordered messages come with their status (pending for a key's head, waiting
 # behind it) from poller/ordering.py, under their keys' locks; rows are inserted
-# in the order given, so a key's ids grow in that order.
+# in the order given, so a key's ids grow in that order. A published event's rows
+# (poller/publish.py) come with its id and no payload of their own.
 ENQUEUE_MANY = _statement(
     "ENQUEUE_MANY",
     """
     INSERT INTO poller_outbox
         (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts, next_attempt_at,
-         ordering_key, status)
+         ordering_key, status, event_id)
     SELECT m.endpoint_id, m.bucket, m.event_type, m.payload, m.idempotency_key, m.max_attempts,
            coalesce(m.deliver_at, now() + make_interval(secs => m.delay)),
-           m.ordering_key, coalesce(m.status, 'pending')
+           m.ordering_key, coalesce(m.status, 'pending'), m.event_id
     FROM unnest(
         CAST(:endpoint_ids AS bigint[]), CAST(:buckets AS smallint[]),
         CAST(:event_types AS text[]), CAST(:payloads AS json[]),
         CAST(:idempotency_keys AS text[]), CAST(:max_attempts AS integer[]),
         CAST(:deliver_ats AS timestamptz[]), CAST(:delays AS double precision[]),
-        CAST(:ordering_keys AS text[]), CAST(:statuses AS text[])
+        CAST(:ordering_keys AS text[]), CAST(:statuses AS text[]), CAST(:event_ids AS bigint[])
     ) WITH ORDINALITY AS m(endpoint_id, bucket, event_type, payload, idempotency_key,
-                           max_attempts, deliver_at, delay, ordering_key, status, ord)
+                           max_attempts, deliver_at, delay, ordering_key, status, event_id, ord)
     WHERE NOT EXISTS (SELECT 1 FROM poller_spent_keys k
                       WHERE k.endpoint_id = m.endpoint_id AND k.idempotency_key = m.idempotency_key)
     ORDER BY m.ord
@@ -125,9 +126,10 @@ NOTIFY_BUCKETS = _statement(
 ENQUEUED_AFTER = _statement(
     "ENQUEUED_AFTER",
     """
-    SELECT o.id, e.name AS endpoint, o.event_type, CAST(o.payload AS text) AS payload,
-           o.idempotency_key
+    SELECT o.id, e.name AS endpoint, o.event_type,
+           CAST(coalesce(o.payload, ev.payload) AS text) AS payload, o.idempotency_key
     FROM poller_outbox o JOIN poller_endpoints e ON e.id = o.endpoint_id
+    LEFT JOIN poller_events ev ON ev.id = o.event_id
     WHERE o.id > :after
     ORDER BY o.id
     """,

@@ -38,8 +38,21 @@ MANY = {
     "delays": [0.0],
     "ordering_keys": ["o"],
     "statuses": ["pending"],
+    "event_ids": [None],
 }
 KEYS = {"endpoint_ids": [1], "ordering_keys": ["o"]}
+PUBLISH = {
+    **{k: ONE[k] for k in ("event_type", "payload", "idempotency_key", "default_max_attempts")},
+    **{k: ONE[k] for k in ("deliver_at", "delay", "notify")},
+    "tenant": "acme",
+}
+EVENTS = {
+    "event_types": ["e", "f"],
+    "payloads": ["{}", '{"a": 1}'],
+    "idempotency_keys": ["k", "l"],
+    "tenants": [None, "acme"],
+    "ordering_keys": [None, "o"],
+}
 COMPLETE = {
     **outcomes_json(
         [Outcome(1, 1, 1, "delivered", "delivered", status_code=200, started_at=NOW)], "p"
@@ -102,6 +115,22 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "GAUGE_ORDERING": {},
     "REQUEUE_KEYED": {"ids": [1]},
     "SKIP_MESSAGES": {"ids": [1], "who": "ops"},
+    "PUBLISH": PUBLISH,
+    "UNPUBLISH": {"event_id": 1},
+    "PUBLISH_SKIPPED": {"names": ["billing"], "idempotency_key": "k"},
+    "PUBLISH_EVENTS": EVENTS,
+    "FAN_OUT_TARGETS": {"event_ids": [1, 2]},
+    "PUBLISH_EXISTING": EVENTS,
+    "EVENT_DELIVERIES": {"event_id": 1},
+    "REPLAY_BATCH": {
+        "endpoint_id": 1,
+        "after_at": NOW,
+        "after_id": 0,
+        "until": NOW,
+        "event_type": None,
+        "limit": 10,
+    },
+    "PURGE_EVENTS": {"age": 3600.0, "limit": 10},
 }
 
 
