@@ -77,6 +77,11 @@ def queue_stats(conn: Connection) -> dict[str, Any]:
     recent = conn.execute(
         select(func.count()).where(delivery_attempts.c.finished_at > now - timedelta(minutes=1))
     ).scalar_one()
+    published_day, unrouted_day = conn.execute(
+        select(func.count(), func.count().filter(event_log.c.fanned_out == 0)).where(
+            event_log.c.created_at > now - timedelta(days=1)
+        )
+    ).one()
     states = {
         row.name: _endpoint_state(row)
         for row in conn.execute(
@@ -102,6 +107,9 @@ def queue_stats(conn: Connection) -> dict[str, Any]:
         "in_flight": totals["in_flight"],
         "failed_last_hour": failed_hour,
         "failed_last_day": failed_day,
+        # Published events (poller/publish.py), and those that reached no endpoint.
+        "events_last_day": published_day,
+        "events_unrouted_last_day": unrouted_day,
         "attempts_per_second_last_minute": recent / 60,
     }
 
@@ -322,8 +330,11 @@ def plan_retry(
     return RetryPlan([i for i, s in rows.items() if s in allowed], skipped)
 
 
-def retry_messages(engine: Engine, ids: list[int], *, who: str | None = None) -> int:
-    """Back to pending now with a fresh attempt budget; a ``manual`` attempt records who."""
+def retry_messages(
+    engine: Engine, ids: list[int], *, who: str | None = None, outcome: str = "manual_retry"
+) -> int:
+    """Back to pending now with a fresh attempt budget; a ``manual`` attempt records who
+    (and ``outcome``: ``manual_retry``, or ``replayed`` for poller/replay.py)."""
     who = who or actor()
     default = default_settings().max_attempts
     done = 0
@@ -370,7 +381,7 @@ def retry_messages(engine: Engine, ids: list[int], *, who: str | None = None) ->
                             "attempt": r.attempts,
                             "kind": "manual",
                             "poller_id": who,
-                            "outcome": "manual_retry",
+                            "outcome": outcome,
                         }
                         for r in changed
                     ],

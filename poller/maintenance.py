@@ -120,12 +120,14 @@ class Purger:
         delivered_age: float,
         failed_age: float,
         keys_age: float = 90 * 86400.0,
+        events_age: float = 7 * 86400.0,
     ) -> None:
         self.engine = engine
         self.ages = (
             (queries.PURGE_DELIVERED, delivered_age),
             (queries.PURGE_FAILED, failed_age),
             (queries.PURGE_SPENT_KEYS, keys_age),
+            (queries.PURGE_EVENTS, events_age),  # after the rows: an event goes with its last
         )
         self.purged = 0
 

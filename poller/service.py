@@ -134,6 +134,7 @@ class Poller:
                     delivered_age=settings.retention_delivered,
                     failed_age=settings.retention_failed,
                     keys_age=settings.retention_keys,
+                    events_age=settings.retention_events,
                 ),
                 settings.sweep_interval,
                 when=maintenance,

@@ -111,6 +111,8 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     retention_delivered: PositiveSeconds = 7 * 86400.0
     retention_failed: PositiveSeconds = 30 * 86400.0
+    retention_events: PositiveSeconds = 7 * 86400.0
+    """How long a published event is kept (and can be replayed) once no row references it."""
     retention_keys: PositiveSeconds = 90 * 86400.0
     """How long the key of a purged message stays spent: re-enqueueing it is refused
     (IdempotencyKeySpent) instead of delivering the same key twice."""

@@ -62,6 +62,7 @@ def _register() -> None:
     cli.add_command(admin.admin)
     cli.add_command(endpoints.endpoints)
     cli.add_command(enqueue.enqueue)
+    cli.add_command(enqueue.publish)
     cli.add_command(db.db)
     cli.add_command(embedded.embedded)
     cli.add_command(demo.demo)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from poller import admin as api
-from poller import ordering
+from poller import ordering, replay
 from poller.cli.common import command_engine, settings_and_url
 from poller.cli.output import (
     Duration,
@@ -64,6 +64,11 @@ def stats(as_json: bool) -> None:
         f"{found['failed_last_hour']}/{found['failed_last_day']}   "
         f"attempts/s (last minute): {found['attempts_per_second_last_minute']:.1f}"
     )
+    if found["events_last_day"]:
+        click.echo(
+            f"events published last day: {found['events_last_day']}, "
+            f"reaching no endpoint: {found['events_unrouted_last_day']}"
+        )
 
 
 @admin.command()
@@ -117,12 +122,23 @@ def failed(
 @click.argument("message_id", type=int, required=False)
 @click.option("--key", help="Idempotency key (with --endpoint) instead of an id.")
 @click.option("--endpoint")
+@click.option("--event", "event_id", type=int, help="A published event and its deliveries.")
 @click.option("--no-payload", is_flag=True, help="Leave the payload out.")
 @json_option
 def show(
-    message_id: int | None, key: str | None, endpoint: str | None, no_payload: bool, as_json: bool
+    message_id: int | None,
+    key: str | None,
+    endpoint: str | None,
+    event_id: int | None,
+    no_payload: bool,
+    as_json: bool,
 ) -> None:
-    """One message and every attempt."""
+    """One message and every attempt (or, with --event, one event and its deliveries)."""
+    if event_id is not None:
+        if message_id is not None or key is not None:
+            raise click.UsageError("give a message id, --key or --event (one of them)")
+        _show_event(event_id, no_payload, as_json)
+        return
     with command_engine().connect() as conn:
         detail = api.message_detail(conn, message_id, key=key, endpoint=endpoint)
     if no_payload:
@@ -157,6 +173,97 @@ def show(
     )
     if payload is not None:
         click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+
+
+def _show_event(event_id: int, no_payload: bool, as_json: bool) -> None:
+    with command_engine().connect() as conn:
+        detail = replay.event_detail(conn, event_id)
+    if no_payload:
+        detail.pop("payload")
+    if as_json:
+        emit_json(detail)
+        return
+    deliveries = detail.pop("deliveries")
+    payload = detail.pop("payload", None)
+    table(
+        f"event {event_id}",
+        ["field", "value"],
+        [(k, iso(v) if isinstance(v, datetime) else v) for k, v in detail.items()],
+    )
+    table(
+        "deliveries",
+        ["message", "endpoint", "status", "attempts", "status code", "last error", "delivered"],
+        [
+            (
+                d["id"],
+                d["endpoint"],
+                d["status"],
+                f"{d['attempts']}/{d['max_attempts']}",
+                d["last_status_code"],
+                (d["last_error"] or "")[:60],
+                iso(d["delivered_at"]),
+            )
+            for d in deliveries
+        ],
+    )
+    if payload is not None:
+        click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+
+
+@admin.command(name="replay")
+@click.option("--endpoint", required=True, help="The endpoint to deliver to.")
+@click.option("--since", required=True, type=Since(), help="Published since (2h, 7d, ISO time).")
+@click.option("--until", type=Since(), help="Published before (a duration ago, or ISO time).")
+@click.option("--event-type", help="Only events of this type.")
+@click.option("--batch", type=click.IntRange(1, 10_000), default=replay.REPLAY_BATCH)
+@click.option("--dry-run", is_flag=True, help="Count what would be sent; change nothing.")
+@yes_option
+@json_option
+def replay_(
+    endpoint: str,
+    since: datetime,
+    until: datetime | None,
+    event_type: str | None,
+    batch: int,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Deliver past published events to one endpoint again (new endpoint catching up,
+    or a receiver that lost data): new deliveries, and ended ones sent again."""
+    if until is not None and until <= since:
+        raise click.UsageError("--until must be later than --since")
+    engine = command_engine()
+    if not dry_run:
+        plan = replay.replay(
+            engine, endpoint, since=since, until=until, event_type=event_type, dry_run=True
+        )
+        if not plan.events:
+            _say(plan.as_dict(), as_json, "nothing to replay: no subscribed event in the window")
+            raise NothingMatched("nothing matched: no event to replay")
+        confirm(
+            f"replay {plan.events} event(s) to {endpoint} "
+            f"({plan.queued} new, {plan.resent} sent again)?",
+            yes,
+        )
+    done = replay.replay(
+        engine,
+        endpoint,
+        since=since,
+        until=until,
+        event_type=event_type,
+        dry_run=dry_run,
+        batch=batch,
+    )
+    verb = "would replay" if dry_run else "replayed"
+    _say(
+        done.as_dict(),
+        as_json,
+        f"{verb} {done.events} event(s) to {endpoint}: {done.queued} new, {done.resent} sent "
+        f"again, {done.open} still open, {done.taken} key(s) taken by enqueued messages",
+    )
+    if not done.events:
+        raise NothingMatched("nothing matched: no event to replay")
 
 
 @admin.command()
@@ -260,6 +367,13 @@ def skip(ids: tuple[int, ...], yes: bool, as_json: bool) -> None:
 
 def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:20])) + (f" … (+{len(ids) - 20})" if len(ids) > 20 else "")
+
+
+def _say(document: dict[str, Any], as_json: bool, line: str) -> None:
+    if as_json:
+        emit_json(document)
+    else:
+        click.echo(line)
 
 
 def _report(document: dict[str, Any], as_json: bool, line: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import json
 import logging
 import socket
 from datetime import UTC, datetime, timedelta
@@ -41,6 +42,9 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "rate_burst": endpoint.rate_burst,
         "circuit_failures": endpoint.circuit_failures,
         "circuit_cooldown": endpoint.circuit_cooldown,
+        "event_types": list(endpoint.event_types),
+        "tenant": endpoint.tenant,
+        "payload_filter": endpoint.payload_filter,
         "created_at": endpoint.created_at,
         "previous_secret_expires_at": endpoint.previous_secret_expires_at,
         "secret_encrypted": endpoint.secret_sealed,
@@ -112,6 +116,42 @@ def _limits(func: Any) -> Any:
     return func
 
 
+def _subscriptions(func: Any) -> Any:
+    for option in reversed(
+        [
+            click.option(
+                "--events",
+                "event_types",
+                help="Published event types it receives: names and prefix* patterns, "
+                "comma-separated ('invoice.*,customer.created'; '*': all; '': none).",
+            ),
+            click.option(
+                "--tenant",
+                help="Receive only events published for this tenant ('': no tenant).",
+            ),
+            click.option(
+                "--filter",
+                "payload_filter",
+                help='A JSON object the payload must contain, e.g. \'{"region": "eu"}\' '
+                "('': none).",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def _subscription_changes(
+    event_types: str | None, tenant: str | None, payload_filter: str | None
+) -> dict[str, Any]:
+    """The options as update_endpoint's arguments: '' clears (no subscriptions, tenant, filter)."""
+    return {
+        "event_types": event_types,
+        "tenant": api.DEFAULT if tenant == "" else tenant,
+        "payload_filter": api.DEFAULT if payload_filter == "" else payload_filter,
+    }
+
+
 @click.group()
 def endpoints() -> None:
     """Webhook destinations: add, inspect, enable/disable, rotate secrets, remove."""
@@ -121,6 +161,7 @@ def endpoints() -> None:
 @click.argument("name")
 @click.argument("url")
 @_limits
+@_subscriptions
 @json_option
 def add(
     name: str,
@@ -130,12 +171,19 @@ def add(
     timeout: float | None,
     max_in_flight: int | None,
     on_failed_head: str | None,
+    event_types: str | None,
+    tenant: str | None,
+    payload_filter: str | None,
     as_json: bool,
     **health: Any,
 ) -> None:
     """Create an endpoint; its signing secret is printed once, here."""
     engine = command_engine()
     health = {k: (None if v is api.DEFAULT else v) for k, v in health.items()}
+    subscription = {
+        k: None if v is api.DEFAULT else v
+        for k, v in _subscription_changes(event_types, tenant, payload_filter).items()
+    }
     with engine.begin() as conn:
         created = api.create_endpoint(
             conn,
@@ -147,6 +195,7 @@ def add(
             max_in_flight=max_in_flight,
             on_failed_head=on_failed_head or "block",
             **health,
+            **subscription,
         )
     if as_json:
         emit_json({**_public(created.endpoint), "secret": created.secret})
@@ -159,6 +208,7 @@ def add(
 @click.argument("name")
 @click.option("--url")
 @_limits
+@_subscriptions
 @json_option
 def update(
     name: str,
@@ -168,11 +218,15 @@ def update(
     timeout: float | None,
     max_in_flight: int | None,
     on_failed_head: str | None,
+    event_types: str | None,
+    tenant: str | None,
+    payload_filter: str | None,
     as_json: bool,
     **health: Any,
 ) -> None:
-    """Change an endpoint's URL, lookup URL or limits (--lookup-url '' removes it;
-    a health setting given as 'default' goes back to the default)."""
+    """Change an endpoint's URL, lookup URL, limits or subscriptions (--lookup-url ''
+    removes it; a health setting given as 'default' goes back to the default;
+    --events, --tenant or --filter '' clears it)."""
     with command_engine().begin() as conn:
         endpoint = api.update_endpoint(
             conn,
@@ -184,6 +238,7 @@ def update(
             max_in_flight=max_in_flight,
             on_failed_head=on_failed_head,
             **health,
+            **_subscription_changes(event_types, tenant, payload_filter),
         )
     if as_json:
         emit_json(_public(endpoint))
@@ -202,15 +257,16 @@ def list_(as_json: bool) -> None:
         return
     table(
         "endpoints",
-        ["name", "url", "enabled", "max attempts", "in flight", "lookup", "secret"],
+        ["name", "url", "enabled", "events", "tenant", "max attempts", "in flight", "secret"],
         [
             (
                 e.name,
                 e.url,
                 "yes" if e.enabled else f"no: {e.disabled_reason}",
+                ",".join(e.event_types) or "-",
+                e.tenant or "-",
                 e.max_attempts or "default",
                 e.max_in_flight or "default",
-                "yes" if e.lookup_url else "no",
                 "encrypted" if e.secret_sealed else "plain text",
             )
             for e in found
@@ -233,7 +289,7 @@ def show(name: str, as_json: bool) -> None:
     if as_json:
         emit_json(document)
         return
-    rows = [(k, iso(v) if hasattr(v, "isoformat") else v) for k, v in _public(endpoint).items()]
+    rows = [(k, _shown(v)) for k, v in _public(endpoint).items()]
     rows += [
         ("last success", f"{iso(health['last_success'])} ({age(health['last_success'])})"),
         ("failures since last success", health["failures_since_last_success"]),
@@ -243,6 +299,16 @@ def show(name: str, as_json: bool) -> None:
         ),
     ]
     table(f"endpoint {name}", ["field", "value"], rows)
+
+
+def _shown(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return iso(value)
+    if isinstance(value, list):
+        return ", ".join(value) or "none (only enqueue reaches it)"
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    return value
 
 
 @endpoints.command(name="health")

@@ -1,4 +1,5 @@
-"""``poller enqueue``: add one message from the command line (tests, replays, demos)."""
+"""``poller enqueue`` / ``poller publish``: add one message to an endpoint, or publish one
+event to its subscribers, from the command line (tests, replays, demos)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ import click
 from sqlalchemy.orm import Session
 
 from poller import enqueue as api_enqueue
+from poller import publish as api_publish
 from poller.cli.common import command_engine
-from poller.cli.output import Duration
+from poller.cli.output import Duration, emit_json, json_option
 from poller.errors import InvalidPayload
 from poller.payloads import RawJSON
+
+
+def _read(data: str) -> Any:
+    try:
+        return _payload(data)
+    except OSError as exc:
+        raise InvalidPayload(f"--data: cannot read {data[1:]!r}: {exc.strerror}") from None
 
 
 def _payload(data: str) -> Any:
@@ -43,10 +52,7 @@ def enqueue(
     ordering_key: str | None,
 ) -> None:
     """Enqueue one message (committed at once)."""
-    try:
-        payload = _payload(data)
-    except OSError as exc:
-        raise InvalidPayload(f"--data: cannot read {data[1:]!r}: {exc.strerror}") from None
+    payload = _read(data)
     engine = command_engine()
     with Session(engine) as session, session.begin():
         msg_id = api_enqueue(
@@ -59,3 +65,50 @@ def enqueue(
             ordering_key=ordering_key,
         )
     click.echo(f"message {msg_id} enqueued")
+
+
+@click.command()
+@click.argument("event_type")
+@click.option("--data", required=True, help="The JSON payload, or @file.")
+@click.option("--key", required=True, help="Idempotency key (unique within the tenant).")
+@click.option("--tenant", help="Only this tenant's endpoints receive it.")
+@click.option("--deliver-after", type=Duration(), help="Delay, e.g. 10m.")
+@click.option("--ordering-key", help="Per endpoint, deliver after earlier events with this key.")
+@json_option
+def publish(
+    event_type: str,
+    data: str,
+    key: str,
+    tenant: str | None,
+    deliver_after: timedelta | None,
+    ordering_key: str | None,
+    as_json: bool,
+) -> None:
+    """Publish one event to every subscribed endpoint (committed at once)."""
+    payload = _read(data)
+    engine = command_engine()
+    with Session(engine) as session, session.begin():
+        published = api_publish(
+            session,
+            event_type=event_type,
+            payload=payload,
+            idempotency_key=key,
+            tenant=tenant,
+            deliver_after=deliver_after,
+            ordering_key=ordering_key,
+        )
+    if as_json:
+        emit_json(
+            {
+                "event_id": published.event_id,
+                "created": published.created,
+                "deliveries": published.deliveries,
+            }
+        )
+        return
+    reached = ", ".join(f"{name} (message {i})" for name, i in sorted(published.deliveries.items()))
+    verb = "published" if published.created else "was published before with this key; nothing added"
+    click.echo(
+        f"event {published.event_id} {verb}: "
+        + (f"{len(published.deliveries)} endpoint(s): {reached}" if reached else "no endpoint")
+    )

@@ -182,14 +182,15 @@ EVENT_DELIVERIES = _statement(
     """,
 )
 
-# Replay, one batch: the next events (after the cursor (created_at, id), up to
-# :until) that the endpoint is subscribed to, oldest first, with its row for each if
-# it has one. Read through ix_poller_events_created_at; a batch is :limit events.
+# Replay, one batch: the next events (after the cursor (created_at, id), before
+# :until) that the endpoint is subscribed to now, oldest first, with its row for the
+# event's key if it has one. Read through ix_poller_events_created_at; a batch is
+# :limit events.
 REPLAY_BATCH = _statement(
     "REPLAY_BATCH",
     f"""
     SELECT ev.id, ev.created_at, ev.event_type, ev.idempotency_key, ev.ordering_key,
-           o.id AS message_id, o.status
+           o.id AS message_id, o.status, o.event_id AS message_event_id
     FROM poller_events ev
     JOIN poller_endpoints e ON e.id = :endpoint_id
     LEFT JOIN poller_outbox o ON o.endpoint_id = e.id AND o.idempotency_key = ev.idempotency_key
@@ -199,6 +200,16 @@ REPLAY_BATCH = _statement(
       AND {reaches("e", patterns("ev.event_type"), "CAST(ev.payload AS jsonb)", "ev.tenant")}
     ORDER BY ev.created_at, ev.id
     LIMIT :limit
+    """,
+)
+
+# Replay: an operator's replay delivers again even a key retention had spent.
+UNSPEND_KEYS = _statement(
+    "UNSPEND_KEYS",
+    """
+    DELETE FROM poller_spent_keys
+    WHERE endpoint_id = :endpoint_id AND idempotency_key = ANY(CAST(:keys AS text[]))
+    RETURNING idempotency_key
     """,
 )
 

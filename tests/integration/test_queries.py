@@ -131,6 +131,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
         "limit": 10,
     },
     "PURGE_EVENTS": {"age": 3600.0, "limit": 10},
+    "UNSPEND_KEYS": {"endpoint_id": 1, "keys": ["k"]},
 }
 
 
