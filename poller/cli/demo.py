@@ -12,7 +12,10 @@ broken endpoint's circuit opens after a few failed sends: its messages wait,
 spending no attempts, while probes test it; once the healthy endpoint's
 messages are delivered the broken receiver comes back, a probe closes the
 circuit and its backlog drains. Operational events are printed as they
-happen. Everything it started is stopped before it exits.
+happen. Then it publishes events to subscribed endpoints (fan-out): each
+invoice event goes to every endpoint subscribed to ``invoice.*`` — half of
+them for tenant ``acme``, which only acme's endpoint receives. Everything it
+started is stopped before it exits.
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ from rich.live import Live
 from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from poller import Message, enqueue_async, enqueue_many_async, metrics, migrate, queries
+from poller import (
+    Event,
+    Message,
+    enqueue_async,
+    enqueue_many_async,
+    metrics,
+    migrate,
+    publish_many_async,
+    queries,
+)
 from poller.cli.run import event_loop_run
 from poller.db import poller_engine, sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -84,13 +96,35 @@ def demo(messages: int, timeout: float) -> None:
         raise SystemExit(1)
 
 
+# Fan-out: endpoints subscribed to published events, each with its own receiver.
+# (name, event types, tenant): acme's events reach only acme's endpoint.
+SUBSCRIBERS = (
+    ("ledger", ["invoice.*"], None),
+    ("analytics", ["*"], None),
+    ("acme-hooks", ["invoice.*"], "acme"),
+)
+
+
 async def _demo(console: Console, url: str, redis_url: str, count: int, timeout: float) -> bool:
     secret = new_secret()
     healthy = Receiver([secret], Faults(fail_rate=0.05, drop_after_process_rate=0.02))
     broken = Receiver([secret], Faults(fail_rate=1.0, status=500))
     healthy_url = f"http://127.0.0.1:{await healthy.start()}"
     broken_url = f"http://127.0.0.1:{await broken.start()}"
+    subscribers = {name: Receiver([secret]) for name, _, _ in SUBSCRIBERS}
     engine = sync_engine(url)
+    with engine.begin() as conn:
+        for name, event_types, tenant in SUBSCRIBERS:
+            port = await subscribers[name].start()
+            create_endpoint(
+                conn,
+                name,
+                f"http://127.0.0.1:{port}/{name}",
+                secret=secret,
+                allow_private=True,
+                event_types=event_types,
+                tenant=tenant,
+            )
     with engine.begin() as conn:
         create_endpoint(
             conn,
@@ -158,7 +192,15 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
             "(+1 in a transaction that rolled back); one in five is ordered, "
             f"per customer ({ORDERED_KEYS} ordering keys)"
         )
-        finished = await _watch(console, aengine, pollers, count, began, timeout, broken)
+        events = max(count // 10, 2)
+        fanned = await _publish(aengine, events)
+        console.print(
+            f"published {events} invoice events ({events // 2} for tenant acme): "
+            f"{fanned} deliveries to {len(SUBSCRIBERS)} subscribed endpoints"
+        )
+        total = count + fanned
+        legacy = sum(1 for n in range(count) if n % 50 == 0)
+        finished = await _watch(console, aengine, pollers, total, legacy, began, timeout, broken)
         console.print()
     finally:
         stop.set()
@@ -167,7 +209,9 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
             await sender.aclose()
         await healthy.stop()
         await broken.stop()
-    summary = await _summary(aengine, pollers, healthy, time.monotonic() - began)
+        for receiver in subscribers.values():
+            await receiver.stop()
+    summary = await _summary(aengine, pollers, healthy, time.monotonic() - began, subscribers)
     await aengine.dispose()
     console.print(summary)
     return finished
@@ -215,6 +259,22 @@ async def _enqueue(engine: AsyncEngine, count: int) -> None:
             await enqueue_many_async(session, batch)
 
 
+async def _publish(engine: AsyncEngine, events: int) -> int:
+    """Invoice events, every other one for tenant acme; returns the deliveries made."""
+    batch = [
+        Event(
+            "invoice.paid",
+            {"invoice": n, "enqueued_at": time.time()},
+            f"invoice:{n}",
+            tenant="acme" if n % 2 else None,
+        )
+        for n in range(events)
+    ]
+    async with AsyncSession(engine) as session, session.begin():
+        published = await publish_many_async(session, batch)
+    return sum(len(p.deliveries) for p in published)
+
+
 async def _counts(engine: AsyncEngine) -> dict[str, int]:
     async with engine.connect() as conn:
         rows = await conn.execute(queries.COUNT_BY_STATUS)
@@ -226,11 +286,12 @@ async def _watch(
     engine: AsyncEngine,
     pollers: list[Poller],
     count: int,
+    legacy: int,
     began: float,
     timeout: float,
     broken: Receiver,
 ) -> bool:
-    legacy = sum(1 for n in range(count) if n % 50 == 0)
+    """Until ``count`` rows ended; ``legacy``'s receiver comes back once the others are done."""
     with Live(console=console, refresh_per_second=8, transient=False) as live:
         while True:
             counts = await _counts(engine)
@@ -275,7 +336,11 @@ def _event_line(event: OperationalEvent) -> str:
 
 
 async def _summary(
-    engine: AsyncEngine, pollers: list[Poller], receiver: Receiver, elapsed: float
+    engine: AsyncEngine,
+    pollers: list[Poller],
+    receiver: Receiver,
+    elapsed: float,
+    subscribers: dict[str, Receiver],
 ) -> Group:
     counts = await _counts(engine)
     async with engine.connect() as conn:
@@ -321,6 +386,10 @@ async def _summary(
             f"{stats['ordered']} / {stats['order_violations']}",
         ),
         ("commit→receipt p50 / p99", f"{lat['p50'] or 0:.1f} ms / {lat['p99'] or 0:.1f} ms"),
+        (
+            "fan-out applied: " + " / ".join(subscribers),
+            " / ".join(str(r.stats.applied) for r in subscribers.values()),
+        ),
     ]
     for label, value in rows:
         table.add_row(label, str(value))

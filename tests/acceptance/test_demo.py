@@ -34,7 +34,11 @@ def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
     out = done.stdout
     # Every 50th goes to "legacy", down until the rest are delivered: its circuit opens,
     # its messages wait without spending attempts, and drain once a probe gets through.
-    assert int(_row(out, "delivered")) == 500
+    # 500 enqueued, and 50 invoice events published: 25 without a tenant reach ledger and
+    # analytics, 25 for tenant acme reach only acme-hooks.
+    assert int(_row(out, "delivered")) == 500 + 75
+    assert re.search(r"75\s+deliveries\s+to\s+3\s+subscribed\s+endpoints", out)
+    assert _row(out, "fan-out applied: ledger / analytics / acme-hooks") == "25 / 25 / 25"
     assert int(_row(out, "failed")) == 0
     opened, probes = (int(n) for n in _row(out, "circuits opened / probes sent").split(" / "))
     assert opened == 1 and probes >= 1
