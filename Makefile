@@ -35,11 +35,12 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
 
-bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered, beside a dead endpoint
+bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered, beside a dead endpoint, publish vs enqueue
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.deliveries
 	$(BIN)/python -m loadtest.ordered
 	$(BIN)/python -m loadtest.health
+	$(BIN)/python -m loadtest.publish
 
 loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults
 	FAULTS=$(FAULTS) $(BIN)/python -m loadtest.run

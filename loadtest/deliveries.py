@@ -1,6 +1,6 @@
 """Deliveries/s of one `poller run` process, beside the raw HTTP ceiling, same run.
 
-    python -m loadtest.deliveries [--messages 20000] [--concurrency 64]
+    python -m loadtest.deliveries [--messages 20000] [--concurrency 64] [--publish]
 
 1. raw ceiling: aiohttp (one session, --concurrency in flight) POSTs the same
    payloads to the reference receiver;
@@ -9,6 +9,10 @@
 3. latency: messages are enqueued at half the drain rate for --seconds (in
    transactions of 10); commit→receipt is each key's time at the receiver
    (its /receipts) minus the time its transaction's COMMIT returned.
+
+With --publish the messages are published events (poller.publish_many) to the
+endpoint's subscription instead of enqueued: the claim then reads each payload
+from its event.
 
 Everything runs on this machine: PostgreSQL (embedded unless
 POLLER_DATABASE_URL), the receiver and the poller, each its own process.
@@ -31,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.procs import Proc, clean_env
-from poller import Message, enqueue_many
+from poller import Event, Message, enqueue_many, publish_many
 from poller.db import sync_engine
 from poller.endpoints import create_endpoint, new_secret, update_endpoint
 
@@ -61,6 +65,7 @@ def start_poller(
             secret=secret,
             max_in_flight=concurrency,
             allow_private=True,
+            event_types=["order.*"],
         )
     poller = Proc(
         ["run", "--id", "bench"],
@@ -120,11 +125,22 @@ def _delivered(engine: Any) -> int:
         )
 
 
+def _commit(session: Session, batch: list[Message]) -> None:
+    """Enqueue the batch, or publish it as events (--publish) to the same endpoint."""
+    if PUBLISH:
+        publish_many(session, [Event(m.event_type, m.payload, m.idempotency_key) for m in batch])
+    else:
+        enqueue_many(session, batch)
+
+
+PUBLISH = False
+
+
 def drain(engine: Any, messages: int, timeout: float) -> float:
     """Commit ``messages`` at once; deliveries/s until all are delivered."""
     batch = [Message("bench", "order.created", _payload(n), f"drain:{n}") for n in range(messages)]
     with Session(engine) as session, session.begin():
-        enqueue_many(session, batch)
+        _commit(session, batch)
     began = time.perf_counter()
     deadline = time.monotonic() + timeout
     while _delivered(engine) < messages:
@@ -152,7 +168,7 @@ def paced(engine: Any, rate: float, seconds: float, timeout: float) -> dict[str,
                 for n in range(sent, sent + per_tx)
             ]
             with Session(engine) as session, session.begin():
-                enqueue_many(session, batch)
+                _commit(session, batch)
             done = time.time()
             committed.update((m.idempotency_key, done) for m in batch)
             sent += per_tx
@@ -177,7 +193,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0, help="paced phase length")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--publish", action="store_true", help="publish events, not enqueue")
     args = parser.parse_args()
+    global PUBLISH
+    PUBLISH = args.publish
     secret = new_secret()
     with tempfile.TemporaryDirectory(prefix="poller-bench-") as tmp_name, server_url() as admin:
         tmp = Path(tmp_name)

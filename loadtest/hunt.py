@@ -7,7 +7,8 @@ client, the attempt budget, a :class:`~loadtest.hostile.HostileReceiver`
 answering every request in a randomly chosen bad way, and a schedule of faults
 — SIGKILL, SIGSTOP past the leases, SIGTERM (graceful) with restarts of
 ``poller run`` processes, PostgreSQL restarts (and Redis's, on the redis
-backend). A feeder commits messages (some transactions rolled back) while the
+backend). A feeder commits messages (some transactions rolled back; one in three
+published to the endpoint's subscription rather than enqueued) while the
 faults run. When all is settled the rows and the receiver must agree with
 SPEC §10:
 
@@ -49,7 +50,7 @@ from sqlalchemy.orm import Session
 
 from loadtest.hostile import HostileReceiver
 from loadtest.procs import Proc, clean_env, guarded
-from poller import Message, enqueue_many, migrate
+from poller import Event, Message, enqueue_many, migrate, publish_many
 from poller.claims import MAX_REFUNDS
 from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -203,7 +204,14 @@ def _feed(engine: Any, run: Run, messages: int) -> None:
         keys = {m.idempotency_key for m in batch}
         try:
             with Session(engine) as session:
-                enqueue_many(session, batch)
+                if tx % 3 == 0:  # published to the subscribed endpoint: the payload is the event's
+                    publish_many(
+                        session,
+                        [Event(m.event_type, m.payload, m.idempotency_key,
+                               ordering_key=m.ordering_key) for m in batch],
+                    )  # fmt: skip
+                else:
+                    enqueue_many(session, batch)
                 if tx % 7 == 0:
                     session.rollback()
                     run.rolled_back |= keys
@@ -388,6 +396,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 allow_private=True,
                 on_failed_head=plan.on_failed_head,
                 secret=secret,
+                event_types=["hunt.*"],
                 keyring=Keyring([secrets_key]),
             )
         env = clean_env(

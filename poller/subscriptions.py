@@ -80,17 +80,20 @@ def check_filter(payload_filter: object) -> dict[str, Any] | None:
     if payload_filter is None:
         return None
     if isinstance(payload_filter, str):
+        if len(payload_filter.encode("utf-8", "surrogatepass")) > MAX_FILTER_BYTES:
+            raise InvalidSubscription(f"payload filter is over {MAX_FILTER_BYTES} bytes")
         try:
             payload_filter = json.loads(payload_filter)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise InvalidSubscription(f"payload filter is not valid JSON: {exc}") from None
     if not isinstance(payload_filter, dict):
         raise InvalidSubscription('payload filter must be a JSON object, like {"region": "eu"}')
     try:
         text = json.dumps(payload_filter, allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+        text.encode("utf-8")  # lone surrogates cannot be stored
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidSubscription(f"payload filter is not JSON: {exc}") from None
-    if "\\u0000" in text:
+    if "\\u0000" in text or "\x00" in text:
         raise InvalidSubscription("payload filter must not contain NUL characters")
     if len(text.encode("utf-8")) > MAX_FILTER_BYTES:
         raise InvalidSubscription(f"payload filter is over {MAX_FILTER_BYTES} bytes")

@@ -25,6 +25,7 @@ from poller import (
     publish_async,
     publish_many,
     publish_many_async,
+    queries,
 )
 from poller.endpoints import set_enabled, update_endpoint
 from poller.health import DEFAULT
@@ -272,6 +273,9 @@ def test_bad_input_is_refused_before_any_write(five: Engine) -> None:
         ({"payload_filter": {"x": float("inf")}}, "JSON"),
         ({"payload_filter": {"x": "a" * 5000}}, "bytes"),
         ({"payload_filter": {"x": "\x00"}}, "NUL"),
+        ({"payload_filter": "[" * 100_000}, "bytes"),
+        ({"payload_filter": "[" * 2000 + "]" * 2000}, "JSON"),  # too deep for the parser
+        ({"payload_filter": {"x": "\ud800"}}, "JSON"),  # a lone surrogate
     ],
 )
 def test_bad_subscriptions_are_refused(
@@ -316,3 +320,32 @@ async def test_async_publish(aengine: AsyncEngine, five: Engine) -> None:
         many = await publish_many_async(session, [Event("customer.created", {}, "c")])
     assert len(one.deliveries) == 3 and len(ordered.deliveries) == 2
     assert sorted(many[0].deliveries) == ["by-name", "other-type"]
+
+
+def test_publishing_for_a_tenant_reads_only_its_endpoints(engine: Engine) -> None:
+    """5,000 endpoints over 500 tenants: the plan reaches the tenant's through an index."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO poller_endpoints (name, url, secret, bucket, event_types, tenant) "
+                "SELECT 'e' || i, 'http://127.0.0.1:9/' || i, 'whsec_x', i % 256, "
+                "ARRAY['invoice.*'], 't' || (i % 500) FROM generate_series(1, 5000) AS i"
+            )
+        )
+        conn.execute(text("ANALYZE poller_endpoints"))
+        params = {
+            "event_type": "invoice.paid",
+            "payload": "{}",
+            "idempotency_key": "k",
+            "tenant": "t7",
+            "default_max_attempts": 10,
+            "deliver_at": None,
+            "delay": 0.0,
+            "notify": False,
+        }
+        plan = "\n".join(
+            r[0] for r in conn.execute(text("EXPLAIN " + queries.STATEMENTS["PUBLISH"]), params)
+        )
+    assert "ix_poller_endpoints_tenant" in plan, plan
+    assert "Seq Scan on poller_endpoints" not in plan, plan
+    assert len(_publish(engine, tenant="t7").deliveries) == 10

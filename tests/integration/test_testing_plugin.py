@@ -8,9 +8,10 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from poller import Message, enqueue, enqueue_many
+from poller import Message, enqueue, enqueue_many, publish
 from poller.endpoints import CreatedEndpoint
 from poller.testing import Outbox, contains
+from tests.conftest import make_endpoint
 
 
 @pytest.fixture
@@ -55,3 +56,14 @@ def test_containment_is_like_postgres() -> None:
     assert contains({"a": {"b": 1, "c": 2}}, {"a": {"b": 1}})
     assert contains([1, 2, 3], [3, 1]) and not contains([1], [2])
     assert not contains({"a": 1}, {"a": "1"}) and not contains({"a": 1}, {"b": 1})
+
+
+def test_a_published_event_shows_once_per_endpoint_reached(
+    engine: Engine, poller_db: Session, outbox: Outbox
+) -> None:
+    make_endpoint(engine, "crm", event_types=["invoice.*"])
+    make_endpoint(engine, "audit", event_types=["*"])
+    publish(poller_db, event_type="invoice.paid", payload={"invoice": 7}, idempotency_key="i7")
+    found = sorted((m.endpoint, m.payload["invoice"]) for m in outbox.messages())
+    assert found == [("audit", 7), ("crm", 7)]
+    outbox.assert_enqueued("invoice.paid", endpoint="crm", payload_contains={"invoice": 7})
