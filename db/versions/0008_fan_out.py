@@ -57,7 +57,7 @@ def upgrade() -> None:
     op.create_index("ix_poller_endpoints_tenant", "poller_endpoints",
                     [sa.text("coalesce(tenant, '')")])
     op.create_index("ix_poller_endpoints_event_types", "poller_endpoints", ["event_types"],
-                    postgresql_using="gin")
+                    postgresql_using="gin", postgresql_with={"fastupdate": "off"})
     op.add_column("poller_outbox", sa.Column("event_id", sa.BigInteger()))
     op.create_foreign_key(op.f("fk_poller_outbox_event_id_poller_events"), "poller_outbox",
                           "poller_events", ["event_id"], ["id"], ondelete="RESTRICT")
