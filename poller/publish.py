@@ -239,16 +239,38 @@ def _publish_many_steps(events: Sequence[_CheckedEvent]) -> _Steps:
 
 
 def _row(event: _CheckedEvent, target: Row[Any]) -> _Checked:
+    return event_row(
+        target.name,
+        event.event_type,
+        event.idempotency_key,
+        event.ordering_key,
+        int(target.event_id),
+        event.deliver_at,
+        event.delay,
+    )
+
+
+def event_row(
+    endpoint: str,
+    event_type: str,
+    idempotency_key: str,
+    ordering_key: str | None,
+    event_id: int,
+    deliver_at: datetime | None = None,
+    delay: float = 0.0,
+) -> _Checked:
+    """A published event's row for one endpoint (for ``insert_steps``): the event's key and
+    ordering key, no payload of its own (the claim reads the event's), the endpoint's budget."""
     return _Checked(
-        endpoint=target.name,
-        event_type=event.event_type,
-        payload=None,  # the event's, read at claim time
-        idempotency_key=event.idempotency_key,
-        deliver_at=event.deliver_at,
-        delay=event.delay,
+        endpoint=endpoint,
+        event_type=event_type,
+        payload=None,
+        idempotency_key=idempotency_key,
+        deliver_at=deliver_at,
+        delay=delay,
         max_attempts=None,
-        ordering_key=event.ordering_key,
-        event_id=int(target.event_id),
+        ordering_key=ordering_key,
+        event_id=event_id,
     )
 
 

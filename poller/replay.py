@@ -35,7 +35,8 @@ from sqlalchemy import Connection, Engine, select
 from poller import queries
 from poller.admin import actor, retry_messages
 from poller.errors import EndpointDisabled, UnknownEndpoint
-from poller.outbox import _Checked, drive, insert_steps
+from poller.outbox import drive, insert_steps
+from poller.publish import event_row
 from poller.schema import event_log
 
 REPLAY_BATCH = 500
@@ -137,7 +138,16 @@ def replay(
                     {"endpoint_id": target.id, "keys": [r.idempotency_key for r in new]},
                 ).all()
                 result.message_ids += drive(
-                    conn, insert_steps([_row(r, endpoint) for r in new], {endpoint: target})
+                    conn,
+                    insert_steps(
+                        [
+                            event_row(
+                                endpoint, r.event_type, r.idempotency_key, r.ordering_key, r.id
+                            )
+                            for r in new
+                        ],
+                        {endpoint: target},
+                    ),
                 )
         if ended and not dry_run:
             retry_messages(engine, ended, who=who or actor(), outcome="replayed")
@@ -145,17 +155,3 @@ def replay(
         if len(rows) < batch:
             break
     return result
-
-
-def _row(event: Any, endpoint: str) -> _Checked:
-    return _Checked(
-        endpoint=endpoint,
-        event_type=event.event_type,
-        payload=None,
-        idempotency_key=event.idempotency_key,
-        deliver_at=None,
-        delay=0.0,
-        max_attempts=None,
-        ordering_key=event.ordering_key,
-        event_id=int(event.id),
-    )
