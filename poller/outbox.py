@@ -57,6 +57,7 @@ from poller.settings import default_settings
 
 MAX_KEY_LENGTH = 255
 MAX_EVENT_TYPE_LENGTH = 255
+MAX_DELAY = 100 * 365.25 * 86400.0  # seconds: deliver_after as a timedelta
 # Idempotency and ordering keys travel in HTTP headers: visible ASCII only.
 _KEY_RE = re.compile(r"[\x21-\x7e]+")
 # Event types are names like "invoice.paid", "order/created", "billing:v2.charge".
@@ -153,6 +154,8 @@ def _check_schedule(deliver_after: object) -> tuple[datetime | None, float]:
         seconds = deliver_after.total_seconds()
         if seconds < 0 or not math.isfinite(seconds):
             raise _EnqueueError("deliver_after must not be a negative timedelta")
+        if seconds > MAX_DELAY:  # past it, now() + the delay overflows in PostgreSQL
+            raise _EnqueueError("deliver_after must be at most 100 years away")
         return None, seconds
     kind = type(deliver_after).__name__
     raise _EnqueueError(f"deliver_after must be an aware datetime or a timedelta, not {kind}")

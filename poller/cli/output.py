@@ -10,6 +10,7 @@ unless given ``--yes``.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -42,9 +43,12 @@ class Duration(click.ParamType[timedelta]):
         if isinstance(value, timedelta):
             return value
         match = _DURATION.match(str(value))
-        if not match or float(match.group(1)) <= 0:
+        if not match or not 0 < float(match.group(1)) < math.inf:
             self.fail(f"{value!r} is not a duration like 90s, 15m, 1h or 7d", param, ctx)
-        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        try:
+            return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        except OverflowError:
+            self.fail(f"{value!r} is longer than any date can reach", param, ctx)
 
 
 class Since(click.ParamType[datetime]):
@@ -56,7 +60,10 @@ class Since(click.ParamType[datetime]):
         if isinstance(value, datetime):
             return value
         if _DURATION.match(str(value)):
-            return datetime.now(UTC) - Duration().convert(value, param, ctx)
+            try:
+                return datetime.now(UTC) - Duration().convert(value, param, ctx)
+            except OverflowError:
+                self.fail(f"{value!r} ago is before the year 1", param, ctx)
         try:
             when = datetime.fromisoformat(str(value))
         except ValueError:

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from poller import (
+    EnqueueError,
     Event,
     EventConflict,
     IdempotencyConflict,
@@ -248,6 +249,8 @@ def test_bad_input_is_refused_before_any_write(five: Engine) -> None:
         ({"event_type": "invoice.*"}, InvalidEventType),
         ({"payload": {"x": float("nan")}}, InvalidPayload),
         ({"payload": "\x00"}, InvalidPayload),
+        ({"deliver_after": timedelta(weeks=99_999_999)}, EnqueueError),
+        ({"deliver_after": timedelta(days=-1)}, EnqueueError),
     ]
     for fields, error in cases:
         with pytest.raises(error):
