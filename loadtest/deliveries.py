@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -86,8 +87,17 @@ def start_poller(
     return poller
 
 
-async def raw_ceiling(url: str, messages: int, concurrency: int, secret: str) -> float:
-    """Requests/s of plain aiohttp POSTing signed payloads, ``concurrency`` in flight."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def raw_ceiling(
+    url: str, messages: int, concurrency: int, secret: str
+) -> tuple[float, float]:
+    """Requests/s of plain aiohttp POSTing signed payloads, ``concurrency`` in flight, and
+    the CPU seconds this process spent doing it."""
     from poller.delivery import sign
 
     bodies = [json.dumps(_payload(n)).encode() for n in range(messages)]
@@ -111,9 +121,9 @@ async def raw_ceiling(url: str, messages: int, concurrency: int, secret: str) ->
                     await resp.read()
                     assert resp.status == 200, resp.status
 
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return messages / (time.perf_counter() - began)
+        return messages / (time.perf_counter() - began), time.process_time() - cpu
 
 
 def _delivered(engine: Any) -> int:
@@ -205,7 +215,7 @@ def main() -> None:
         try:
             receiver, receiver_url = start_receiver(tmp, secret, "receiver-raw")
             procs.append(receiver)
-            ceiling = asyncio.run(
+            ceiling, raw_cpu = asyncio.run(
                 raw_ceiling(receiver_url, args.messages, args.concurrency, secret)
             )
             receiver.stop()
@@ -213,12 +223,18 @@ def main() -> None:
             receiver, receiver_url = start_receiver(tmp, secret, "receiver-poller")
             procs.append(receiver)
             engine = sync_engine(url)
-            procs.append(start_poller(tmp, engine, url, receiver_url, secret, args.concurrency))
+            poller = start_poller(tmp, engine, url, receiver_url, secret, args.concurrency)
+            procs.append(poller)
+            cpu = cpu_seconds(poller.popen.pid)
             rate = drain(engine, args.messages, args.timeout)
+            cpu = cpu_seconds(poller.popen.pid) - cpu
+            raw_per_cpu, per_cpu = args.messages / raw_cpu, args.messages / cpu
             print(
-                f"raw aiohttp ceiling ({args.concurrency} in flight): {ceiling:,.0f} req/s\n"
+                f"raw aiohttp ceiling ({args.concurrency} in flight): {ceiling:,.0f} req/s, "
+                f"{raw_per_cpu:,.0f} per CPU second\n"
                 f"poller run drain of {args.messages:,}: {rate:,.0f} deliveries/s "
-                f"({rate / ceiling:.2f} of the raw ceiling)",
+                f"({rate / ceiling:.2f} of the raw ceiling), {per_cpu:,.0f} per CPU second of "
+                f"the poller ({per_cpu / raw_per_cpu:.2f} of raw aiohttp's)",
                 flush=True,
             )
             half = rate / 2

@@ -90,6 +90,7 @@ class Attempt:
 
 @functools.lru_cache(maxsize=1024)
 def _signing_key(secret: str) -> bytes:
+    """The HMAC key of a secret, decoded once per secret, not once per message."""
     return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
 
 

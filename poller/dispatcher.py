@@ -26,6 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from poller import __version__, claims, delivery, metrics
 from poller.claims import ClaimedMessage, Outcome, clean_text
@@ -38,6 +39,7 @@ from poller.senders import Sender
 from poller.settings import Settings
 
 log = logging.getLogger("poller.dispatcher")
+CHILDREN_KEPT = 50_000  # labelled metric children a dispatcher keeps (endpoints × outcomes)
 
 
 class EndpointCache:
@@ -76,6 +78,18 @@ class Dispatcher:
         self.in_flight: dict[int, int] = defaultdict(int)  # endpoint id -> deliveries
         self._sending: set[int] = set()  # message ids whose request may be on the wire
         self._released: set[int] = set()  # released by drain(): their task writes nothing
+        # Labelled metric children, looked up once (prometheus' labels() locks and builds
+        # a key on every call; per message that was a measurable share of a delivery).
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) >= CHILDREN_KEPT:
+                self._children.clear()
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     @property
     def room(self) -> int:
@@ -114,7 +128,7 @@ class Dispatcher:
             task.cancel()
             self._released.add(msg.id)
             self.completer.put(claims.released(msg, maybe_sent=msg.id in self._sending))
-            metrics.DELIVERY_OUTCOMES.labels(self._name(msg), "released").inc()
+            self._child(metrics.DELIVERY_OUTCOMES, self._name(msg), "released").inc()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         return len(pending)
@@ -150,7 +164,7 @@ class Dispatcher:
             answer, attempt = await delivery.lookup(
                 self.sender, endpoint, msg, timeout=timeout, user_agent=self.user_agent
             )
-            metrics.LOOKUPS.labels(answer.value).inc()
+            self._child(metrics.LOOKUPS, answer.value).inc()
             self._observe("lookup", endpoint, attempt)
             if answer is not LookupAnswer.NOT_FOUND:
                 return delivery.lookup_outcome(msg, attempt, self.settings)
@@ -210,18 +224,20 @@ class Dispatcher:
             return str(msg.endpoint_id)
 
     def _observe(self, kind: str, endpoint: Endpoint, attempt: delivery.Attempt) -> None:
-        metrics.ATTEMPTS.labels(kind).inc()
-        metrics.DELIVERY_SECONDS.labels(endpoint.name).observe(attempt.duration_ms / 1000)
+        self._child(metrics.ATTEMPTS, kind).inc()
+        self._child(metrics.DELIVERY_SECONDS, endpoint.name).observe(attempt.duration_ms / 1000)
 
     def _record(self, outcome: Outcome, msg: ClaimedMessage) -> None:
         name = self._name(msg)
         # Final states by their name (a last attempt's "unknown" or "crashed" is "failed"),
         # so alerts on outcome="failed" count exactly the messages that failed for good.
         final = outcome.status in ("delivered", "failed")
-        metrics.DELIVERY_OUTCOMES.labels(name, outcome.status if final else outcome.outcome).inc()
+        self._child(
+            metrics.DELIVERY_OUTCOMES, name, outcome.status if final else outcome.outcome
+        ).inc()
         if outcome.status == "delivered":
             latency = (datetime.now(UTC) - msg.created_at).total_seconds()
-            metrics.LATENCY_SECONDS.labels(name).observe(max(0.0, latency))
+            self._child(metrics.LATENCY_SECONDS, name).observe(max(0.0, latency))
             return
         fields = {
             "message_id": msg.id,

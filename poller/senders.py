@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import httpcore
 import httpx
+import yarl
 
 from poller.netguard import (
     PRIVATE_HINT,
@@ -82,6 +83,9 @@ class Sender(Protocol):
     ) -> Reply: ...
 
     async def aclose(self) -> None: ...
+
+
+TARGETS_KEPT = 10_000  # parsed URLs and timeouts a sender keeps
 
 
 def connect_budget(connect_timeout: float, timeout: float) -> float:
@@ -164,6 +168,36 @@ class AiohttpSender:
         self._connect_timeout = connect_timeout
         self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
+        # Per-request work that depends only on the URL or the timeout, done once: an
+        # endpoint's URL is checked and parsed on its first request, not on every one.
+        self._targets: dict[str, yarl.URL] = {}
+        self._limits: dict[float, aiohttp.ClientTimeout] = {}
+
+    def _target(self, url: str) -> yarl.URL:
+        target = self._targets.get(url)
+        if target is None:
+            preflight(url, self._allow_private)
+            target = yarl.URL(url)
+            if len(self._targets) >= TARGETS_KEPT:  # URLs change rarely; never grow unbounded
+                self._targets.clear()
+            self._targets[url] = target
+        return target
+
+    def _timeouts(self, timeout: float) -> aiohttp.ClientTimeout:
+        limits = self._limits.get(timeout)
+        if limits is None:
+            connect = connect_budget(self._connect_timeout, timeout)
+            limits = aiohttp.ClientTimeout(
+                total=None,
+                connect=connect,
+                sock_connect=connect,
+                sock_read=timeout,
+                ceil_threshold=NO_CEILING,
+            )
+            if len(self._limits) >= TARGETS_KEPT:
+                self._limits.clear()
+            self._limits[timeout] = limits
+        return limits
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -186,23 +220,16 @@ class AiohttpSender:
     async def request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes, timeout: float
     ) -> Reply:
-        preflight(url, self._allow_private)
-        connect = connect_budget(self._connect_timeout, timeout)
-        limits = aiohttp.ClientTimeout(
-            total=None,
-            connect=connect,
-            sock_connect=connect,
-            sock_read=timeout,
-            ceil_threshold=NO_CEILING,
-        )
+        limits = self._timeouts(timeout)
         response: aiohttp.ClientResponse | None = None
         data = bytearray()
         try:
+            target = self._target(url)  # a URL yarl refuses is a ValueError, as in aiohttp
             async with asyncio.timeout(timeout):
                 response = await self._get_session().request(
                     method,
-                    url,
-                    headers=dict(headers),
+                    target,
+                    headers=headers,
                     data=body or None,
                     allow_redirects=False,
                     timeout=limits,
