@@ -34,6 +34,7 @@ from typing import Any, Literal
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
+from poller.db import fetch
 from poller.endpoints import Endpoint
 from poller.events import EventSink, OperationalEvent
 from poller.health import HealthPolicy
@@ -384,11 +385,9 @@ class Claims:
                 offered = json.dumps([{"shard": s, "fence": f} for s, f in fences.items()])
                 accepted = {
                     row.shard
-                    for row in (
-                        await conn.execute(
-                            queries.FENCE_SHARDS, {"fences": offered, "holder": self.poller_id}
-                        )
-                    ).all()
+                    for row in await fetch(
+                        conn, "FENCE_SHARDS", {"fences": offered, "holder": self.poller_id}
+                    )
                 }
                 refused = sorted(set(fences) - accepted)
                 if refused:
@@ -402,18 +401,17 @@ class Claims:
             messages: list[ClaimedMessage] = []
             governed_count = None
             if governed:
-                result = await conn.execute(queries.CLAIM_GOVERNED, params)
-                if tuple(result.keys()) != _GOVERNED_FIELDS:  # pragma: no cover - a schema slip
-                    raise RuntimeError(f"CLAIM_GOVERNED returns {tuple(result.keys())}")
-                found = result.all()
+                found = await fetch(conn, "CLAIM_GOVERNED", params)
+                if found[0]._fields != _GOVERNED_FIELDS:  # pragma: no cover - a schema slip
+                    raise RuntimeError(f"CLAIM_GOVERNED returns {found[0]._fields}")
                 governed_count = int(found[0].governed)
                 messages = [ClaimedMessage(*row[:-1]) for row in found if row.id is not None]
                 params["limit"] = limit - len(messages)
             if limit > len(messages):
-                result = await conn.execute(queries.CLAIM_BATCH, params)
-                if tuple(result.keys()) != _CLAIMED_FIELDS:  # pragma: no cover - a schema slip
-                    raise RuntimeError(f"CLAIM_BATCH returns {tuple(result.keys())}")
-                messages += [ClaimedMessage(*row) for row in result.all()]
+                claimed = await fetch(conn, "CLAIM_BATCH", params)
+                if claimed and claimed[0]._fields != _CLAIMED_FIELDS:  # pragma: no cover
+                    raise RuntimeError(f"CLAIM_BATCH returns {claimed[0]._fields}")
+                messages += [ClaimedMessage(*row) for row in claimed]
             versions = endpoint_versions or {}
             stale = sorted(
                 {
@@ -443,7 +441,7 @@ class Claims:
             "claim_lease": self.claim_lease,
         }
         async with self.engine.begin() as conn:
-            rows = (await conn.execute(queries.EXTEND_CLAIMS, params)).all()
+            rows = await fetch(conn, "EXTEND_CLAIMS", params)
         return {row.id for row in rows}
 
     async def complete(self, outcomes: Sequence[Outcome]) -> CompletionResult:
@@ -457,7 +455,7 @@ class Claims:
             return CompletionResult()
         params = {**outcomes_json(outcomes, self.poller_id), **self._health_params}
         async with self.engine.begin() as conn:
-            rows = (await conn.execute(queries.COMPLETE_BATCH, params)).all()
+            rows = await fetch(conn, "COMPLETE_BATCH", params)
             ended = [r.id for r in rows if r.ordering_key is not None and r.status in ENDED]
             promoted = 0
             if ended:  # COMPLETE_BATCH locked their keys' rows

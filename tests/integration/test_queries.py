@@ -198,3 +198,16 @@ def test_claim_and_reclaim_use_their_partial_indexes_over_large_history(
             name,
             scans,
         )
+
+
+def test_the_psycopg_text_of_every_statement_takes_the_same_parameters() -> None:
+    """The claim path sends PSYCOPG[name] to the driver (poller/db.py fetch): a colon in a
+    literal or a stray % would change the statement silently; this would see it."""
+    import re
+
+    from poller.queries._registry import PSYCOPG
+
+    for name, sql in queries.STATEMENTS.items():
+        expected = set(text(sql)._bindparams)
+        found = set(re.findall(r"%\((\w+)\)s", PSYCOPG[name]))
+        assert found == expected, name
