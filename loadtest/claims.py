@@ -3,8 +3,8 @@
     python -m loadtest.claims [--rows 200000] [--batch 100] [--connections 1 4]
 
 For each connection count, the same queue (ROWS due rows) is drained in turns:
-once by processes using :class:`poller.claims.Claims` (SQLAlchemy Core, the
-production path) and once by processes sending the *same statements* through
+once by processes using :class:`poller.claims.Claims` (the production path:
+SQLAlchemy's pool and transaction, the statements sent to the driver) and once by processes sending the *same statements* through
 plain psycopg. Each process holds one connection and loops claim → complete
 (delivered) until the queue is empty. Figures are rows/s; the ratio is
 poller / raw, measured in the same run on the same server (median of
@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import re
 import statistics
 import time
 from typing import Any
@@ -36,14 +35,12 @@ from poller.claims import ALL_BUCKETS_LITERAL, Claims, delivered
 from poller.db import async_engine, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
 from poller.health import HealthPolicy
+from poller.queries._registry import PSYCOPG
 
-
-def _psycopg_sql(sql: str) -> str:
-    return re.sub(r"(?<!:):(\w+)", r"%(\1)s", sql)
-
-
-RAW_CLAIM = _psycopg_sql(queries.STATEMENTS["CLAIM_BATCH"])
-RAW_COMPLETE = _psycopg_sql(queries.STATEMENTS["COMPLETE_BATCH"])
+# The same text poller.claims sends to the driver since it skips SQLAlchemy there
+# (poller/db.py fetch): what differs between the two columns is everything around it.
+RAW_CLAIM = PSYCOPG["CLAIM_BATCH"]
+RAW_COMPLETE = PSYCOPG["COMPLETE_BATCH"]
 HEALTH = HealthPolicy().params()
 
 
