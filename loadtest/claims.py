@@ -5,8 +5,9 @@
 For each connection count, the same queue (ROWS due rows) is drained in turns:
 once by processes using :class:`poller.claims.Claims` (the production path:
 SQLAlchemy's pool and transaction, the statements sent to the driver) and once
-by processes sending the *same statements* through plain psycopg. Each process holds one connection and loops claim → complete
-(delivered) until the queue is empty. Figures are rows/s; the ratio is
+by processes sending the *same statements* through plain psycopg. Each process
+holds one connection and loops claim → complete (delivered) until the queue is
+empty. Figures are rows/s; the ratio is
 poller / raw, measured in the same run on the same server (median of
 --repeat interleaved runs each).
 
