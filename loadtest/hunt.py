@@ -22,6 +22,9 @@ SPEC §10:
   first POSTs arrived by position; no message is left ``waiting`` unless its
   key is blocked behind a failed head (endpoint ``on_failed_head`` drawn per
   seed: ``block`` or ``skip``);
+* every published event (one transaction in three) has exactly one row, at the
+  subscribed endpoint, and no delivery crashed in the poller (a published row
+  sent without its event's payload would);
 * every POST whose body arrived carries a valid signature (the endpoint's
   secret is sealed at rest with ``POLLER_SECRETS_KEY``: the pollers open it);
 * no ``poller run`` exited unless the hunt ended it, and every graceful stop
@@ -311,6 +314,29 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
                 )
             }
         )
+        # Fan-out: every published event has exactly the rows it was counted as reaching
+        # (one here: the endpoint subscribes to hunt.*), whatever the faults did.
+        unfanned = sorted(
+            r.idempotency_key
+            for r in conn.execute(
+                text(
+                    "SELECT ev.idempotency_key FROM poller_events ev WHERE ev.fanned_out <> "
+                    "(SELECT count(*) FROM poller_outbox o WHERE o.event_id = ev.id) "
+                    "OR ev.fanned_out <> 1"
+                )
+            )
+        )
+        # A delivery that raised inside the poller (a published row without its event's
+        # payload would): counted and recorded, but never expected from any answer.
+        crashed = sorted(
+            r.idempotency_key
+            for r in conn.execute(
+                text(
+                    "SELECT DISTINCT o.idempotency_key FROM poller_delivery_attempts a "
+                    "JOIN poller_outbox o ON o.id = a.message_id WHERE a.outcome = 'crashed'"
+                )
+            )
+        )
         behind_blocked = {
             r.idempotency_key
             for r in conn.execute(
@@ -350,6 +376,8 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
             sorted(f"{k} ({n} > {sends[k]})" for k, n in receiver.posts.items() if n > sends[k]),
         ),
         ("POSTed with a bad signature", sorted(receiver.badly_signed)),
+        ("published but not fanned out to their subscriber", unfanned),
+        ("crashed in the poller", crashed),
         (
             "delivered but never applied (lost)",
             sorted(

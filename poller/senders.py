@@ -173,11 +173,13 @@ class AiohttpSender:
         self._targets: dict[str, yarl.URL] = {}
         self._limits: dict[float, aiohttp.ClientTimeout] = {}
 
-    def _target(self, url: str) -> yarl.URL:
+    def _target(self, method: str, url: str) -> yarl.URL:
         target = self._targets.get(url)
         if target is None:
             preflight(url, self._allow_private)
             target = yarl.URL(url)
+            if method != "POST":  # a lookup URL holds the message's key: used once
+                return target
             if len(self._targets) >= TARGETS_KEPT:  # URLs change rarely; never grow unbounded
                 self._targets.clear()
             self._targets[url] = target
@@ -224,7 +226,7 @@ class AiohttpSender:
         response: aiohttp.ClientResponse | None = None
         data = bytearray()
         try:
-            target = self._target(url)  # a URL yarl refuses is a ValueError, as in aiohttp
+            target = self._target(method, url)  # a URL yarl refuses is a ValueError, as in aiohttp
             async with asyncio.timeout(timeout):
                 response = await self._get_session().request(
                     method,

@@ -56,6 +56,23 @@ def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
     assert any("never applied (lost)" in p for p in problems)
     assert any("POSTed with a bad signature" in p for p in problems)
     assert msg_id
+    with engine.begin() as conn:  # an event that lost its row, and a delivery that crashed
+        conn.execute(
+            text(
+                "INSERT INTO poller_events (event_type, payload, idempotency_key, fanned_out) "
+                "VALUES ('hunt.event', '{}', 'lonely', 1)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO poller_delivery_attempts (message_id, attempt, kind, outcome) "
+                "VALUES (:id, 1, 'send', 'crashed')"
+            ),
+            {"id": msg_id},
+        )
+    problems = check(engine, run, receiver)  # type: ignore[arg-type]
+    assert any("not fanned out" in p and "lonely" in p for p in problems)
+    assert any("crashed in the poller" in p for p in problems)
 
 
 def test_the_checker_catches_disorder_and_a_stranded_waiting_message(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
