@@ -155,7 +155,8 @@ async def fetch(conn: AsyncConnection, name: str, params: Mapping[str, Any]) -> 
     The claim path's statements go this way: SQLAlchemy's text() compilation and
     result processing cost about a third of what the driver does for the same
     statement (loadtest/claims.py measures both). A connection the statement found
-    broken is invalidated, as SQLAlchemy would have done, so the pool drops it.
+    broken (not a deadlock or a timeout on a live one) is invalidated, as SQLAlchemy
+    would have done, so the pool drops it.
     """
     raw = await conn.get_raw_connection()
     driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
@@ -164,7 +165,8 @@ async def fetch(conn: AsyncConnection, name: str, params: Mapping[str, Any]) -> 
             await cursor.execute(PSYCOPG[name], params)
             return await cursor.fetchall() if cursor.description is not None else []
     except (psycopg.OperationalError, psycopg.InterfaceError):
-        await conn.invalidate()
+        if driver.broken or driver.closed:  # not for a deadlock or a timeout: the link is fine
+            await conn.invalidate()
         raise
 
 
