@@ -14,8 +14,11 @@ with SKIP LOCKED and touches only rows nobody holds, so that is safe):
 * :class:`Reclaimer` — expired claims back to pending + ``needs_lookup`` (or
   failed when their attempts are spent), within ``claim_lease + sweep_interval``.
 * :class:`Purger` — delivered and failed rows past their retention, with their
-  attempts, in batches of :data:`PURGE_BATCH` so no lock is held for long; their
-  keys stay *spent* for ``POLLER_RETENTION_KEYS`` (re-enqueueing one is refused).
+  attempts, in batches of :data:`PURGE_BATCH` (one transaction each, so no lock
+  is held for long) until it has caught up or spent :data:`PURGE_BUDGET`
+  seconds of the run — one batch per run could not keep up with a poller that
+  delivers thousands a second; their keys stay *spent* for
+  ``POLLER_RETENTION_KEYS`` (re-enqueueing one is refused).
 * :class:`GaugeRefresher` — the cluster-wide gauges (due messages and the
   oldest one's age per endpoint, messages by status).
 
@@ -41,6 +44,7 @@ from poller.db import OutageLog, is_transient
 log = logging.getLogger("poller.maintenance")
 
 PURGE_BATCH = 1000
+PURGE_BUDGET = 2.0  # seconds of batches per run (the sweep interval is 5 s by default)
 JITTER = 0.2
 
 
@@ -132,12 +136,18 @@ class Purger:
         self.purged = 0
 
     async def run_once(self) -> int:
-        """One bounded batch of each kind; the next run takes the next batch."""
+        """Batches of each kind until a batch comes back short or the budget is spent;
+        the next run goes on where this one stopped."""
         count = 0
+        deadline = asyncio.get_running_loop().time() + PURGE_BUDGET
         for statement, age in self.ages:
-            async with self.engine.begin() as conn:
-                result = await conn.execute(statement, {"age": age, "limit": PURGE_BATCH})
-                count += int(result.scalar_one())
+            while True:
+                async with self.engine.begin() as conn:
+                    result = await conn.execute(statement, {"age": age, "limit": PURGE_BATCH})
+                    purged = int(result.scalar_one())
+                count += purged
+                if purged < PURGE_BATCH or asyncio.get_running_loop().time() > deadline:
+                    break
         if count:
             self.purged += count
             log.info("purged %d rows past their retention", count)

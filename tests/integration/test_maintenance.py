@@ -47,6 +47,29 @@ async def test_purge_removes_only_old_finished_rows(
     assert await purger.run_once() == 0
 
 
+async def test_one_purge_run_takes_batches_until_caught_up_or_out_of_budget(
+    aengine: AsyncEngine, engine: Engine, endpoint: CreatedEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One batch per sweep (1,000 per 5 s) could never keep up with delivery."""
+    from poller import maintenance
+
+    seed(engine, 250)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET status = 'delivered', attempts = 1, "
+                "delivered_at = now() - interval '8 days'"
+            )
+        )
+    monkeypatch.setattr(maintenance, "PURGE_BATCH", 100)
+    monkeypatch.setattr(maintenance, "PURGE_BUDGET", 0.0)  # spent after the first batch
+    purger = Purger(aengine, delivered_age=7 * 86400, failed_age=30 * 86400)
+    assert await purger.run_once() == 100
+    monkeypatch.setattr(maintenance, "PURGE_BUDGET", 60.0)
+    assert await purger.run_once() == 150  # two batches, the second short: caught up
+    assert await purger.run_once() == 0
+
+
 async def test_a_purged_key_stays_spent_until_its_own_retention(
     aengine: AsyncEngine, engine: Engine, endpoint: CreatedEndpoint
 ) -> None:
