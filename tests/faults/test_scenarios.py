@@ -13,9 +13,9 @@ from loadtest.chaos import SCENARIOS, run_scenario, summary
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenario_loses_nothing_and_explains_every_duplicate(name: str, tmp_path: Path) -> None:
-    # "ordered": 200 keys x 50 messages, 4 pollers, kills, a freeze, receiver faults.
+    # "ordered": 200 keys x 20 messages, 4 pollers, kills, a freeze, receiver faults.
     # ("chaos" is 2,000 for the suite's 10-minute budget; make chaos runs it long.)
-    messages = {"chaos": 2000, "ordered": 10_000}.get(name, 1500)
+    messages = {"chaos": 2000, "ordered": 4000}.get(name, 1500)
     rate = 1000 if name == "ordered" else 500
     result = run_scenario(SCENARIOS[name], messages, deadline=120, tmp=tmp_path, rate=rate)
     print("\n" + summary(result))
