@@ -126,6 +126,7 @@ class Claimer:
             endpoint_versions=self.endpoints.versions,
             governed=governed,
         )
+        metrics.CLAIM_SECONDS.observe(time.monotonic() - asked)
         if batch.governed is not None:
             self._governed_last = asked
             self._governed_busy = batch.governed > 0

@@ -68,6 +68,11 @@ LOOP_CRASHES = Counter(
     "Supervised loops that crashed (the poller then stops and exits non-zero).",
     ["loop"],
 )
+CLAIM_SECONDS = Histogram(
+    "webhook_poller_claim_duration_seconds",
+    "One claim round (fences, claim, commit), whether it found messages or not.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 IN_FLIGHT = Gauge("webhook_poller_in_flight", "Deliveries under way in this poller.")
 DELIVERY_SECONDS = Histogram(
     "webhook_poller_delivery_duration_seconds",
