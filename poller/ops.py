@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -25,6 +26,7 @@ from poller.migrate import head_revision
 from poller.supervise import Supervisor
 
 LAG_PROBE = 0.5
+log = logging.getLogger("poller.ops")
 
 
 class Ops:
@@ -100,6 +102,7 @@ async def serving(
     await site.start()
     lag = asyncio.create_task(ops.watch_lag(), name="ops-lag")
     bound = runner.addresses[0][1] if runner.addresses else int(port)
+    log.info("serving /metrics, /healthz, /readyz on %s:%d", host, bound)
     try:
         yield int(bound)
     finally:

@@ -86,6 +86,7 @@ class Poller:
         self.scope = scope
         self.supervisor = supervisor or Supervisor()
         self.shards: ShardManager | None = None  # set by serve(), for the demo and tests
+        self.ops_port: int | None = None  # where serve() put /metrics, /healthz, /readyz
         self.claims = Claims(
             engine,
             poller_id=poller_id,
@@ -304,10 +305,11 @@ async def serve(
     await manager.tick()
     manager_stop = asyncio.Event()
     leadership = supervisor.spawn("shard-manager", manager.run(manager_stop))
-    if ready is not None:
-        ready.set_result(poller)
     try:
-        async with serving(settings.metrics_addr, engine, supervisor):
+        async with serving(settings.metrics_addr, engine, supervisor) as port:
+            poller.ops_port = port
+            if ready is not None:
+                ready.set_result(poller)
             await poller.run(stop)
     finally:
         supervisor.stop()  # the shard manager returning now is expected

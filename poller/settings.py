@@ -107,7 +107,8 @@ class Settings(BaseSettings):
     allow_private_targets: bool = False
     """Allow endpoints on private, loopback or link-local addresses (demo, tests)."""
     metrics_addr: str | None = None
-    """``host:port`` for /metrics, /healthz, /readyz; unset: not served."""
+    """``host:port`` for /metrics, /healthz, /readyz (port 0: one the kernel picks, logged);
+    unset: not served."""
     log_format: Literal["auto", "json", "console"] = "auto"
     retention_delivered: PositiveSeconds = 7 * 86400.0
     retention_failed: PositiveSeconds = 30 * 86400.0
@@ -189,7 +190,7 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ValueError(f"must be host:port, e.g. 127.0.0.1:9108 (got {value!r})")
         return value
 

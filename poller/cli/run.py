@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 
 import click
 
-from poller import logs
+from poller import logs, processes
 from poller.cli.common import settings_and_url
 from poller.db import poller_engine
 from poller.senders import make_sender
-from poller.service import serve
+from poller.service import Poller, serve
 from poller.settings import Settings
 from poller.supervise import ServiceCrashed
 
@@ -42,20 +42,64 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
         loop.add_signal_handler(signum, on_signal, signum)
     engine = poller_engine(url, settings, pool_size=4, max_overflow=4)
     sender = make_sender(settings)
+    ready: asyncio.Future[Poller] = loop.create_future()
+    helpers: list[asyncio.Task[None]] = []
+    if processes.ENV_SUPERVISOR in os.environ:  # a child of `poller run --processes N`
+        helpers.append(asyncio.create_task(processes.watch_supervisor(stop)))
+        helpers.append(asyncio.create_task(_report_port(ready)))
     try:
         await serve(
-            settings, engine=engine, sender=sender, database_url=url, poller_id=poller_id, stop=stop
+            settings,
+            engine=engine,
+            sender=sender,
+            database_url=url,
+            poller_id=poller_id,
+            stop=stop,
+            ready=ready,
         )
     finally:
+        for helper in helpers:
+            helper.cancel()
         await sender.aclose()
         await engine.dispose()
+
+
+async def _report_port(ready: asyncio.Future[Poller]) -> None:
+    poller = await ready
+    if poller.ops_port is not None:
+        processes.write_port(poller.ops_port)
+
+
+class _Processes(click.ParamType[int]):
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return processes.cores()
+        try:
+            count = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a whole number or 'auto'", param, ctx)
+        if not 1 <= count <= processes.MAX_PROCESSES:
+            self.fail(f"{count} is not between 1 and {processes.MAX_PROCESSES}", param, ctx)
+        return count
 
 
 @click.command()
 @click.option("--id", "poller_id", help="Poller name (default: host-pid).")
 @click.option("--shards", type=int, help="Overrides POLLER_SHARDS.")
-@click.option("--concurrency", type=int, help="Overrides POLLER_CONCURRENCY.")
-def run(poller_id: str | None, shards: int | None, concurrency: int | None) -> None:
+@click.option("--concurrency", type=int, help="Overrides POLLER_CONCURRENCY (per process).")
+@click.option(
+    "--processes",
+    "count",
+    type=_Processes(),
+    default=1,
+    show_default=True,
+    help="Poller processes on this host under one supervisor; 'auto' = the cores usable.",
+)
+def run(poller_id: str | None, shards: int | None, concurrency: int | None, count: int) -> None:
     """Deliver messages until SIGTERM/SIGINT (graceful), a second signal exits at once."""
     settings, url = settings_and_url()
     given = (("shards", shards), ("concurrency", concurrency))
@@ -64,8 +108,14 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None) -> N
         from poller.settings import load_settings
 
         settings = load_settings(**{**settings.model_dump(), **overrides})
-    logs.configure(settings.log_format)
     name = poller_id or f"{socket.gethostname()}-{os.getpid()}"
+    logs.configure(settings.log_format, poller_id=name)
+    if count > 1:
+        env = {**os.environ, "POLLER_DATABASE_URL": url}
+        env.update({f"POLLER_{k.upper()}": str(v) for k, v in overrides.items()})
+        fleet = processes.Fleet(count, base=name, env=env, metrics_addr=settings.metrics_addr)
+        logging.getLogger("poller").info("poller %s starting %d processes", name, count)
+        sys.exit(event_loop_run(fleet.run()))
     logging.getLogger("poller").info("poller %s starting", name)
     try:
         event_loop_run(run_service(settings, url, name))

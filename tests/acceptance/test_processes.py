@@ -1,0 +1,114 @@
+"""`poller run --processes N`: children share the shards, a killed child comes back,
+SIGTERM drains them all, one ops endpoint answers for all of them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine, text
+
+from tests.acceptance.procs import poller_env, receiver, started, stats, wait_until
+from tests.conftest import make_endpoint
+from tests.integration.helpers import seed
+from tests.integration.service_helpers import counts
+
+
+def _get(port: int, path: str) -> httpx.Response | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=3)
+    except httpx.HTTPError:
+        return None
+
+
+def _children(port: int) -> list[dict[str, Any]]:
+    answer = _get(port, "/healthz")
+    return list(answer.json()["children"]) if answer is not None else []
+
+
+def _delivered_by(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT DISTINCT poller_id FROM poller_delivery_attempts"))
+        return {r for (r,) in rows if r}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is gone for our purpose
+        return stat.read().split(") ")[1][0] != "Z"
+
+
+@pytest.mark.slow
+def test_processes_share_restart_and_drain(engine: Engine, db_url: str, tmp_path: Path) -> None:
+    from poller.embedded import free_port
+
+    with receiver(tmp_path, "--latency", "0.1") as (_, url):
+        make_endpoint(engine, "a", url=url)
+        seed(engine, 2000, "a")
+        port = free_port()
+        env = poller_env(
+            POLLER_DATABASE_URL=db_url,
+            POLLER_METRICS_ADDR=f"127.0.0.1:{port}",
+            POLLER_CONCURRENCY="10",
+            POLLER_MAX_IN_FLIGHT="10",
+            POLLER_SHARDS="4",
+        )
+        args = ["run", "--processes", "2", "--id", "fleet"]
+        with started(args, env, tmp_path / "fleet.log") as fleet:
+            wait_until(lambda: sum(c["running"] for c in _children(port)) == 2, timeout=20)
+            wait_until(lambda: _delivered_by(engine) >= {"fleet-0", "fleet-1"}, timeout=20)
+            victim = _children(port)[0]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            wait_until(lambda: _children(port)[0]["name"] == "fleet-0.1", timeout=20)
+            wait_until(lambda: "fleet-0.1" in _delivered_by(engine), timeout=30)
+            ready = _get(port, "/readyz")
+            assert ready is not None and ready.status_code == 200, ready and ready.text
+            scraped = _get(port, "/metrics")
+            assert scraped is not None and scraped.status_code == 200
+            assert 'process="0"' in scraped.text and 'process="1"' in scraped.text
+            assert "webhook_poller_child_restarts_total 1.0" in scraped.text
+            assert "webhook_poller_children_up 2.0" in scraped.text
+            pids = [c["pid"] for c in _children(port)]
+            assert counts(engine).get("pending", 0) > 0  # still work to cut short
+            began = time.monotonic()
+            fleet.signal(signal.SIGTERM)
+            assert fleet.wait(timeout=30) == 0, fleet.output()[-3000:]
+            assert time.monotonic() - began < 15
+            assert not any(_alive(pid) for pid in pids)
+        received = stats(url)
+    with engine.connect() as conn:
+        left = conn.execute(
+            text("SELECT claimed_by FROM poller_outbox WHERE status = 'in_flight'")
+        ).all()
+    # The drain released everything the live children held; only what the killed
+    # child held may still wait for its claim lease to end.
+    assert {r.claimed_by for r in left} <= {"fleet-0"}
+    assert received["unique"] >= counts(engine)["delivered"]  # each delivered row arrived
+    assert "Traceback" not in fleet.output()
+
+
+def test_processes_flag_is_validated(tmp_path: Path) -> None:
+    for value, says in (("0", "between 1 and"), ("many", "whole number or 'auto'")):
+        with started(["run", "--processes", value], poller_env(), tmp_path / "p.log") as proc:
+            assert proc.wait(timeout=20) == 2
+        assert says in proc.output() and "Traceback" not in proc.output()
+
+
+@pytest.mark.slow
+def test_a_child_refused_its_settings_stops_the_fleet_with_exit_2(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    env = poller_env(POLLER_DATABASE_URL=empty_db_url)
+    args = ["run", "--processes", "2", "--id", "fleet"]
+    with started(args, env, tmp_path / "fleet.log") as fleet:
+        assert fleet.wait(timeout=30) == 2
+    assert "database schema is at nothing" in fleet.output()
+    assert "restarting" not in fleet.output()
