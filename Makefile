@@ -7,10 +7,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test lint format bench loadtest chaos clean
+.PHONY: help venv demo test lint format bench loadtest loadtest-ramp chaos clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s v
 
 loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults
 	FAULTS=$(FAULTS) $(BIN)/python -m loadtest.run
+
+loadtest-ramp: $(STAMP) ## Raise the order rate step by step until p99 commit→receipt passes 1 s; report the knee
+	$(BIN)/python -m loadtest.ramp $(RAMP_ARGS)
 
 chaos: $(STAMP) ## Full chaos run (20,000 messages, every fault at once) + a long fault hunt (SEEDS=30)
 	$(BIN)/python -m loadtest.chaos --scenario chaos --messages 20000 --deadline 300

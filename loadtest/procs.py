@@ -100,3 +100,37 @@ def guarded(
                 event.set()
 
     return body
+
+
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name (field 3 onwards)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of ``root`` and every descendant alive now, plus what its ended
+    children used (user + system, children's included: /proc/PID/stat)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            fields = _stat(pid)
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])
+        todo.extend(parents.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot (/proc/stat)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = values[3] + values[4]
+    return (sum(values) - idle) / os.sysconf("SC_CLK_TCK"), sum(values) / os.sysconf("SC_CLK_TCK")

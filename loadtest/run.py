@@ -20,13 +20,11 @@ exit.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import random
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,10 +32,8 @@ from sqlalchemy import text
 
 from loadtest.procs import Proc, clean_env
 from loadtest.report import collect, write
-from poller import migrate
+from loadtest.stack import servers, stack
 from poller.db import sync_engine
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
-from poller.endpoints import create_endpoint, new_secret
 
 FAULT_FLAGS = ["--fail-rate", "0.1", "--drop-after-process-rate", "0.02", "--latency", "0.05"]
 
@@ -56,21 +52,6 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path(env("LOADTEST_OUT", "loadtest/out")))
     parser.add_argument("--ack-and-discard", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args()
-
-
-@contextlib.contextmanager
-def _servers(tmp: Path) -> Iterator[tuple[str, str]]:
-    """(database URL, Redis URL): configured ones, else embedded ones for this run."""
-    db, redis = os.environ.get("POLLER_DATABASE_URL"), os.environ.get("POLLER_REDIS_URL")
-    pg = None if db else EmbeddedPostgres(tmp, durable=False)
-    rs = None if redis else EmbeddedRedis(tmp)
-    try:
-        yield (db or pg.start()), (redis or rs.start())  # type: ignore[union-attr]
-    finally:
-        if rs is not None:
-            rs.stop()
-        if pg is not None:
-            pg.stop()
 
 
 def _killer(pollers: list[Proc], stop: threading.Event, kills: list[int]) -> None:
@@ -95,71 +76,26 @@ def main() -> None:
     args = _args()
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "ack_and_discard")}
+    flags = (*(FAULT_FLAGS if args.faults else []), "--ack-and-discard", str(args.ack_and_discard))
     with (
         tempfile.TemporaryDirectory(prefix="poller-loadtest-") as tmp_name,
-        _servers(Path(tmp_name)) as (db_url, redis_url),
+        servers(Path(tmp_name)) as running,
+        stack(
+            Path(tmp_name),
+            running,
+            pollers=args.pollers,
+            batch_size=args.batch_size,
+            concurrency=args.concurrency,
+            receiver_flags=flags,
+        ) as procs,
     ):
-        tmp = Path(tmp_name)
-        migrate.upgrade(db_url)
-        engine = sync_engine(db_url)
-        procs: list[Proc] = []
+        engine = sync_engine(running.database_url)
         stop_killer, kills = threading.Event(), []
+        locust: Proc | None = None
         try:
-            secret = new_secret()
-            flags = [
-                *(FAULT_FLAGS if args.faults else []),
-                "--ack-and-discard",
-                str(args.ack_and_discard),
-            ]
-            receiver = Proc(
-                ["receiver", "--port", "0", "--secret", secret, *flags],
-                clean_env(),
-                tmp / "receiver.log",
-            )
-            procs.append(receiver)
-            port = receiver.wait_for(r"listening on http://127\.0\.0\.1:(\d+)").group(1)
-            receiver_url = f"http://127.0.0.1:{port}"
-            with engine.begin() as conn:
-                create_endpoint(
-                    conn,
-                    "orders",
-                    f"{receiver_url}/orders",
-                    secret=secret,
-                    lookup_url=f"{receiver_url}/webhooks/{{idempotency_key}}",
-                    allow_private=True,
-                )
-            app_port = free_port()
-            app = Proc(
-                ["loadtest.app:app", "--port", str(app_port), "--log-level", "warning"],
-                clean_env(POLLER_DATABASE_URL=db_url),
-                tmp / "app.log",
-                module="uvicorn",
-            )
-            procs.append(app)
-            poller_env = clean_env(
-                POLLER_DATABASE_URL=db_url,
-                POLLER_REDIS_URL=redis_url,
-                POLLER_ALLOW_PRIVATE_TARGETS="true",
-                POLLER_BATCH_SIZE=str(args.batch_size),
-                POLLER_CONCURRENCY=str(args.concurrency),
-                POLLER_LOG_FORMAT="json",
-                POLLER_LEASE_TTL="3",
-                POLLER_CLAIM_LEASE="8",
-                POLLER_REQUEST_TIMEOUT="3",
-                POLLER_SWEEP_INTERVAL="1",
-                POLLER_RETRY_SCHEDULE="[0.5, 1, 2, 4]",
-                POLLER_CIRCUIT_COOLDOWN="1",
-                POLLER_CIRCUIT_COOLDOWN_MAX="4",
-            )
-            pollers = [
-                Proc(["run", "--id", f"poller-{n}"], poller_env, tmp / f"poller-{n}.log")
-                for n in range(args.pollers)
-            ]
-            procs.extend(pollers)
-            _wait_healthy(f"http://127.0.0.1:{app_port}/healthz")
             if args.faults:
                 threading.Thread(
-                    target=_killer, args=(pollers, stop_killer, kills), daemon=True
+                    target=_killer, args=(procs.pollers, stop_killer, kills), daemon=True
                 ).start()
             began = time.monotonic()
             locust = Proc(
@@ -174,46 +110,35 @@ def main() -> None:
                     "-t",
                     f"{args.duration}s",
                     "--host",
-                    f"http://127.0.0.1:{app_port}",
+                    procs.app_url,
                     "--html",
                     str(args.out / "locust.html"),
                     "--csv",
                     str(args.out / "locust"),
                     "--only-summary",
                 ],
-                clean_env(LOADTEST_RECEIVER_URL=receiver_url),
+                clean_env(LOADTEST_RECEIVER_URL=procs.receiver_url),
                 args.out / "locust.log",
                 module="locust",
             )
-            procs.append(locust)
             locust.popen.wait(timeout=args.duration + 120)
             duration = time.monotonic() - began
             stop_killer.set()
             deadline = time.monotonic() + args.drain
             while _open_messages(engine) and time.monotonic() < deadline:
                 time.sleep(0.5)
-            stats = httpx.get(f"{receiver_url}/stats", timeout=30).json()
-            receipts = httpx.get(f"{receiver_url}/receipts", timeout=60).json()
+            stats = httpx.get(f"{procs.receiver_url}/stats", timeout=30).json()
+            receipts = httpx.get(f"{procs.receiver_url}/receipts", timeout=60).json()
             figures = collect(engine, stats, receipts, duration, len(kills))
         finally:
             stop_killer.set()
-            for proc in reversed(procs):
-                proc.stop()
+            if locust is not None:
+                locust.stop()
             engine.dispose()
     broken = write(figures, args.out, settings)
     print((args.out / "report.md").read_text())
     if broken:
         raise SystemExit(1)
-
-
-def _wait_healthy(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not become healthy")
 
 
 if __name__ == "__main__":
