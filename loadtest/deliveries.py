@@ -1,6 +1,7 @@
 """Deliveries/s of one `poller run` process, beside the raw HTTP ceiling, same run.
 
     python -m loadtest.deliveries [--messages 20000] [--concurrency 64] [--publish]
+                                  [--processes 1,2]
 
 1. raw ceiling: aiohttp (one session, --concurrency in flight) POSTs the same
    payloads to the reference receiver;
@@ -9,6 +10,11 @@
 3. latency: messages are enqueued at half the drain rate for --seconds (in
    transactions of 10); commit→receipt is each key's time at the receiver
    (its /receipts) minus the time its transaction's COMMIT returned.
+
+4. with ``--processes 1,2``: drains spread over 16 endpoints (2 per shard: a
+   shard, so an endpoint, is served by one process) by `poller run
+   --processes N` for each N, each child with --concurrency in flight,
+   against the one-process rate.
 
 With --publish the messages are published events (poller.publish_many) to the
 endpoint's subscription instead of enqueued: the claim then reads each payload
@@ -26,6 +32,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +42,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from loadtest.bench_db import fresh_database, server_url
-from loadtest.procs import Proc, clean_env
+from loadtest.procs import Proc, clean_env, tree_cpu_seconds
 from poller import Event, Message, enqueue_many, publish_many
 from poller.db import sync_engine
 from poller.endpoints import create_endpoint, new_secret, update_endpoint
@@ -54,22 +61,30 @@ def start_receiver(tmp: Path, secret: str, name: str) -> tuple[Proc, str]:
 
 
 def start_poller(
-    tmp: Path, engine: Any, url: str, receiver_url: str, secret: str, concurrency: int
+    tmp: Path,
+    engine: Any,
+    url: str,
+    receiver_url: str,
+    secret: str,
+    concurrency: int,
+    processes: int = 1,
 ) -> Proc:
-    """The endpoint "bench" on the receiver, and one `poller run` with ``concurrency``
-    deliveries in flight, started and past its first second."""
+    """The endpoint "bench" on the receiver (made once), and `poller run` (with
+    ``processes`` children) with ``concurrency`` deliveries in flight each, started
+    and past its first second."""
     with engine.begin() as conn:
-        create_endpoint(
-            conn,
-            "bench",
-            f"{receiver_url}/bench",
-            secret=secret,
-            max_in_flight=concurrency,
-            allow_private=True,
-            event_types=["order.*"],
-        )
+        if not conn.execute(text("SELECT 1 FROM poller_endpoints WHERE name = 'bench'")).first():
+            create_endpoint(
+                conn,
+                "bench",
+                f"{receiver_url}/bench",
+                secret=secret,
+                max_in_flight=concurrency,
+                allow_private=True,
+                event_types=["order.*"],
+            )
     poller = Proc(
-        ["run", "--id", "bench"],
+        ["run", "--id", f"bench{processes}", "--processes", str(processes)],
         clean_env(
             POLLER_DATABASE_URL=url,
             POLLER_CONCURRENCY=str(concurrency),
@@ -135,6 +150,22 @@ def _delivered(engine: Any) -> int:
         )
 
 
+def wal_bytes(engine: Any) -> int:
+    """PostgreSQL's WAL position in bytes."""
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'")).scalar_one())
+
+
+def postgres_pid(engine: Any) -> int | None:
+    """The postmaster's PID when the server runs on this machine (a backend's parent)."""
+    with engine.connect() as conn:
+        backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+    try:
+        return int(Path(f"/proc/{backend}/stat").read_text().rpartition(")")[2].split()[1])
+    except OSError:
+        return None
+
+
 def _commit(session: Session, batch: list[Message]) -> None:
     """Enqueue the batch, or publish it as events (--publish) to the same endpoint."""
     if PUBLISH:
@@ -146,14 +177,24 @@ def _commit(session: Session, batch: list[Message]) -> None:
 PUBLISH = False
 
 
-def drain(engine: Any, messages: int, timeout: float) -> float:
+def drain(
+    engine: Any,
+    messages: int,
+    timeout: float,
+    prefix: str = "drain",
+    on_committed: Callable[[], object] = lambda: None,
+) -> float:
     """Commit ``messages`` at once; deliveries/s until all are delivered."""
-    batch = [Message("bench", "order.created", _payload(n), f"drain:{n}") for n in range(messages)]
+    batch = [
+        Message("bench", "order.created", _payload(n), f"{prefix}:{n}") for n in range(messages)
+    ]
+    already = _delivered(engine)
     with Session(engine) as session, session.begin():
         _commit(session, batch)
+    on_committed()
     began = time.perf_counter()
     deadline = time.monotonic() + timeout
-    while _delivered(engine) < messages:
+    while _delivered(engine) < already + messages:
         if time.monotonic() > deadline:
             raise SystemExit(f"drain: only {_delivered(engine)} of {messages} delivered")
         time.sleep(0.02)
@@ -191,6 +232,74 @@ def paced(engine: Any, rate: float, seconds: float, timeout: float) -> dict[str,
     return committed
 
 
+def _balanced_names(per_shard: int, shards: int = 8) -> list[str]:
+    """Endpoint names whose buckets fill each of ``shards`` shards ``per_shard`` times."""
+    from poller.endpoints import bucket_for
+
+    names: list[str] = []
+    taken = [0] * shards
+    n = 0
+    while len(names) < per_shard * shards:
+        name = f"spread-{n}"
+        shard = bucket_for(name) % shards
+        if taken[shard] < per_shard:
+            taken[shard] += 1
+            names.append(name)
+        n += 1
+    return names
+
+
+def spread(
+    tmp: Path,
+    engine: Any,
+    url: str,
+    receiver_url: str,
+    secret: str,
+    args: argparse.Namespace,
+    counts: list[int],
+    procs: list[Proc],
+) -> list[str]:
+    """Drains over 16 endpoints (2 per shard) by `poller run --processes N` for each N."""
+    if len(counts) < 2:
+        return []
+    names = _balanced_names(2)
+    with engine.begin() as conn:
+        for name in names:
+            create_endpoint(
+                conn, name, f"{receiver_url}/{name}", secret=secret,
+                max_in_flight=args.concurrency, allow_private=True,
+            )  # fmt: skip
+    lines, first = [], 0.0
+    for count in counts:
+        poller = start_poller(tmp, engine, url, receiver_url, secret, args.concurrency, count)
+        procs.append(poller)
+        try:
+            batch = [
+                Message(names[n % len(names)], "order.created", _payload(n), f"spread{count}:{n}")
+                for n in range(args.messages)
+            ]
+            already = _delivered(engine)
+            cpu = tree_cpu_seconds(poller.popen.pid)
+            with Session(engine) as session, session.begin():
+                enqueue_many(session, batch)
+            began = time.perf_counter()
+            deadline = time.monotonic() + args.timeout
+            while _delivered(engine) < already + args.messages:
+                if time.monotonic() > deadline:
+                    raise SystemExit("spread: not all delivered")
+                time.sleep(0.02)
+            rate = args.messages / (time.perf_counter() - began)
+            used = tree_cpu_seconds(poller.popen.pid) - cpu
+        finally:
+            poller.stop()
+        first = first or rate
+        lines.append(
+            f"--processes {count}, 16 endpoints: {rate:,.0f} deliveries/s = {rate / first:.2f}x "
+            f"one process; {args.messages / used:,.0f} per CPU second of the poller's processes"
+        )
+    return lines
+
+
 def percentiles(committed: dict[str, float], receipts: dict[str, float]) -> tuple[float, float]:
     """p50 and p99 of commit→receipt in ms (clock of one machine: both sides use time.time())."""
     ordered = sorted((receipts[k] - t) * 1000 for k, t in committed.items())
@@ -204,6 +313,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="paced phase length")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--publish", action="store_true", help="publish events, not enqueue")
+    parser.add_argument(
+        "--processes",
+        default="1",
+        help="comma-separated `poller run --processes` counts; each after the first drains "
+        "again and is compared with one process",
+    )
     args = parser.parse_args()
     global PUBLISH
     PUBLISH = args.publish
@@ -226,17 +341,32 @@ def main() -> None:
             poller = start_poller(tmp, engine, url, receiver_url, secret, args.concurrency)
             procs.append(poller)
             cpu = cpu_seconds(poller.popen.pid)
-            rate = drain(engine, args.messages, args.timeout)
+            pg = postgres_pid(engine)
+            marks: dict[str, float] = {"wal": wal_bytes(engine)}
+
+            def committed_mark() -> None:
+                marks["committed_wal"] = wal_bytes(engine)
+                marks["pg_cpu"] = tree_cpu_seconds(pg) if pg else 0.0
+
+            rate = drain(engine, args.messages, args.timeout, on_committed=committed_mark)
             cpu = cpu_seconds(poller.popen.pid) - cpu
+            pg_cpu = (tree_cpu_seconds(pg) - marks["pg_cpu"]) if pg else 0.0
+            wal_enqueue = (marks["committed_wal"] - marks["wal"]) / args.messages
+            wal_delivery = (wal_bytes(engine) - marks["committed_wal"]) / args.messages
             raw_per_cpu, per_cpu = args.messages / raw_cpu, args.messages / cpu
             print(
                 f"raw aiohttp ceiling ({args.concurrency} in flight): {ceiling:,.0f} req/s, "
                 f"{raw_per_cpu:,.0f} per CPU second\n"
                 f"poller run drain of {args.messages:,}: {rate:,.0f} deliveries/s "
                 f"({rate / ceiling:.2f} of the raw ceiling), {per_cpu:,.0f} per CPU second of "
-                f"the poller ({per_cpu / raw_per_cpu:.2f} of raw aiohttp's)",
+                f"the poller ({per_cpu / raw_per_cpu:.2f} of raw aiohttp's)\n"
+                f"PostgreSQL during the drain: "
+                + (f"{args.messages / pg_cpu:,.0f} deliveries per CPU second (claim, complete, "
+                   f"attempt row; all backends); " if pg_cpu else "")
+                + f"WAL {wal_delivery:,.0f} B per delivery, {wal_enqueue:,.0f} B per message "
+                f"enqueued (one transaction of {args.messages:,})",
                 flush=True,
-            )
+            )  # fmt: skip
             half = rate / 2
             with httpx.Client() as http:
                 http.get(f"{receiver_url}/stats").raise_for_status()
@@ -248,6 +378,9 @@ def main() -> None:
             committed = paced(engine, half, args.seconds, args.timeout)
             receipts = httpx.get(f"{receiver_url2}/receipts", timeout=30).json()
             p50, p99 = percentiles(committed, receipts)
+            poller.stop()
+            counts = [int(c) for c in args.processes.split(",")]
+            scaled = spread(tmp, engine, url, receiver_url2, secret, args, counts, procs)
             engine.dispose()
         finally:
             for proc in procs:
@@ -256,6 +389,8 @@ def main() -> None:
         f"at half that rate ({half:,.0f}/s, {len(committed):,} messages): commit→receipt "
         f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"
     )
+    for line in scaled:
+        print(line)
 
 
 if __name__ == "__main__":
