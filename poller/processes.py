@@ -16,7 +16,7 @@ The supervisor:
   that exits 2 (bad settings, unmigrated database) is not restarted: the same
   settings fail again, so the supervisor stops the others and exits 2;
 * **kills and restarts** a child whose ``/healthz`` has not answered for
-  ``HUNG_AFTER`` seconds (a blocked event loop cannot answer);
+  ``POLLER_CHILD_HUNG_AFTER`` seconds (a blocked event loop cannot answer);
 * **forwards** SIGTERM/SIGINT as one SIGTERM to every child and waits for their
   graceful drains; a second signal is forwarded too (children exit at once);
 * **serves one ops endpoint** on ``POLLER_METRICS_ADDR``. Each child serves its
@@ -115,7 +115,9 @@ class Fleet:
         base: str,
         env: dict[str, str],
         metrics_addr: str | None,
+        hung_after: float = HUNG_AFTER,
     ) -> None:
+        self.hung_after = hung_after
         self.children = [Child(i, base) for i in range(count)]
         self.env = env
         self.metrics_addr = metrics_addr
@@ -253,7 +255,7 @@ class Fleet:
                     await response.read()
                     child.answered = now  # 503 (a crashed loop) answers: the child exits itself
                     return
-        if now - child.answered > HUNG_AFTER and child.proc is not None and child.running:
+        if now - child.answered > self.hung_after and child.proc is not None and child.running:
             log.error(
                 "child %d (%s) has not answered /healthz for %.0f s: killing it",
                 child.index, child.name, now - child.answered,

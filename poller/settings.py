@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     (IdempotencyKeySpent) instead of delivering the same key twice."""
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
     """On SIGTERM, how long in-flight deliveries may finish before their claims are released."""
+    child_hung_after: float = Field(default=30.0, ge=1, le=3600)
+    """``poller run --processes``: a child whose /healthz has not answered this long
+    (a blocked event loop) is killed and restarted."""
     circuit_failures: int = Field(default=10, ge=0, le=1_000_000)
     """Failed sends in a row (no answer, 5xx, 408, 429) that open an endpoint's circuit:
     its messages then wait, spending no attempts (poller/health.py). 0: never open."""

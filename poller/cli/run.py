@@ -113,7 +113,13 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None, coun
     if count > 1:
         env = {**os.environ, "POLLER_DATABASE_URL": url}
         env.update({f"POLLER_{k.upper()}": str(v) for k, v in overrides.items()})
-        fleet = processes.Fleet(count, base=name, env=env, metrics_addr=settings.metrics_addr)
+        fleet = processes.Fleet(
+            count,
+            base=name,
+            env=env,
+            metrics_addr=settings.metrics_addr,
+            hung_after=settings.child_hung_after,
+        )
         logging.getLogger("poller").info("poller %s starting %d processes", name, count)
         sys.exit(event_loop_run(fleet.run()))
     logging.getLogger("poller").info("poller %s starting", name)

@@ -1,5 +1,5 @@
-"""`poller run --processes N`: children share the shards, a killed child comes back,
-SIGTERM drains them all, one ops endpoint answers for all of them."""
+"""`poller run --processes N`: children share the shards, a killed or hung child comes
+back, SIGTERM drains them all, one ops endpoint answers for all of them."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def test_processes_share_restart_and_drain(engine: Engine, db_url: str, tmp_path
             POLLER_CONCURRENCY="10",
             POLLER_MAX_IN_FLIGHT="10",
             POLLER_SHARDS="4",
+            POLLER_CHILD_HUNG_AFTER="2",
         )
         args = ["run", "--processes", "2", "--id", "fleet"]
         with started(args, env, tmp_path / "fleet.log") as fleet:
@@ -69,12 +70,17 @@ def test_processes_share_restart_and_drain(engine: Engine, db_url: str, tmp_path
             os.kill(victim, signal.SIGKILL)
             wait_until(lambda: _children(port)[0]["name"] == "fleet-0.1", timeout=20)
             wait_until(lambda: "fleet-0.1" in _delivered_by(engine), timeout=30)
+            hung = _children(port)[1]["pid"]
+            os.kill(hung, signal.SIGSTOP)  # a blocked child answers no /healthz: killed
+            wait_until(lambda: _children(port)[1]["name"] == "fleet-1.1", timeout=20)
+            wait_until(lambda: "fleet-1.1" in _delivered_by(engine), timeout=30)
+            assert not _alive(hung)
             ready = _get(port, "/readyz")
             assert ready is not None and ready.status_code == 200, ready and ready.text
             scraped = _get(port, "/metrics")
             assert scraped is not None and scraped.status_code == 200
             assert 'process="0"' in scraped.text and 'process="1"' in scraped.text
-            assert "webhook_poller_child_restarts_total 1.0" in scraped.text
+            assert "webhook_poller_child_restarts_total 2.0" in scraped.text
             assert "webhook_poller_children_up 2.0" in scraped.text
             pids = [c["pid"] for c in _children(port)]
             assert counts(engine).get("pending", 0) > 0  # still work to cut short
@@ -89,8 +95,8 @@ def test_processes_share_restart_and_drain(engine: Engine, db_url: str, tmp_path
             text("SELECT claimed_by FROM poller_outbox WHERE status = 'in_flight'")
         ).all()
     # The drain released everything the live children held; only what the killed
-    # child held may still wait for its claim lease to end.
-    assert {r.claimed_by for r in left} <= {"fleet-0"}
+    # children held may still wait for their claim lease to end.
+    assert {r.claimed_by for r in left} <= {"fleet-0", "fleet-1"}
     assert received["unique"] >= counts(engine)["delivered"]  # each delivered row arrived
     assert "Traceback" not in fleet.output()
 
@@ -112,3 +118,23 @@ def test_a_child_refused_its_settings_stops_the_fleet_with_exit_2(
         assert fleet.wait(timeout=30) == 2
     assert "database schema is at nothing" in fleet.output()
     assert "restarting" not in fleet.output()
+
+
+@pytest.mark.slow
+def test_children_of_a_killed_supervisor_stop_by_themselves(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL gives the supervisor no chance to forward anything: its children, in
+    their own sessions, must notice it is gone and stop rather than run on as orphans."""
+    from poller.embedded import free_port
+
+    port = free_port()
+    env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_METRICS_ADDR=f"127.0.0.1:{port}")
+    args = ["run", "--processes", "2", "--id", "orphans"]
+    with started(args, env, tmp_path / "fleet.log") as fleet:
+        wait_until(lambda: sum(c["running"] for c in _children(port)) == 2, timeout=20)
+        pids = [c["pid"] for c in _children(port)]
+        fleet.signal(signal.SIGKILL)
+        fleet.wait(timeout=10)
+        wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=20)
+    assert fleet.output().count("is gone: stopping gracefully") == 2
