@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -78,6 +78,31 @@ class Ops:
             self.lag = max(0.0, time.monotonic() - began - LAG_PROBE)
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    addr: str, metrics: Handler, healthz: Handler, readyz: Handler
+) -> AsyncIterator[int]:
+    """/metrics, /healthz and /readyz on ``host:port`` while the block runs; yields the
+    port bound (port 0: the kernel's choice, logged)."""
+    host, _, port = addr.rpartition(":")
+    app = web.Application()
+    app.add_routes(
+        [web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz)]
+    )
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+    bound = runner.addresses[0][1] if runner.addresses else int(port)
+    log.info("serving /metrics, /healthz, /readyz on %s:%d", host, bound)
+    try:
+        yield int(bound)
+    finally:
+        await runner.cleanup()
+
+
 @contextlib.asynccontextmanager
 async def serving(
     addr: str | None, engine: AsyncEngine, supervisor: Supervisor | None = None
@@ -86,25 +111,10 @@ async def serving(
     if not addr:
         yield None
         return
-    host, _, port = addr.rpartition(":")
     ops = Ops(engine, supervisor)
-    app = web.Application()
-    app.add_routes(
-        [
-            web.get("/metrics", ops.metrics),
-            web.get("/healthz", ops.healthz),
-            web.get("/readyz", ops.readyz),
-        ]
-    )
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host.strip("[]"), int(port))
-    await site.start()
-    lag = asyncio.create_task(ops.watch_lag(), name="ops-lag")
-    bound = runner.addresses[0][1] if runner.addresses else int(port)
-    log.info("serving /metrics, /healthz, /readyz on %s:%d", host, bound)
-    try:
-        yield int(bound)
-    finally:
-        lag.cancel()
-        await runner.cleanup()
+    async with listening(addr, ops.metrics, ops.healthz, ops.readyz) as bound:
+        lag = asyncio.create_task(ops.watch_lag(), name="ops-lag")
+        try:
+            yield bound
+        finally:
+            lag.cancel()

@@ -44,6 +44,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.parser import text_string_to_metric_families
+
+from poller.ops import listening
 
 log = logging.getLogger("poller.processes")
 
@@ -324,26 +327,12 @@ class Fleet:
         return web.json_response({"status": "ready", "children": len(self.children)})
 
     @contextlib.asynccontextmanager
-    async def _serving(self) -> Any:
+    async def _serving(self) -> AsyncIterator[None]:
         if not self.metrics_addr:
             yield None
             return
-        host, _, port = self.metrics_addr.rpartition(":")
-        app = web.Application()
-        app.add_routes(
-            [
-                web.get("/metrics", self.metrics),
-                web.get("/healthz", self.healthz),
-                web.get("/readyz", self.readyz),
-            ]
-        )
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, host.strip("[]"), int(port)).start()
-        try:
+        async with listening(self.metrics_addr, self.metrics, self.healthz, self.readyz):
             yield None
-        finally:
-            await runner.cleanup()
 
 
 class _Merged:
