@@ -22,7 +22,7 @@ committed message is settled, and audits:
 One line per scenario: messages, faults injected, delivered, failed
 (expected: the endpoint that turns 410), lost, duplicate effects, wire
 duplicates explained. ``make chaos`` runs the full chaos scenario; the test
-suite runs every scenario small (tests/faults/).
+suite runs every other scenario small (tests/faults/).
 """
 
 from __future__ import annotations
