@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
+from poller.errors import ConfigurationError
 from poller.migrate import head_revision
 from poller.supervise import Supervisor
 
@@ -94,7 +95,13 @@ async def listening(
     )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+    try:
+        await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+    except OSError as exc:  # taken, or an address this host does not have
+        await runner.cleanup()
+        raise ConfigurationError(
+            f"POLLER_METRICS_ADDR={addr}: cannot listen there: {exc.strerror or exc}"
+        ) from exc
     bound = runner.addresses[0][1] if runner.addresses else int(port)
     log.info("serving /metrics, /healthz, /readyz on %s:%d", host, bound)
     try:

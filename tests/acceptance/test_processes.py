@@ -138,3 +138,21 @@ def test_children_of_a_killed_supervisor_stop_by_themselves(
         fleet.wait(timeout=10)
         wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=20)
     assert fleet.output().count("is gone: stopping gracefully") == 2
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_metrics_port_in_use_is_one_line_and_exit_2(
+    db_url: str, tmp_path: Path, processes: str
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_METRICS_ADDR=f"127.0.0.1:{port}")
+        args = ["run", "--processes", processes]
+        with started(args, env, tmp_path / f"p{processes}.log") as poller:
+            assert poller.wait(timeout=30) == 2
+    assert f"POLLER_METRICS_ADDR=127.0.0.1:{port}: cannot listen there" in poller.output()
+    assert "Traceback" not in poller.output()
