@@ -127,7 +127,7 @@ class Fleet:
         self.stopping = asyncio.Event()
         self.exit_code = 0
         self.signals = 0
-        self.run_dir = Path(tempfile.mkdtemp(prefix="poller-fleet-"))
+        self.run_dir = Path(tempfile.gettempdir()) / f"poller-fleet-{os.getpid()}"
         self.registry = CollectorRegistry()
         self.registry.register(_Merged(self))
         self.restarts = Counter(
@@ -150,6 +150,7 @@ class Fleet:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.on_signal, signum)
+        self.run_dir.mkdir(mode=0o700, exist_ok=True)  # children write their ports here
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
         try:
             async with self._serving():
@@ -344,7 +345,12 @@ class _Merged:
     def collect(self) -> list[Metric]:
         families: dict[str, Metric] = {}
         for index, text in self.fleet._scraped:
-            for family in text_string_to_metric_families(text):
+            try:  # parsed whole first: a child's garbled answer must not spoil the others
+                parsed = list(text_string_to_metric_families(text))
+            except ValueError as exc:
+                log.warning("child %d: unreadable /metrics skipped (%s)", index, exc)
+                continue
+            for family in parsed:
                 merged = families.get(family.name)
                 if merged is None:
                     merged = Metric(family.name, family.documentation, family.type, family.unit)

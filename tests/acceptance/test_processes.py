@@ -138,6 +138,11 @@ def test_children_of_a_killed_supervisor_stop_by_themselves(
         fleet.wait(timeout=10)
         wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=20)
     assert fleet.output().count("is gone: stopping gracefully") == 2
+    import shutil
+    import tempfile
+
+    # What a killed supervisor could not remove: its children's port files.
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"poller-fleet-{fleet.popen.pid}")
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])
