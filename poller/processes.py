@@ -190,9 +190,8 @@ class Fleet:
     async def _stop_all(self) -> None:
         if self.signals == 0:  # stopping for a child's exit 2, not a signal
             self._signal_all(signal.SIGTERM)
-        waiters = [c.waiter for c in self.children if c.waiter is not None]
-        if waiters:
-            await asyncio.gather(*waiters, return_exceptions=True)
+        while waiters := [c.waiter for c in self.children if c.waiter and not c.waiter.done()]:
+            await asyncio.gather(*waiters, return_exceptions=True)  # a restart may add one
 
     async def _start(self, child: Child) -> None:
         port_file = self.run_dir / f"{child.index}.port"
@@ -207,6 +206,8 @@ class Fleet:
             sys.executable, "-m", "poller", "run", "--id", child.name,
             env=env, start_new_session=True,
         )  # fmt: skip
+        if self.stopping.is_set():  # the stop came while it was being started
+            child.proc.send_signal(signal.SIGTERM)
         child.started = child.answered = time.monotonic()
         child.port = None
         log.info("child %d started: %s (pid %d)", child.index, child.name, child.proc.pid)
