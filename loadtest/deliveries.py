@@ -1,7 +1,7 @@
 """Deliveries/s of one `poller run` process, beside the raw HTTP ceiling, same run.
 
     python -m loadtest.deliveries [--messages 20000] [--concurrency 64] [--publish]
-                                  [--processes 1,2]
+                                  [--processes 1,2] [--latency 0.1]
 
 1. raw ceiling: aiohttp (one session, --concurrency in flight) POSTs the same
    payloads to the reference receiver;
@@ -15,6 +15,10 @@
    shard, so an endpoint, is served by one process) by `poller run
    --processes N` for each N, each child with --concurrency in flight,
    against the one-process rate.
+
+With --latency the receiver answers each request after that many seconds,
+so both sides are bound by requests in flight rather than CPU (how a change
+to claim batching treats slow receivers).
 
 With --publish the messages are published events (poller.publish_many) to the
 endpoint's subscription instead of enqueued: the claim then reads each payload
@@ -54,8 +58,12 @@ def _payload(n: int) -> dict[str, Any]:
     return {"order": n, "pad": PAD, "enqueued_at": time.time()}
 
 
-def start_receiver(tmp: Path, secret: str, name: str) -> tuple[Proc, str]:
-    proc = Proc(["receiver", "--port", "0", "--secret", secret], clean_env(), tmp / f"{name}.log")
+def start_receiver(tmp: Path, secret: str, name: str, latency: float = 0.0) -> tuple[Proc, str]:
+    """The reference receiver on a free port; ``latency``: seconds it takes per request."""
+    flags = ["--latency", str(latency)] if latency else []
+    proc = Proc(
+        ["receiver", "--port", "0", "--secret", secret, *flags], clean_env(), tmp / f"{name}.log"
+    )
     port = proc.wait_for(r"listening on http://127\.0\.0\.1:(\d+)").group(1)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -314,6 +322,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--publish", action="store_true", help="publish events, not enqueue")
     parser.add_argument(
+        "--latency",
+        type=float,
+        default=0.0,
+        help="seconds the receiver takes per request (a slow receiver: in-flight bound)",
+    )
+    parser.add_argument(
         "--processes",
         default="1",
         help="comma-separated `poller run --processes` counts; each after the first drains "
@@ -328,14 +342,14 @@ def main() -> None:
         url = fresh_database(admin, "poller_bench_deliveries")
         procs: list[Proc] = []
         try:
-            receiver, receiver_url = start_receiver(tmp, secret, "receiver-raw")
+            receiver, receiver_url = start_receiver(tmp, secret, "receiver-raw", args.latency)
             procs.append(receiver)
             ceiling, raw_cpu = asyncio.run(
                 raw_ceiling(receiver_url, args.messages, args.concurrency, secret)
             )
             receiver.stop()
 
-            receiver, receiver_url = start_receiver(tmp, secret, "receiver-poller")
+            receiver, receiver_url = start_receiver(tmp, secret, "receiver-poller", args.latency)
             procs.append(receiver)
             engine = sync_engine(url)
             poller = start_poller(tmp, engine, url, receiver_url, secret, args.concurrency)
@@ -371,7 +385,7 @@ def main() -> None:
             with httpx.Client() as http:
                 http.get(f"{receiver_url}/stats").raise_for_status()
             receiver.stop()
-            receiver, receiver_url2 = start_receiver(tmp, secret, "receiver-paced")
+            receiver, receiver_url2 = start_receiver(tmp, secret, "receiver-paced", args.latency)
             procs.append(receiver)
             with engine.begin() as conn:  # the next claim sees the change and reloads it
                 update_endpoint(conn, "bench", url=f"{receiver_url2}/bench", allow_private=True)
