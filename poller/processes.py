@@ -9,7 +9,9 @@ The supervisor:
 
 * **starts** child ``i`` as ``poller run --id <base>-<i>`` (``<base>-<i>.<n>``
   after its n-th restart: a new member, never a second holder of the old one's
-  leases) in its own session, so a terminal's Ctrl-C reaches the supervisor
+  leases; ``<base>`` is ``--id`` plus the supervisor's PID, so children a killed
+  supervisor left draining never share a name with its replacement's) in its own
+  session, so a terminal's Ctrl-C reaches the supervisor
   only and each child sees one signal;
 * **restarts** a child that exits while the supervisor runs, after a back-off
   of 1 s doubling to 30 s (reset once a child has run for a minute). A child
@@ -72,6 +74,7 @@ PROBE_EVERY = 2.0
 HUNG_AFTER = 30.0
 PROBE_TIMEOUT = 2.0
 EXIT_USAGE = 2
+EXIT_CRASHED = 70  # as `poller run` after a crash
 MAX_PROCESSES = 256
 ENV_SUPERVISOR = "POLLER_SUPERVISOR_PID"
 ENV_PORT_FILE = "POLLER_OPS_PORT_FILE"
@@ -155,7 +158,7 @@ class Fleet:
         try:
             async with self._serving():
                 for child in self.children:
-                    await self._start(child)
+                    await self._start_or_stop(child)
                 prober = asyncio.create_task(self._probe_loop(), name="fleet-probe")
                 await self.stopping.wait()
                 await self._stop_all()
@@ -241,7 +244,17 @@ class Fleet:
         if self.stopping.is_set():
             return
         child.generation += 1
-        await self._start(child)
+        await self._start_or_stop(child)
+
+    async def _start_or_stop(self, child: Child) -> None:
+        """Start a child; if the OS refuses (no memory, no processes left), stop them all
+        and exit 70 like a crashed poller, for the host's supervisor to deal with."""
+        try:
+            await self._start(child)
+        except OSError as exc:
+            log.critical("child %d could not be started (%s): stopping all", child.index, exc)
+            self.exit_code = EXIT_CRASHED
+            self.stopping.set()
 
     # -- health ------------------------------------------------------------
 
@@ -298,7 +311,7 @@ class Fleet:
                 return None
             try:
                 async with self.session.get(f"http://127.0.0.1:{port}{path}") as response:
-                    return child.index, response.status, await response.text()
+                    return child.index, response.status, await response.text(errors="replace")
             except (aiohttp.ClientError, TimeoutError):
                 return None
 

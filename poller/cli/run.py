@@ -113,9 +113,13 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None, coun
     if count > 1:
         env = {**os.environ, "POLLER_DATABASE_URL": url}
         env.update({f"POLLER_{k.upper()}": str(v) for k, v in overrides.items()})
+        # The supervisor's PID in every child's name: children orphaned by a killed
+        # supervisor still drain while its replacement starts, and two live pollers
+        # must never share a name (an election owner).
+        base = f"{poller_id}-{os.getpid()}" if poller_id else name
         fleet = processes.Fleet(
             count,
-            base=name,
+            base=base,
             env=env,
             metrics_addr=settings.metrics_addr,
             hung_after=settings.child_hung_after,

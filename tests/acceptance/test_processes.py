@@ -64,16 +64,17 @@ def test_processes_share_restart_and_drain(engine: Engine, db_url: str, tmp_path
         )
         args = ["run", "--processes", "2", "--id", "fleet"]
         with started(args, env, tmp_path / "fleet.log") as fleet:
+            base = f"fleet-{fleet.popen.pid}"  # the supervisor's PID: names never repeat
             wait_until(lambda: sum(c["running"] for c in _children(port)) == 2, timeout=20)
-            wait_until(lambda: _delivered_by(engine) >= {"fleet-0", "fleet-1"}, timeout=20)
+            wait_until(lambda: _delivered_by(engine) >= {f"{base}-0", f"{base}-1"}, timeout=20)
             victim = _children(port)[0]["pid"]
             os.kill(victim, signal.SIGKILL)
-            wait_until(lambda: _children(port)[0]["name"] == "fleet-0.1", timeout=20)
-            wait_until(lambda: "fleet-0.1" in _delivered_by(engine), timeout=30)
+            wait_until(lambda: _children(port)[0]["name"] == f"{base}-0.1", timeout=20)
+            wait_until(lambda: f"{base}-0.1" in _delivered_by(engine), timeout=30)
             hung = _children(port)[1]["pid"]
             os.kill(hung, signal.SIGSTOP)  # a blocked child answers no /healthz: killed
-            wait_until(lambda: _children(port)[1]["name"] == "fleet-1.1", timeout=20)
-            wait_until(lambda: "fleet-1.1" in _delivered_by(engine), timeout=30)
+            wait_until(lambda: _children(port)[1]["name"] == f"{base}-1.1", timeout=20)
+            wait_until(lambda: f"{base}-1.1" in _delivered_by(engine), timeout=30)
             assert not _alive(hung)
             ready = _get(port, "/readyz")
             assert ready is not None and ready.status_code == 200, ready and ready.text
@@ -96,7 +97,7 @@ def test_processes_share_restart_and_drain(engine: Engine, db_url: str, tmp_path
         ).all()
     # The drain released everything the live children held; only what the killed
     # children held may still wait for their claim lease to end.
-    assert {r.claimed_by for r in left} <= {"fleet-0", "fleet-1"}
+    assert {r.claimed_by for r in left} <= {f"{base}-0", f"{base}-1"}
     assert received["unique"] >= counts(engine)["delivered"]  # each delivered row arrived
     assert "Traceback" not in fleet.output()
 
