@@ -28,7 +28,10 @@ SPEC §10:
 * every POST whose body arrived carries a valid signature (the endpoint's
   secret is sealed at rest with ``POLLER_SECRETS_KEY``: the pollers open it);
 * no ``poller run`` exited unless the hunt ended it, and every graceful stop
-  exited 0 (G11: a crash would exit 70).
+  exited 0 (G11: a crash would exit 70);
+* with ``processes`` 2 drawn, poller p0 is ``poller run --processes 2`` (a
+  supervisor and two children, faults hitting the supervisor): the children of
+  a killed supervisor stop by themselves within 30 s.
 
 A failing seed prints itself and the command that replays it. ``make test``
 runs a small budget (tests/faults/test_hunt.py); ``make chaos`` a long one.
@@ -37,7 +40,9 @@ runs a small budget (tests/faults/test_hunt.py); ``make chaos`` a long one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import random
 import signal
 import tempfile
@@ -81,6 +86,7 @@ class Plan:
     lookup: bool
     on_failed_head: str = "block"  # what the endpoint's ordering keys do on a failed head
     circuit_failures: int = 10  # failed sends in a row that open the circuit (0: never)
+    processes: int = 1  # p0's `poller run --processes` (2: a supervisor and two children)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -101,6 +107,7 @@ class Plan:
             lookup=rng.random() < 0.8,
             on_failed_head=rng.choice(["block", "skip"]),  # drawn late: earlier draws unchanged
             circuit_failures=rng.choice([0, 3, 10]),
+            processes=rng.choice([1, 2]),  # drawn last: earlier draws unchanged
         )
 
     def describe(self) -> str:
@@ -109,7 +116,8 @@ class Plan:
             f"seed {self.seed}: {self.pollers} pollers, election {self.election}, "
             f"{self.http_client}, max_attempts {self.max_attempts}, "
             f"lookup {'on' if self.lookup else 'off'}, {self.on_failed_head} on a failed head, "
-            f"circuit after {self.circuit_failures or 'never'}, faults: {faults}"
+            f"circuit after {self.circuit_failures or 'never'}, "
+            f"p0 with {self.processes} process(es), faults: {faults}"
         )
 
 
@@ -130,8 +138,13 @@ class Fleet:
 
     def __init__(self, env: dict[str, str], count: int, tmp: Path, run: Run) -> None:
         self.run = run
-        self.procs = [Proc(["run", "--id", f"p{n}"], env, tmp / f"p{n}.log") for n in range(count)]
+        many = ["--processes", str(run.plan.processes)]
+        self.procs = [
+            Proc(["run", "--id", f"p{n}", *(many if n == 0 else [])], env, tmp / f"p{n}.log")
+            for n in range(count)
+        ]
         self.expected: set[int] = set()  # indexes whose current exit we caused
+        self.orphans: list[int] = []  # children of killed supervisors: must stop themselves
         self.lock = threading.Lock()
 
     def check(self) -> None:
@@ -147,6 +160,7 @@ class Fleet:
     def kill(self, i: int) -> None:
         with self.lock:
             self.expected.add(i)
+        self.orphans += _children_of(self.procs[i].popen.pid)
         self.procs[i].kill()
         self._restart(i)
 
@@ -186,6 +200,29 @@ class Fleet:
             if code not in STOPPED:
                 self.run.unexpected_exits.append(f"p{i} exited {code} at the end (SIGTERM)")
             proc.handle.close()
+        deadline = time.monotonic() + 30
+        while (alive := [p for p in self.orphans if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in alive:  # ours to end: the supervisor we killed started them
+            self.run.unexpected_exits.append(f"child {pid} outlived its killed supervisor")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (a `--processes` supervisor's pollers)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _feed(engine: Any, run: Run, messages: int) -> None:
