@@ -63,9 +63,12 @@ async def _drain_poller(url: str, batch: int, start: Any) -> int:
     engine = async_engine(url, pool_size=1, max_overflow=0)
     claims = Claims(engine, poller_id="bench", claim_lease=60)
     await claims.claim_batch(limit=0)
+    # The endpoint cache the Claimer keeps: endpoints are read once, not with every claim.
+    versions: dict[int, Any] = {}
     start.wait()
     done = 0
-    while messages := await claims.claim_batch(limit=batch):
+    while messages := (await claims.claim(batch, endpoint_versions=versions)).messages:
+        versions.update((m.endpoint_id, m.endpoint_updated_at) for m in messages)
         await claims.complete([delivered(m, status_code=200) for m in messages])
         done += len(messages)
     await engine.dispose()
@@ -108,8 +111,13 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
         ]
         params = {"outcomes": json.dumps(outcomes), "poller_id": "bench", **HEALTH}
         n = len(rows)
-        await conn.execute(RAW_COMPLETE, params)
+        # A correct client reads which completions the fence refused, as poller.claims does.
+        async with conn.cursor() as cur:
+            await cur.execute(RAW_COMPLETE, params)
+            stale = n - len(await cur.fetchall())
         await conn.commit()
+        if stale:
+            raise SystemExit(f"raw: {stale} completions refused")
         done += n
     await conn.close()
     return done

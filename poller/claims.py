@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
+from typing_extensions import dataclass_transform
 
 from poller import queries
 from poller.db import fetch
@@ -47,7 +49,20 @@ RowStatus = Literal["pending", "delivered", "failed"]
 AttemptKind = Literal["send", "lookup"]
 
 
-@dataclass(frozen=True, slots=True)
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True)
+def record(cls: type[_T]) -> type[_T]:
+    """A frozen dataclass to the type checker, a plain slotted one at run time.
+
+    The claim path builds two per delivery (a message, an outcome). A frozen
+    dataclass sets each field through ``object.__setattr__``: 3.2 µs for the
+    message's 16 fields against 0.34 µs. mypy still refuses any assignment."""
+    return dataclass(slots=True)(cls)
+
+
+@record
 class ClaimedMessage:
     """A row this poller holds in flight until ``claim_expires_at`` (database clock)."""
 
@@ -73,7 +88,7 @@ class ClaimedMessage:
         return self.attempts >= self.max_attempts
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Outcome:
     """What to write for one claimed message. Build with the functions below."""
 
@@ -272,14 +287,16 @@ def clean_text(value: str, cap: int = TEXT_CAP) -> str:
 
 
 def outcomes_json(outcomes: Sequence[Outcome], poller_id: str) -> dict[str, str]:
-    """COMPLETE_BATCH's parameters: the outcomes as one JSON array (None fields left out)."""
+    """COMPLETE_BATCH's parameters: the outcomes as one JSON array (None fields left out).
+
+    Only the free-text fields can hold what a receiver sent; the rest are ours."""
     records = []
     for o in outcomes:
-        record: dict[str, Any] = {"id": o.message_id}
-        for name in _OPTIONAL_FIELDS:
-            value = getattr(o, name)
-            if value is not None:
-                record[name] = clean_text(value) if isinstance(value, str) else value
+        values = zip(_OPTIONAL_FIELDS, _optional_values(o), strict=True)
+        record = {k: v for k, v in values if v is not None}
+        record["id"] = o.message_id
+        for name in record.keys() & _FREE_TEXT:
+            record[name] = clean_text(record[name])
         if o.started_at is not None:
             record["started_at"] = o.started_at.isoformat()
         records.append(record)
@@ -289,6 +306,8 @@ def outcomes_json(outcomes: Sequence[Outcome], poller_id: str) -> dict[str, str]
 _OPTIONAL_FIELDS = tuple(
     f for f in Outcome.__dataclass_fields__ if f not in ("message_id", "started_at")
 )
+_optional_values = operator.attrgetter(*_OPTIONAL_FIELDS)
+_FREE_TEXT = frozenset({"error_class", "error_message", "response_excerpt", "disable_reason"})
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
 _GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed")
 
@@ -401,16 +420,12 @@ class Claims:
             messages: list[ClaimedMessage] = []
             governed_count = None
             if governed:
-                found = await fetch(conn, "CLAIM_GOVERNED", params)
-                if found[0]._fields != _GOVERNED_FIELDS:  # pragma: no cover - a schema slip
-                    raise RuntimeError(f"CLAIM_GOVERNED returns {found[0]._fields}")
-                governed_count = int(found[0].governed)
-                messages = [ClaimedMessage(*row[:-1]) for row in found if row.id is not None]
+                found = await fetch(conn, "CLAIM_GOVERNED", params, columns=_GOVERNED_FIELDS)
+                governed_count = int(found[0][-1])
+                messages = [ClaimedMessage(*row[:-1]) for row in found if row[0] is not None]
                 params["limit"] = limit - len(messages)
             if limit > len(messages):
-                claimed = await fetch(conn, "CLAIM_BATCH", params)
-                if claimed and claimed[0]._fields != _CLAIMED_FIELDS:  # pragma: no cover
-                    raise RuntimeError(f"CLAIM_BATCH returns {claimed[0]._fields}")
+                claimed = await fetch(conn, "CLAIM_BATCH", params, columns=_CLAIMED_FIELDS)
                 messages += [ClaimedMessage(*row) for row in claimed]
             versions = endpoint_versions or {}
             stale = sorted(

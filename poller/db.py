@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
-from psycopg.rows import namedtuple_row
+from psycopg import pq
+from psycopg.rows import namedtuple_row, tuple_row
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
@@ -148,9 +149,20 @@ def poller_engine(url: str, settings: Settings, **kwargs: Any) -> AsyncEngine:
     return engine
 
 
-async def fetch(conn: AsyncConnection, name: str, params: Mapping[str, Any]) -> list[Any]:
+_CHECKED: set[str] = set()  # statements whose columns fetch() has checked
+
+
+async def fetch(
+    conn: AsyncConnection,
+    name: str,
+    params: Mapping[str, Any],
+    *,
+    columns: tuple[str, ...] | None = None,
+) -> list[Any]:
     """Run registered statement ``name`` on ``conn``'s psycopg connection itself, in the
-    transaction ``conn`` has open; rows as named tuples.
+    transaction ``conn`` has open; rows as named tuples — or, given the ``columns`` the
+    statement must return (checked against what it did return), as plain tuples, which
+    cost less per row.
 
     The claim path's statements go this way: SQLAlchemy's text() compilation and
     result processing cost about a third of what the driver does for the same
@@ -160,10 +172,19 @@ async def fetch(conn: AsyncConnection, name: str, params: Mapping[str, Any]) -> 
     """
     raw = await conn.get_raw_connection()
     driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
+    factory: Any = namedtuple_row if columns is None else tuple_row
     try:
-        async with driver.cursor(row_factory=namedtuple_row) as cursor:
+        async with driver.cursor(row_factory=factory) as cursor:
             await cursor.execute(PSYCOPG[name], params)
-            return await cursor.fetchall() if cursor.description is not None else []
+            result = cursor.pgresult
+            if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+                return []
+            if columns is not None and name not in _CHECKED:  # once: description costs
+                got = tuple(c.name for c in cursor.description or ())
+                if got != columns:  # pragma: no cover - a schema slip
+                    raise RuntimeError(f"{name} returns {got}, expected {columns}")
+                _CHECKED.add(name)
+            return await cursor.fetchall()
     except (psycopg.OperationalError, psycopg.InterfaceError):
         if driver.broken or driver.closed:  # not for a deadlock or a timeout: the link is fine
             await conn.invalidate()
