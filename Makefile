@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test lint format bench loadtest loadtest-ramp chaos clean
+.PHONY: help venv browser demo test lint format bench loadtest loadtest-ramp chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -23,7 +23,10 @@ venv: $(STAMP) ## Create the virtualenv and install the project with dev extras
 demo: $(STAMP) ## Run `poller demo` on embedded PostgreSQL + Redis
 	$(BIN)/poller demo
 
-test: $(STAMP) ## Run the whole test suite (real PostgreSQL, Redis and HTTP on 127.0.0.1)
+browser: ## Install Debian's Chromium for the dashboard's browser tests (idempotent)
+	@tools/install-browser
+
+test: $(STAMP) browser ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
@@ -35,13 +38,14 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
 
-bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered, beside a dead endpoint, publish vs enqueue, a 1M backlog and the purge
+bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered, beside a dead endpoint, publish vs enqueue, a 1M backlog and the purge, the dashboard on 1M rows
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.deliveries --processes 1,2
 	$(BIN)/python -m loadtest.ordered
 	$(BIN)/python -m loadtest.health
 	$(BIN)/python -m loadtest.publish
 	$(BIN)/python -m loadtest.backlog
+	$(BIN)/python -m loadtest.dashboard
 
 loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults
 	FAULTS=$(FAULTS) $(BIN)/python -m loadtest.run

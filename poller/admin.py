@@ -1,7 +1,7 @@
 """Operator queries and actions behind ``poller admin`` (sync, SQLAlchemy Core).
 
 What failed and why (:func:`list_failed`, :func:`message_detail`), how the
-queue is doing (:func:`queue_stats`), sending again (:func:`retry_messages`)
+queue is doing (poller/stats.py), sending again (:func:`retry_messages`)
 and deleting history (:func:`purge`). Every action is one short transaction
 per batch, so a large retry or purge never holds long locks; every manual
 retry is recorded as an attempt of kind ``manual`` naming who asked.
@@ -12,16 +12,15 @@ from __future__ import annotations
 import getpass
 import socket
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, select, update
+from sqlalchemy import Connection, Engine, and_, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from poller.errors import PollerError, UnknownEndpoint
 from poller.ordering import requeue_keyed
-from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
-from poller.schema import endpoint_health as health_table
+from poller.schema import delivery_attempts, endpoints, event_log, outbox
 from poller.settings import default_settings
 
 PURGE_BATCH = 1000
@@ -50,78 +49,35 @@ def _endpoint_id(conn: Connection, name: str) -> int:
 # --- reading ---------------------------------------------------------------------
 
 
-def queue_stats(conn: Connection) -> dict[str, Any]:
-    """Counts by status and endpoint, lag, in flight, recent failures and attempt rate."""
-    by = conn.execute(
-        select(endpoints.c.name, outbox.c.status, func.count())
-        .join(endpoints, endpoints.c.id == outbox.c.endpoint_id)
-        .group_by(endpoints.c.name, outbox.c.status)
-    ).all()
-    per_endpoint: dict[str, dict[str, int]] = {}
-    totals: dict[str, int] = {s: 0 for s in STATUSES}  # waiting: behind an ordering key's head
-    for name, status, count in by:
-        per_endpoint.setdefault(name, {s: 0 for s in totals})[status] = count
-        totals[status] += count
-    now = func.now()
-    oldest_due = conn.execute(
-        select(func.extract("epoch", now - func.min(outbox.c.next_attempt_at))).where(
-            outbox.c.status == "pending", outbox.c.next_attempt_at <= now
-        )
-    ).scalar()
-    failed_hour, failed_day = conn.execute(
-        select(
-            func.count().filter(outbox.c.failed_at > now - timedelta(hours=1)),
-            func.count().filter(outbox.c.failed_at > now - timedelta(days=1)),
-        ).where(outbox.c.status == "failed")
-    ).one()
-    recent = conn.execute(
-        select(func.count()).where(delivery_attempts.c.finished_at > now - timedelta(minutes=1))
-    ).scalar_one()
-    published_day, unrouted_day = conn.execute(
-        select(func.count(), func.count().filter(event_log.c.fanned_out == 0)).where(
-            event_log.c.created_at > now - timedelta(days=1)
-        )
-    ).one()
-    states = {
-        row.name: _endpoint_state(row)
-        for row in conn.execute(
-            select(
-                endpoints.c.name,
-                endpoints.c.enabled,
-                endpoints.c.paused_until,
-                health_table.c.state,
-            ).join(health_table, health_table.c.endpoint_id == endpoints.c.id, isouter=True)
-        )
-    }
-    held = sum(
-        counts["pending"] for name, counts in per_endpoint.items() if states.get(name, "ok") != "ok"
-    )
-    return {
-        "totals": totals,
-        "endpoints": per_endpoint,
-        # Why an endpoint's pending messages may be waiting: ok, disabled, circuit open,
-        # circuit half-open, paused (Retry-After). ``held``: pending behind such endpoints.
-        "endpoint_states": {name: states.get(name, "ok") for name in per_endpoint},
-        "pending_held": held,
-        "oldest_due_pending_seconds": float(oldest_due) if oldest_due is not None else None,
-        "in_flight": totals["in_flight"],
-        "failed_last_hour": failed_hour,
-        "failed_last_day": failed_day,
-        # Published events (poller/publish.py), and those that reached no endpoint.
-        "events_last_day": published_day,
-        "events_unrouted_last_day": unrouted_day,
-        "attempts_per_second_last_minute": recent / 60,
-    }
+@dataclass(frozen=True, slots=True)
+class FailedFilter:
+    """Which failed messages: the CLI's ``failed``/``retry --all-failed`` and the dashboard.
 
+    ``error``: an HTTP status (``503``) matches the last status code; any other text
+    is looked for in the last error, case-insensitively."""
 
-def _endpoint_state(row: Any) -> str:
-    if not row.enabled:
-        return "disabled"
-    if row.state in ("open", "half_open"):
-        return "circuit " + str(row.state).replace("_", "-")
-    if row.paused_until is not None and row.paused_until > datetime.now(UTC):
-        return "paused"
-    return "ok"
+    endpoint: str | None = None
+    event_type: str | None = None
+    error: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def where(self, conn: Connection) -> list[Any]:
+        clauses: list[Any] = [outbox.c.status == "failed"]
+        if self.endpoint is not None:
+            clauses.append(outbox.c.endpoint_id == _endpoint_id(conn, self.endpoint))
+        if self.event_type is not None:
+            clauses.append(outbox.c.event_type == self.event_type)
+        if self.error:
+            if self.error.isascii() and self.error.isdigit() and len(self.error) == 3:
+                clauses.append(outbox.c.last_status_code == int(self.error))
+            else:
+                clauses.append(outbox.c.last_error.icontains(self.error, autoescape=True))
+        if self.since is not None:
+            clauses.append(outbox.c.failed_at >= self.since)
+        if self.until is not None:
+            clauses.append(outbox.c.failed_at < self.until)
+        return clauses
 
 
 def list_failed(
@@ -131,8 +87,12 @@ def list_failed(
     event_type: str | None = None,
     since: datetime | None = None,
     limit: int = 50,
+    where: FailedFilter | None = None,
+    before: tuple[datetime, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Failed messages, newest failure first."""
+    """Failed messages, newest failure first; ``before`` ((failed_at, id) of the last row
+    of a page) gives the next page — a keyset, so page 1,000 costs what page 1 does."""
+    where = where or FailedFilter(endpoint, event_type, since=since)
     query = (
         select(
             outbox.c.id,
@@ -146,16 +106,12 @@ def list_failed(
             outbox.c.failed_at,
         )
         .join(endpoints, endpoints.c.id == outbox.c.endpoint_id)
-        .where(outbox.c.status == "failed")
+        .where(*where.where(conn))
         .order_by(outbox.c.failed_at.desc(), outbox.c.id.desc())
         .limit(limit)
     )
-    if endpoint is not None:
-        query = query.where(outbox.c.endpoint_id == _endpoint_id(conn, endpoint))
-    if event_type is not None:
-        query = query.where(outbox.c.event_type == event_type)
-    if since is not None:
-        query = query.where(outbox.c.failed_at >= since)
+    if before is not None:
+        query = query.where(tuple_(outbox.c.failed_at, outbox.c.id) < tuple_(*before))
     return [dict(row._mapping) for row in conn.execute(query)]
 
 
@@ -197,90 +153,6 @@ def message_detail(
     return detail
 
 
-def endpoint_health(conn: Connection, endpoint_id: int) -> dict[str, Any]:
-    """Last success, failures since then, and the endpoint's queue by status."""
-    last_success = conn.execute(
-        select(func.max(outbox.c.delivered_at)).where(outbox.c.endpoint_id == endpoint_id)
-    ).scalar()
-    since = (
-        select(delivery_attempts.c.id)
-        .join(outbox, outbox.c.id == delivery_attempts.c.message_id)
-        .where(outbox.c.endpoint_id == endpoint_id, delivery_attempts.c.kind == "send")
-    )
-    if last_success is not None:
-        since = since.where(delivery_attempts.c.finished_at > last_success)
-    failures = conn.execute(
-        select(func.count()).select_from(
-            since.where(delivery_attempts.c.outcome != "delivered").subquery()
-        )
-    ).scalar_one()
-    queue: dict[str, int] = dict(
-        conn.execute(
-            select(outbox.c.status, func.count())
-            .where(outbox.c.endpoint_id == endpoint_id)
-            .group_by(outbox.c.status)
-        ).all()
-    )
-    return {
-        "last_success": last_success,
-        "failures_since_last_success": failures,
-        "messages": queue,
-    }
-
-
-def health_report(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
-    """Each endpoint's health (poller/health.py), or ``name``'s: circuit, failure streak,
-    last success, send success ratio over 1 h and 24 h, rate limit and its use now."""
-    from poller import queries
-
-    rows = conn.execute(queries.HEALTH_REPORT, {"name": name}).all()
-    if name is not None and not rows:
-        raise UnknownEndpoint(name)
-    report = []
-    for r in rows:
-        paused = r.paused_until if r.state == "closed" else None
-        if paused is not None and paused <= datetime.now(UTC):
-            paused = None
-        report.append(
-            {
-                "name": r.name,
-                "enabled": r.enabled,
-                "disabled_reason": r.disabled_reason,
-                "circuit": r.state,
-                "consecutive_failures": r.consecutive_failures,
-                "circuit_failures": r.circuit_failures,
-                "circuit_cooldown": r.circuit_cooldown,
-                "opened_at": r.opened_at,
-                "next_probe_at": r.open_until if r.state == "open" else None,
-                "probe_sent_at": r.probe_at if r.state == "half_open" else None,
-                "cooldown": r.cooldown,
-                "opens": r.opens,
-                "probes": r.probes,
-                "last_success_at": r.last_success_at,
-                "last_failure_at": r.last_failure_at,
-                "failing_since": r.failing_since,
-                "last_error": r.last_error,
-                "paused_until": paused,
-                "success_ratio_1h": _ratio(r.ok_1h, r.sends_1h),
-                "sends_1h": r.sends_1h,
-                "success_ratio_24h": _ratio(r.ok_24h, r.sends_24h),
-                "sends_24h": r.sends_24h,
-                "rate_limit": r.rate_limit,
-                "rate_burst": r.rate_burst if r.rate_limit is not None else None,
-                "rate_tokens": None if r.tokens is None else round(max(r.tokens, 0.0), 2),
-                "rate_in_use": None
-                if r.tokens is None
-                else round(1 - max(r.tokens, 0.0) / r.rate_burst, 3),
-                "pending": r.pending,
-            }
-        )
-    return report
-
-
-def _ratio(ok: int, total: int) -> float | None:
-    return None if not total else round(ok / total, 4)
-
-
 # --- acting ----------------------------------------------------------------------
 
 
@@ -298,17 +170,14 @@ def plan_retry(
     endpoint: str | None = None,
     since: datetime | None = None,
     force: bool = False,
+    where: FailedFilter | None = None,
 ) -> RetryPlan:
     """Which messages a retry would send again: failed ones (delivered with ``force``)."""
     query = select(outbox.c.id, outbox.c.status)
     if ids:
         query = query.where(outbox.c.id.in_(ids))
-    elif all_failed:
-        query = query.where(outbox.c.status == "failed")
-        if endpoint is not None:
-            query = query.where(outbox.c.endpoint_id == _endpoint_id(conn, endpoint))
-        if since is not None:
-            query = query.where(outbox.c.failed_at >= since)
+    elif all_failed or where is not None:
+        query = query.where(*(where or FailedFilter(endpoint, since=since)).where(conn))
     else:
         return RetryPlan([], {})
     rows = dict(conn.execute(query.order_by(outbox.c.id)).all())
@@ -378,6 +247,7 @@ def retry_messages(
                     [
                         {
                             "message_id": r.id,
+                            "endpoint_id": r.endpoint_id,
                             "attempt": r.attempts,
                             "kind": "manual",
                             "poller_id": who,

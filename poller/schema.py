@@ -241,6 +241,14 @@ outbox = Table(
     ),
     # Admin listing of failures and retention purges by age.
     Index("ix_poller_outbox_failed", "failed_at", postgresql_where=text("status = 'failed'")),
+    # One endpoint's failures, newest first (the dashboard's failed list).
+    Index(
+        "ix_poller_outbox_failed_endpoint",
+        "endpoint_id",
+        "failed_at",
+        "id",
+        postgresql_where=text("status = 'failed'"),
+    ),
     Index(
         "ix_poller_outbox_delivered", "delivered_at", postgresql_where=text("status = 'delivered'")
     ),
@@ -258,6 +266,9 @@ delivery_attempts = Table(
         ForeignKey("poller_outbox.id", ondelete="CASCADE"),
         nullable=False,
     ),
+    # The message's endpoint, so per-endpoint ratios need no join with the outbox
+    # (NULL on attempts older than migration 0009's day of backfill).
+    Column("endpoint_id", BigInteger),
     Column("attempt", Integer, nullable=False),
     Column("kind", Text, nullable=False),
     Column("claim_token", BigInteger),

@@ -42,7 +42,9 @@ PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 RetrySeconds = Annotated[float, Field(gt=0, le=MAX_RETRY_SECONDS)]
 
 ENV_PREFIX = "POLLER_"
-SECRET_FIELDS = frozenset({"database_url", "redis_url", "secrets_key"})
+SECRET_FIELDS = frozenset(
+    {"database_url", "redis_url", "secrets_key", "dashboard_token", "dashboard_password"}
+)
 """Settings whose values never appear in an error message (passwords, keys)."""
 
 
@@ -110,6 +112,17 @@ class Settings(BaseSettings):
     """``host:port`` for /metrics, /healthz, /readyz (port 0: one the kernel picks, logged);
     unset: not served."""
     log_format: Literal["auto", "json", "console"] = "auto"
+    dashboard_addr: str | None = "127.0.0.1:8188"
+    """``host:port`` ``poller dashboard`` serves on. It shows payloads: keep it on loopback,
+    or behind a TLS proxy, unless you mean it."""
+    dashboard_token: SecretStr | None = None
+    """Token that opens the dashboard (``Authorization: Bearer``, or the login page). Unset
+    and no user/password: a token kept in the embedded server's data folder."""
+    dashboard_user: str | None = None
+    """HTTP basic user for the dashboard (with POLLER_DASHBOARD_PASSWORD)."""
+    dashboard_password: SecretStr | None = None
+    dashboard_read_only: bool = False
+    """Show everything, change nothing: no retry, replay, enable or disable."""
     retention_delivered: PositiveSeconds = 7 * 86400.0
     retention_failed: PositiveSeconds = 30 * 86400.0
     retention_events: PositiveSeconds = 7 * 86400.0
@@ -167,6 +180,23 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _dashboard_credentials(self) -> Settings:
+        token = self.dashboard_token.get_secret_value() if self.dashboard_token else ""
+        if token and (len(token) < 16 or not token.isprintable() or " " in token):
+            raise ValueError(
+                "POLLER_DASHBOARD_TOKEN: must be at least 16 printable characters, no spaces"
+            )
+        password = self.dashboard_password.get_secret_value() if self.dashboard_password else ""
+        if bool(self.dashboard_user) != bool(password):
+            raise ValueError(
+                "POLLER_DASHBOARD_USER and POLLER_DASHBOARD_PASSWORD: set both, or neither"
+            )
+        user = self.dashboard_user
+        if user and (":" in user or not user.isprintable()):
+            raise ValueError("POLLER_DASHBOARD_USER: printable, and no ':'")
+        return self
+
+    @model_validator(mode="after")
     def _cooldowns_in_order(self) -> Settings:
         if self.circuit_cooldown_max < self.circuit_cooldown:
             raise ValueError(
@@ -187,7 +217,7 @@ class Settings(BaseSettings):
             raise ValueError("must list at least one interval, e.g. [5, 300, 1800]")
         return value
 
-    @field_validator("metrics_addr")
+    @field_validator("metrics_addr", "dashboard_addr")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
         if value is None or value == "":

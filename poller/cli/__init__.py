@@ -57,7 +57,7 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from poller.cli import admin, db, demo, embedded, endpoints, enqueue, receiver, run
+    from poller.cli import admin, dashboard, db, demo, embedded, endpoints, enqueue, receiver, run
 
     cli.add_command(admin.admin)
     cli.add_command(endpoints.endpoints)
@@ -68,6 +68,7 @@ def _register() -> None:
     cli.add_command(demo.demo)
     cli.add_command(run.run)
     cli.add_command(receiver.receiver)
+    cli.add_command(dashboard.dashboard)
 
 
 _register()

@@ -10,6 +10,7 @@ import click
 
 from poller import admin as api
 from poller import ordering, replay
+from poller import stats as stats_api
 from poller.cli.common import command_engine, settings_and_url
 from poller.cli.output import (
     Duration,
@@ -40,7 +41,7 @@ def admin() -> None:
 def stats(as_json: bool) -> None:
     """Counts by status and endpoint, lag, in flight, recent failures, attempt rate."""
     with command_engine().connect() as conn:
-        found = api.queue_stats(conn)
+        found = stats_api.queue_stats(conn)
     if as_json:
         emit_json(found)
         return

@@ -75,7 +75,13 @@ DEMO_SETTINGS: dict[str, Any] = {
 @click.command()
 @click.option("--messages", default=3000, show_default=True, help="How many messages to enqueue.")
 @click.option("--timeout", default=50.0, show_default=True, help="Give up after this many seconds.")
-def demo(messages: int, timeout: float) -> None:
+@click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="Then serve the dashboard on the demo's database (POLLER_DASHBOARD_ADDR) until Ctrl-C.",
+)
+def demo(messages: int, timeout: float, with_dashboard: bool) -> None:
     """Deliver messages end to end on embedded PostgreSQL + Redis in a temporary folder."""
     console = Console()
     # One line per failed message would drown the progress table: the summary says it.
@@ -89,11 +95,39 @@ def demo(messages: int, timeout: float) -> None:
             migrate.upgrade(url)
             console.print(f"schema at revision {migrate.current_revision(url)}")
             ok = event_loop_run(_demo(console, url, redis.url(), messages, timeout))
+            if with_dashboard:
+                _dashboard(console, Path(tmp), url, redis.url())
+            else:
+                console.print("look at this run in a browser: [bold]poller demo --dashboard[/]")
         finally:
             redis.stop()
             pg.stop()
     if not ok:
         raise SystemExit(1)
+
+
+def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None:
+    """Serve the dashboard on the demo's database until SIGINT/SIGTERM (poller/dashboard)."""
+    from poller.dashboard import auth
+    from poller.dashboard.serve import DEFAULT_ADDR, bind, build, serve
+    from poller.settings import load_settings
+
+    addr = load_settings().dashboard_addr or DEFAULT_ADDR
+    settings = load_settings(database_url=url, redis_url=redis_url, election="redis")
+    path = folder / auth.TOKEN_FILE
+    creds = auth.Credentials(auth.token_from_file(path), token_file=path)
+    sock = bind(addr)
+    host, port = sock.getsockname()[:2]
+    console.print(
+        f"dashboard on http://{host}:{port}/ — open "
+        f"http://{host}:{port}/login?token={creds.token}  (Ctrl-C ends the demo)",
+        soft_wrap=True,
+    )
+    engine = sync_engine(url)
+    try:
+        serve(build(settings, url, engine, creds), sock)
+    finally:
+        engine.dispose()
 
 
 # Fan-out: endpoints subscribed to published events, each with its own receiver.

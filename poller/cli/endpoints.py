@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from poller import admin, logs
 from poller import endpoints as api
+from poller import logs, stats
 from poller.cli.common import command_engine
 from poller.cli.output import Duration, age, confirm, emit_json, iso, json_option, table, yes_option
 from poller.keyring import ENV_NAME, new_key
@@ -284,7 +284,7 @@ def show(name: str, as_json: bool) -> None:
     """One endpoint and its health (never its secret)."""
     with command_engine().connect() as conn:
         endpoint = api.get_endpoint(conn, name)
-        health = admin.endpoint_health(conn, endpoint.id)
+        health = stats.endpoint_health(conn, endpoint.id)
     document = {**_public(endpoint), "health": health}
     if as_json:
         emit_json(document)
@@ -317,7 +317,7 @@ def _shown(value: Any) -> Any:
 def health_(name: str | None, as_json: bool) -> None:
     """Circuit, failure streak, success ratios and rate limit of every endpoint (or NAME)."""
     with command_engine().connect() as conn:
-        report = admin.health_report(conn, name)
+        report = stats.health_report(conn, name)
     if as_json:
         emit_json(report if name is None else report[0])
         return

@@ -157,14 +157,15 @@ COMPLETE_BATCH = _statement(
         RETURNING o.id, o.endpoint_id, o.status, o.ordering_key
     ), recorded AS (
         INSERT INTO poller_delivery_attempts
-            (message_id, attempt, kind, claim_token, poller_id, started_at, duration_ms,
-             outcome, status_code, error_class, error_message, response_excerpt, stale)
-        SELECT c.id, c.attempt, c.kind, c.claim_token, :poller_id, c.started_at, c.duration_ms,
-               c.outcome, c.status_code, c.error_class, c.error_message, c.response_excerpt,
-               NOT EXISTS (SELECT 1 FROM done WHERE done.id = c.id)
+            (message_id, endpoint_id, attempt, kind, claim_token, poller_id, started_at,
+             duration_ms, outcome, status_code, error_class, error_message, response_excerpt,
+             stale)
+        SELECT c.id, x.endpoint_id, c.attempt, c.kind, c.claim_token, :poller_id, c.started_at,
+               c.duration_ms, c.outcome, c.status_code, c.error_class, c.error_message,
+               c.response_excerpt, NOT EXISTS (SELECT 1 FROM done WHERE done.id = c.id)
         FROM c
+        JOIN poller_outbox x ON x.id = c.id
         WHERE c.kind IS NOT NULL
-          AND EXISTS (SELECT 1 FROM poller_outbox x WHERE x.id = c.id)
     ), signals AS (
         SELECT done.endpoint_id,
                count(*) FILTER (WHERE c.outcome = 'delivered') AS ok,
@@ -304,12 +305,12 @@ RECLAIM_EXPIRED = _statement(
             updated_at = now()
         FROM expired
         WHERE o.id = expired.id
-        RETURNING o.id, o.status, o.attempts, o.claim_token, o.claimed_by
+        RETURNING o.id, o.endpoint_id, o.status, o.attempts, o.claim_token, o.claimed_by
     ), recorded AS (
         INSERT INTO poller_delivery_attempts
-            (message_id, attempt, kind, claim_token, poller_id, outcome, error_class,
-             error_message)
-        SELECT id, attempts, 'send', claim_token, claimed_by, 'lease_expired',
+            (message_id, endpoint_id, attempt, kind, claim_token, poller_id, outcome,
+             error_class, error_message)
+        SELECT id, endpoint_id, attempts, 'send', claim_token, claimed_by, 'lease_expired',
                'ClaimLeaseExpired', 'claim lease expired before the poller completed'
         FROM reclaimed
     )

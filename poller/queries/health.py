@@ -127,22 +127,28 @@ HEALTH_REPORT = _statement(
            CASE WHEN e.rate_limit IS NOT NULL THEN least(
                CAST(coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))) AS double precision),
                h.tokens + e.rate_limit * extract(epoch FROM now() - h.tokens_at)) END AS tokens,
-           s.sends_1h, s.ok_1h, s.sends_24h, s.ok_24h,
+           coalesce(s.sends_1h, 0) AS sends_1h, coalesce(s.ok_1h, 0) AS ok_1h,
+           coalesce(s.sends_24h, 0) AS sends_24h, coalesce(s.ok_24h, 0) AS ok_24h,
            (SELECT count(*) FROM poller_outbox o
             WHERE o.endpoint_id = e.id AND o.status = 'pending') AS pending
     FROM poller_endpoints e
     JOIN poller_endpoint_health h ON h.endpoint_id = e.id
-    LEFT JOIN LATERAL (
-        SELECT count(*) FILTER (WHERE a.finished_at > now() - interval '1 hour') AS sends_1h,
+    LEFT JOIN (
+        -- One pass over the day's attempts (the BRIN index on finished_at) for every
+        -- endpoint, no join: a lateral join per endpoint through the outbox took 8 s
+        -- with 100 endpoints and 200,000 attempts a day.
+        SELECT a.endpoint_id,
+               count(*) FILTER (WHERE a.finished_at > now() - interval '1 hour') AS sends_1h,
                count(*) FILTER (WHERE a.finished_at > now() - interval '1 hour'
                                   AND a.outcome = 'delivered') AS ok_1h,
                count(*) AS sends_24h,
                count(*) FILTER (WHERE a.outcome = 'delivered') AS ok_24h
         FROM poller_delivery_attempts a
-        JOIN poller_outbox o ON o.id = a.message_id
-        WHERE o.endpoint_id = e.id AND a.kind = 'send' AND NOT a.stale
-          AND a.finished_at > now() - interval '24 hours'
-    ) AS s ON true
+        WHERE a.kind = 'send' AND NOT a.stale AND a.finished_at > now() - interval '24 hours'
+          AND (CAST(:name AS text) IS NULL OR a.endpoint_id =
+               (SELECT id FROM poller_endpoints WHERE name = CAST(:name AS text)))
+        GROUP BY a.endpoint_id
+    ) AS s ON s.endpoint_id = e.id
     WHERE CAST(:name AS text) IS NULL OR e.name = CAST(:name AS text)
     ORDER BY e.name
     """,

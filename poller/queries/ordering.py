@@ -231,10 +231,12 @@ SKIP_MESSAGES = _statement(
             last_error = 'skipped by ' || CAST(:who AS text), updated_at = now()
         WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.ordering_key IS NOT NULL
           AND o.status IN ('pending', 'waiting', 'failed')
-        RETURNING o.id, o.attempts
+        RETURNING o.id, o.endpoint_id, o.attempts
     ), recorded AS (
-        INSERT INTO poller_delivery_attempts (message_id, attempt, kind, poller_id, outcome)
-        SELECT id, attempts, 'manual', CAST(:who AS text), 'manual_skip' FROM skipped
+        INSERT INTO poller_delivery_attempts
+            (message_id, endpoint_id, attempt, kind, poller_id, outcome)
+        SELECT id, endpoint_id, attempts, 'manual', CAST(:who AS text), 'manual_skip'
+        FROM skipped
     )
     SELECT id FROM skipped
     """,

@@ -59,6 +59,9 @@ def test_installed_wheel_upgrades_an_empty_database(
     where = _run(installed_wheel, tmp_path, "-c", "import poller; print(poller.__file__)")
     assert where.stdout.strip().startswith(str(installed_wheel)), where.stderr
     assert (installed_wheel / "poller" / "_migrations" / "env.py").exists()
+    dashboard = installed_wheel / "poller" / "dashboard"  # its pages and assets ship too
+    assert (dashboard / "templates" / "overview.html").exists()
+    assert (dashboard / "static" / "dashboard.js").exists()
 
     done = _run(
         installed_wheel, tmp_path, "-m", "poller", "db", "upgrade", POLLER_DATABASE_URL=empty_db_url

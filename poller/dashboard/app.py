@@ -1,0 +1,271 @@
+"""The dashboard's ASGI app: authentication, security headers, rendering.
+
+The pages themselves are in poller/dashboard/pages.py; this module gives them
+:class:`Dashboard` (the database, the credentials, the renderer) and the
+decorators that guard them (:func:`page` for reads, :func:`action` for POSTs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import jinja2
+from sqlalchemy import Connection, Engine
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from poller.dashboard import auth
+from poller.settings import Settings
+
+log = logging.getLogger("poller.dashboard")
+
+HERE = Path(__file__).parent
+REFRESH_SECONDS = 5
+MAX_FORM_BYTES = 64 * 1024
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+T = TypeVar("T")
+
+
+class Dashboard:
+    """What every page needs: the database, who may come in, and the renderer."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        creds: auth.Credentials,
+        *,
+        leases: Callable[[], Awaitable[list[Any]]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.creds = creds
+        self.read_only = settings.dashboard_read_only
+        self.leases = leases  # poller/shards.py lease_holdings, bound to an elector
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,  # every value is text, whatever it contains
+            undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters["urlq"] = lambda v: quote(str(v), safe="")
+
+    async def read(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(conn)`` in a worker thread (the admin functions are synchronous)."""
+
+        def run() -> T:
+            with self.engine.connect() as conn:
+                return fn(conn)
+
+        return await run_in_threadpool(run)
+
+    async def act(self, fn: Callable[[], T]) -> T:
+        return await run_in_threadpool(fn)
+
+    def render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> HTMLResponse:
+        identity: auth.Identity | None = request.scope.get("poller.identity")
+        fragment = request.headers.get("x-poller-refresh") == "1"
+        html = self.templates.get_template(template).render(
+            request=request,
+            path=request.url.path,
+            fragment=fragment,
+            refresh=context.pop("refresh", 0),
+            read_only=self.read_only,
+            csrf=auth.csrf_token(self.creds, identity) if identity else "",
+            who=identity.who if identity else None,
+            **context,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    def error(self, request: Request, status: int, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status, message=message)
+
+
+def dashboard(request: Request) -> Dashboard:
+    board: Dashboard = request.app.state.dashboard
+    return board
+
+
+def who(request: Request) -> str:
+    """The actor recorded for an action: ``dashboard:<who>@<client address>``."""
+    identity: auth.Identity = request.scope["poller.identity"]
+    client = request.client.host if request.client else "unknown"
+    return f"dashboard:{identity.who}@{client}"
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def page(handler: Handler) -> Handler:
+    """A page: the request must be authenticated (else the login page, or a basic
+    challenge when basic credentials are the only kind)."""
+
+    @functools.wraps(handler)
+    async def guarded(request: Request) -> Response:
+        board = dashboard(request)
+        identity = auth.identify(board.creds, request)
+        if identity is None:
+            if board.creds.token is None:
+                return Response(
+                    "authentication required",
+                    401,
+                    {"www-authenticate": 'Basic realm="poller dashboard", charset="UTF-8"'},
+                )
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/login?next={quote(target, safe='')}", 303)
+        request.scope["poller.identity"] = identity
+        return await handler(request)
+
+    return guarded
+
+
+def action(handler: Handler) -> Handler:
+    """A change: authenticated, not read-only, from this site, with the CSRF token."""
+
+    @functools.wraps(handler)
+    async def guarded(request: Request) -> Response:
+        board = dashboard(request)
+        identity = auth.identify(board.creds, request)
+        if identity is None:
+            return Response("authentication required", 401)
+        request.scope["poller.identity"] = identity
+        if board.read_only:
+            return board.error(request, 403, "the dashboard is read-only")
+        if not auth.same_origin(request):
+            return board.error(request, 403, "refused: the request came from another site")
+        size = request.headers.get("content-length", "0")
+        if not size.isdigit() or int(size) > MAX_FORM_BYTES:
+            return board.error(request, 413, "form too large")
+        form = await request.form()
+        request.scope["poller.form"] = form
+        offered = form.get("csrf")
+        if not auth.csrf_ok(board.creds, identity, offered if isinstance(offered, str) else None):
+            return board.error(request, 403, "refused: missing or wrong CSRF token; reload")
+        return await handler(request)
+
+    return guarded
+
+
+def form_value(request: Request, name: str) -> str:
+    value = request.scope["poller.form"].get(name)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def safe_next(target: str | None) -> str:
+    """A local path to go back to after logging in; anything else goes home."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def logged_in(board: Dashboard, target: str) -> Response:
+    response = RedirectResponse(safe_next(target), 303)
+    response.set_cookie(
+        auth.COOKIE,
+        auth.new_session(board.creds),
+        max_age=auth.SESSION_HOURS * 3600,
+        httponly=True,
+        samesite="strict",
+        path="/",
+    )
+    return response
+
+
+async def login(request: Request) -> Response:
+    board = dashboard(request)
+    client = request.client.host if request.client else "?"
+    target = request.query_params.get("next", "/")
+    if request.method == "POST":
+        if not auth.same_origin(request):
+            return board.error(request, 403, "refused: the request came from another site")
+        form = await request.form()
+        offered = form.get("token")
+        target = str(form.get("next") or "/")
+    else:
+        offered = request.query_params.get("token")
+    if isinstance(offered, str) and offered:
+        if auth.token_matches(board.creds, offered.strip()):
+            log.info("dashboard: login from %s", client)
+            return logged_in(board, target)
+        log.warning("dashboard: wrong token from %s", client)
+        return board.render(request, "login.html", 401, next=safe_next(target), wrong=True)
+    return board.render(request, "login.html", next=safe_next(target), wrong=False)
+
+
+@action
+async def logout(request: Request) -> Response:
+    response = RedirectResponse("/login", 303)
+    response.delete_cookie(auth.COOKIE, path="/")
+    return response
+
+
+class SecurityHeaders:
+    """Adds the headers in :data:`HEADERS` to every response, static files included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def create_app(
+    settings: Settings,
+    engine: Engine,
+    creds: auth.Credentials,
+    *,
+    leases: Callable[[], Awaitable[list[Any]]] | None = None,
+    lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]] | None = None,
+) -> ASGIApp:
+    """The dashboard as an ASGI app. ``engine``: a synchronous engine (admin functions);
+    ``leases``: reads the shard leases (``poller dashboard`` binds it to an elector)."""
+    from poller.dashboard import pages
+
+    routes = [
+        *pages.routes(),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def default_lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+
+    app = Starlette(routes=routes, lifespan=lifespan or default_lifespan)
+    app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
+    return SecurityHeaders(app)

@@ -1,0 +1,180 @@
+"""Who may open the dashboard, and proof that an action came from its own page.
+
+**Credentials** (:func:`credentials`), first found wins:
+
+1. ``POLLER_DASHBOARD_TOKEN`` — sent as ``Authorization: Bearer <token>`` by
+   scripts, or typed into the login page (``/login?token=…`` logs in from a
+   link), which sets a session cookie;
+2. ``POLLER_DASHBOARD_USER`` + ``POLLER_DASHBOARD_PASSWORD`` — HTTP basic;
+3. neither, on the embedded server: a token kept in ``dashboard-token`` in its
+   data folder (made once, mode 0600), so ``poller demo`` can print a link that
+   ``poller dashboard`` accepts later;
+4. neither, on a configured database: refused. The pages show payloads.
+
+Every comparison is constant-time (:func:`hmac.compare_digest`).
+
+**Sessions** are cookies ``<issued>.<nonce>.<mac>``: HMAC-SHA256 under a key
+derived from the credential, valid :data:`SESSION_HOURS`. ``HttpOnly``,
+``SameSite=Strict``. Changing the token ends every session.
+
+**Actions** (POST) need a CSRF token bound to the session (or to the basic
+user) in the form, and are refused when the browser says the request came
+from another site (``Origin``, ``Sec-Fetch-Site``). Bearer requests carry no
+ambient credential a third-party page could borrow, so they need no CSRF token.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.requests import HTTPConnection
+
+from poller.errors import ConfigurationError
+from poller.settings import Settings
+
+COOKIE = "poller_dashboard"
+SESSION_HOURS = 12
+TOKEN_FILE = "dashboard-token"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    token: str | None = None
+    user: str | None = None
+    password: str | None = None
+    token_file: Path | None = None  # where the token was read from (embedded server)
+
+    @property
+    def key(self) -> bytes:
+        """The key sessions and CSRF tokens are signed with: derived from the credential,
+        so a new token or password ends the old sessions."""
+        material = f"{self.token or ''}\0{self.user or ''}\0{self.password or ''}"
+        return hashlib.sha256(b"poller-dashboard\0" + material.encode()).digest()
+
+    @property
+    def basic(self) -> bool:
+        return self.user is not None and self.password is not None
+
+
+def credentials(settings: Settings) -> Credentials:
+    """The dashboard's credentials from the settings (module docstring); ConfigurationError
+    when there are none and no embedded server to keep a token in."""
+    token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
+    password = (
+        settings.dashboard_password.get_secret_value() if settings.dashboard_password else None
+    )
+    if token or settings.dashboard_user:
+        return Credentials(token or None, settings.dashboard_user, password)
+    if settings.database_url:
+        raise ConfigurationError(
+            "the dashboard shows payloads and needs credentials: set POLLER_DASHBOARD_TOKEN "
+            "(16+ characters) or POLLER_DASHBOARD_USER and POLLER_DASHBOARD_PASSWORD"
+        )
+    from poller.embedded import default_data_dir
+
+    path = default_data_dir(settings.data_dir) / TOKEN_FILE
+    return Credentials(token_from_file(path), token_file=path)
+
+
+def token_from_file(path: Path) -> str:
+    """The token in ``path``, made (mode 0600) if there is none yet."""
+    try:
+        token = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        token = ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"cannot read the dashboard token in {path}: {exc}") from None
+    if len(token) >= 16 and token.isprintable() and " " not in token:
+        return token
+    token = secrets.token_urlsafe(24)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(token + "\n")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write the dashboard token to {path}: {exc}") from None
+    return token
+
+
+def _mac(key: bytes, text: str) -> str:
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def new_session(creds: Credentials, now: float | None = None) -> str:
+    issued = int(time.time() if now is None else now)
+    body = f"{issued}.{secrets.token_hex(8)}"
+    return f"{body}.{_mac(creds.key, body)}"
+
+
+def session_valid(creds: Credentials, cookie: str, now: float | None = None) -> bool:
+    issued, _, rest = cookie.partition(".")
+    nonce, _, mac = rest.partition(".")
+    if not (issued.isdigit() and nonce and mac) or len(cookie) > 200:
+        return False
+    if not hmac.compare_digest(_mac(creds.key, f"{issued}.{nonce}"), mac):
+        return False
+    age = (time.time() if now is None else now) - int(issued)
+    return -60 <= age <= SESSION_HOURS * 3600
+
+
+def token_matches(creds: Credentials, offered: str) -> bool:
+    if creds.token is None:
+        return False
+    return hmac.compare_digest(creds.token.encode(), offered.encode("utf-8", "replace"))
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    who: str  # "token", or the basic user: named in logs and in manual attempts
+    binding: str  # what CSRF tokens are bound to ("" for bearer: none needed)
+
+
+def identify(creds: Credentials, request: HTTPConnection) -> Identity | None:
+    """Who sent this request, or None: a bearer token, basic credentials or a session."""
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value:
+        return Identity("token", "") if token_matches(creds, value.strip()) else None
+    if scheme.lower() == "basic" and value and creds.basic:
+        try:
+            user, sep, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        assert creds.user is not None and creds.password is not None
+        ok_user = hmac.compare_digest(user.encode(), creds.user.encode())
+        ok_password = hmac.compare_digest(password.encode(), creds.password.encode())
+        return Identity(user, f"basic:{user}") if sep and ok_user and ok_password else None
+    cookie = request.cookies.get(COOKIE)
+    if cookie and session_valid(creds, cookie):
+        return Identity("token", f"session:{cookie}")
+    return None
+
+
+def csrf_token(creds: Credentials, identity: Identity) -> str:
+    return _mac(creds.key, f"csrf\0{identity.binding}")
+
+
+def csrf_ok(creds: Credentials, identity: Identity, offered: str | None) -> bool:
+    if not identity.binding:  # bearer: nothing ambient to forge with
+        return True
+    return offered is not None and hmac.compare_digest(csrf_token(creds, identity), offered)
+
+
+def same_origin(request: HTTPConnection) -> bool:
+    """False when the browser says the request came from another site."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    return origin in (f"http://{host}", f"https://{host}")

@@ -1,0 +1,412 @@
+"""The dashboard's pages and actions: each a thin face on a ``poller admin`` function."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+import click
+from sqlalchemy import Connection, select
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from poller import admin, stats
+from poller.cli.output import Since
+from poller.dashboard.app import action, dashboard, form_value, page, who
+from poller.endpoints import set_enabled
+from poller.errors import PollerError, UnknownEndpoint
+from poller.ordering import blocked_keys
+from poller.replay import replay
+from poller.schema import endpoints
+
+log = logging.getLogger("poller.dashboard")
+
+PAGE_SIZE = 50
+CHART_W, CHART_H = 600, 120
+
+
+class BadInput(ValueError):
+    """A filter or form value the page cannot use: shown, with status 400."""
+
+
+def _when(value: str, what: str) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed: datetime = Since().convert(value, None, None)
+    except click.BadParameter as exc:
+        raise BadInput(f"{what}: {exc.message}") from None
+    return parsed
+
+
+def _filter(params: Any) -> admin.FailedFilter:
+    def text(name: str) -> str | None:
+        value = str(params.get(name, "")).strip()
+        if len(value) > 200 or not value.isprintable():
+            raise BadInput(f"{name}: at most 200 printable characters")
+        return value or None
+
+    return admin.FailedFilter(
+        endpoint=text("endpoint"),
+        event_type=text("event_type"),
+        error=text("error"),
+        since=_when(str(params.get("since", "")).strip(), "since"),
+        until=_when(str(params.get("until", "")).strip(), "until"),
+    )
+
+
+def _filter_query(where: admin.FailedFilter, raw: Any) -> dict[str, str]:
+    """The filter as the query parameters it came from (for links and hidden fields)."""
+    names = ("endpoint", "event_type", "error", "since", "until")
+    del where
+    return {n: str(raw.get(n, "")).strip() for n in names if str(raw.get(n, "")).strip()}
+
+
+def _cursor(value: str) -> tuple[datetime, int] | None:
+    if not value:
+        return None
+    when, _, ident = value.rpartition("~")
+    try:
+        at = datetime.fromisoformat(when)
+    except ValueError:
+        raise BadInput("before: not a page cursor") from None
+    if not ident.isdigit() or at.tzinfo is None:
+        raise BadInput("before: not a page cursor")
+    return at, int(ident)
+
+
+def _chart(series: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bars for the last hour's attempts per minute, scaled to the chart box."""
+    top = max([max(p["delivered"], p["failed"]) for p in series] + [1])
+    width = CHART_W / max(len(series), 1)
+    bars = []
+    for i, p in enumerate(series):
+        ok = p["delivered"] * (CHART_H - 10) / top
+        bad = p["failed"] * (CHART_H - 10) / top
+        bars.append(
+            {
+                "x": round(i * width, 1),
+                "w": round(max(width / 2 - 1, 1), 1),
+                "ok_y": round(CHART_H - ok, 1),
+                "ok_h": round(ok, 1),
+                "bad_x": round(i * width + width / 2, 1),
+                "bad_y": round(CHART_H - bad, 1),
+                "bad_h": round(bad, 1),
+                "title": f"{p['minute']:%H:%M}: {p['delivered']} delivered, {p['failed']} failed",
+            }
+        )
+    total_ok = sum(p["delivered"] for p in series)
+    total_bad = sum(p["failed"] for p in series)
+    span = max(len(series), 1) * 60
+    return {
+        "bars": bars,
+        "top": top,
+        "width": CHART_W,
+        "height": CHART_H,
+        "total": total_ok + total_bad,
+        "delivered": total_ok,
+        "failed": total_bad,
+        "delivered_per_s": total_ok / span,
+        "failed_per_s": total_bad / span,
+    }
+
+
+# --- pages ---------------------------------------------------------------------
+
+
+@page
+async def overview(request: Request) -> Response:
+    board = dashboard(request)
+
+    def read(conn: Connection) -> dict[str, Any]:
+        return {
+            "stats": stats.queue_stats(conn, delivered=False),
+            "activity": stats.activity(conn),
+        }
+
+    data = await board.read(read)
+    return board.render(
+        request,
+        "overview.html",
+        refresh=5,
+        stats=data["stats"],
+        chart=_chart(data["activity"]),
+    )
+
+
+@page
+async def failed(request: Request) -> Response:
+    board = dashboard(request)
+    try:
+        where = _filter(request.query_params)
+        before = _cursor(request.query_params.get("before", ""))
+    except BadInput as exc:
+        return board.error(request, 400, str(exc))
+
+    def read(conn: Connection) -> list[dict[str, Any]]:
+        return admin.list_failed(conn, where=where, before=before, limit=PAGE_SIZE + 1)
+
+    try:
+        rows = await board.read(read)
+    except UnknownEndpoint as exc:
+        return board.error(request, 404, str(exc))
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    query = _filter_query(where, request.query_params)
+    next_page = None
+    if more:
+        last = rows[-1]
+        next_page = {**query, "before": f"{last['failed_at'].isoformat()}~{last['id']}"}
+    return board.render(
+        request,
+        "failed.html",
+        refresh=0 if before else 5,
+        rows=rows,
+        query=query,
+        next_page=next_page,
+        first_page=before is None,
+    )
+
+
+def _pretty(payload: Any) -> str:
+    if payload is None:
+        return ""
+    text = payload if isinstance(payload, str) else json.dumps(payload)
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+@page
+async def message(request: Request) -> Response:
+    board = dashboard(request)
+    message_id = int(request.path_params["id"])
+    try:
+        detail = await board.read(lambda conn: admin.message_detail(conn, message_id))
+    except admin.MessageNotFound as exc:
+        return board.error(request, 404, str(exc))
+    return board.render(
+        request,
+        "message.html",
+        m=detail,
+        payload=_pretty(detail["payload"]),
+        done=request.query_params.get("done"),
+    )
+
+
+ENDPOINT_COLUMNS = (
+    endpoints.c.name,
+    endpoints.c.url,
+    endpoints.c.event_types,
+    endpoints.c.tenant,
+    endpoints.c.max_in_flight,
+    endpoints.c.max_attempts,
+)  # never the secrets
+
+
+@page
+async def endpoint_list(request: Request) -> Response:
+    board = dashboard(request)
+
+    def read(conn: Connection) -> list[dict[str, Any]]:
+        described = {r.name: r for r in conn.execute(select(*ENDPOINT_COLUMNS))}
+        report = stats.health_report(conn)
+        for row in report:
+            info = described.get(row["name"])
+            row["url"] = info.url if info else ""
+            row["event_types"] = list(info.event_types or ()) if info else []
+            row["tenant"] = info.tenant if info else None
+        return report
+
+    return board.render(
+        request,
+        "endpoints.html",
+        refresh=5,
+        rows=await board.read(read),
+        done=request.query_params.get("done"),
+    )
+
+
+@page
+async def leases(request: Request) -> Response:
+    board = dashboard(request)
+    rows = await board.leases() if board.leases is not None else []
+    return board.render(
+        request,
+        "leases.html",
+        refresh=5,
+        rows=rows,
+        backend=board.settings.election_backend,
+    )
+
+
+@page
+async def keys(request: Request) -> Response:
+    board = dashboard(request)
+    rows = await board.read(lambda conn: blocked_keys(conn, limit=200))
+    return board.render(request, "keys.html", refresh=5, rows=rows)
+
+
+# --- actions: a confirmation page (GET), then the change (POST) -------------------
+
+
+@page
+async def confirm_retry_one(request: Request) -> Response:
+    board = dashboard(request)
+    message_id = int(request.path_params["id"])
+    try:
+        detail = await board.read(lambda conn: admin.message_detail(conn, message_id))
+    except admin.MessageNotFound as exc:
+        return board.error(request, 404, str(exc))
+    return board.render(request, "confirm_retry.html", m=detail, count=None, query={})
+
+
+@action
+async def retry_one(request: Request) -> Response:
+    board = dashboard(request)
+    message_id = int(request.path_params["id"])
+    plan = await board.read(lambda conn: admin.plan_retry(conn, [message_id]))
+    if not plan.ids:
+        why = plan.skipped.get(message_id, "not failed")
+        return board.error(request, 409, f"message {message_id} was not retried: {why}")
+    actor = who(request)
+    done = await board.act(lambda: admin.retry_messages(board.engine, plan.ids, who=actor))
+    log.info("dashboard: %s retried message %d", actor, message_id)
+    return RedirectResponse(f"/messages/{message_id}?done=retried&n={done}", 303)
+
+
+async def _plan(request: Request, params: Any) -> admin.RetryPlan | Response:
+    board = dashboard(request)
+    try:
+        where = _filter(params)
+        return await board.read(lambda conn: admin.plan_retry(conn, where=where))
+    except BadInput as exc:
+        return board.error(request, 400, str(exc))
+    except UnknownEndpoint as exc:
+        return board.error(request, 404, str(exc))
+
+
+@page
+async def confirm_retry_many(request: Request) -> Response:
+    board = dashboard(request)
+    plan = await _plan(request, request.query_params)
+    if isinstance(plan, Response):
+        return plan
+    query = _filter_query(admin.FailedFilter(), request.query_params)
+    return board.render(request, "confirm_retry.html", m=None, count=len(plan.ids), query=query)
+
+
+@action
+async def retry_many(request: Request) -> Response:
+    board = dashboard(request)
+    plan = await _plan(request, request.scope["poller.form"])
+    if isinstance(plan, Response):
+        return plan
+    actor = who(request)
+    done = await board.act(lambda: admin.retry_messages(board.engine, plan.ids, who=actor))
+    log.info("dashboard: %s retried %d failed messages", actor, done)
+    return RedirectResponse(f"/failed?done=retried&n={done}", 303)
+
+
+def _endpoint_name(request: Request) -> str:
+    return str(request.path_params["name"])
+
+
+@page
+async def confirm_endpoint(request: Request) -> Response:
+    board = dashboard(request)
+    verb = request.path_params["verb"]
+    name = _endpoint_name(request)
+    context: dict[str, Any] = {"verb": verb, "name": name, "since": "", "until": "", "event": ""}
+    if verb == "replay":
+        since = request.query_params.get("since", "").strip()
+        until = request.query_params.get("until", "").strip()
+        event = request.query_params.get("event_type", "").strip()
+        context.update(since=since, until=until, event=event, preview=None)
+        if since:
+            try:
+                start, end = _when(since, "since"), _when(until, "until")
+                assert start is not None
+                preview = await board.act(
+                    lambda: replay(
+                        board.engine,
+                        name,
+                        since=start,
+                        until=end,
+                        event_type=event or None,
+                        dry_run=True,
+                    )
+                )
+            except (BadInput, PollerError, ValueError) as exc:
+                return board.error(request, 400, str(exc))
+            context["preview"] = preview.as_dict()
+    return board.render(request, "confirm_endpoint.html", **context)
+
+
+@action
+async def endpoint_action(request: Request) -> Response:
+    board = dashboard(request)
+    verb = request.path_params["verb"]
+    name = _endpoint_name(request)
+    actor = who(request)
+    try:
+        if verb == "replay":
+            start = _when(form_value(request, "since"), "since")
+            end = _when(form_value(request, "until"), "until")
+            if start is None:
+                raise BadInput("since: required")
+            event = form_value(request, "event_type") or None
+            result = await board.act(
+                lambda: replay(
+                    board.engine, name, since=start, until=end, event_type=event, who=actor
+                )
+            )
+            log.info("dashboard: %s replayed to %s: %s", actor, name, result.as_dict())
+            n = result.queued + result.resent
+        else:
+            enabled = verb == "enable"
+
+            def change() -> None:
+                with board.engine.begin() as conn:
+                    set_enabled(conn, name, enabled, reason=f"disabled by {actor}")
+
+            await board.act(change)
+            log.info("dashboard: %s %sd endpoint %s", actor, verb, name)
+            n = 1
+    except UnknownEndpoint as exc:
+        return board.error(request, 404, str(exc))
+    except (BadInput, PollerError, ValueError) as exc:
+        return board.error(request, 400, str(exc))
+    return RedirectResponse(f"/endpoints?done={verb}&n={n}", 303)
+
+
+def routes() -> list[Route]:
+    verbs = "{verb:str}"
+    return [
+        Route("/", overview),
+        Route("/failed", failed),
+        Route("/failed/retry", confirm_retry_many, methods=["GET"]),
+        Route("/failed/retry", retry_many, methods=["POST"]),
+        Route("/messages/{id:int}", message),
+        Route("/messages/{id:int}/retry", confirm_retry_one, methods=["GET"]),
+        Route("/messages/{id:int}/retry", retry_one, methods=["POST"]),
+        Route("/endpoints", endpoint_list),
+        Route(f"/endpoints/{{name:str}}/{verbs}", _verb(confirm_endpoint), methods=["GET"]),
+        Route(f"/endpoints/{{name:str}}/{verbs}", _verb(endpoint_action), methods=["POST"]),
+        Route("/leases", leases),
+        Route("/keys", keys),
+    ]
+
+
+def _verb(handler: Any) -> Any:
+    async def checked(request: Request) -> Response:
+        if request.path_params["verb"] not in ("enable", "disable", "replay"):
+            return dashboard(request).error(request, 404, "no such action")
+        response: Response = await handler(request)
+        return response
+
+    return checked

@@ -1,0 +1,103 @@
+"""Serving the dashboard: the app wired to a database and an elector, and a socket."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sqlalchemy import Engine
+from starlette.applications import Starlette
+from starlette.types import ASGIApp
+
+from poller.dashboard import auth
+from poller.dashboard.app import create_app
+from poller.db import async_engine
+from poller.errors import ConfigurationError
+from poller.settings import Settings
+
+log = logging.getLogger("poller.dashboard")
+
+DEFAULT_ADDR = "127.0.0.1:8188"
+
+
+def build(settings: Settings, url: str, engine: Engine, creds: auth.Credentials) -> ASGIApp:
+    """The app, with a lease reader that holds its own async engine and elector while the
+    app runs (its lifespan)."""
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        from poller.election import make_elector
+
+        state["engine"] = async_engine(url, pool_size=1, max_overflow=1)
+        state["elector"] = make_elector(
+            settings.election_backend,
+            owner="dashboard",
+            engine=state["engine"],
+            redis_url=settings.redis_url,
+        )
+        try:
+            yield
+        finally:
+            await state["elector"].close()
+            await state["engine"].dispose()
+
+    async def leases() -> list[Any]:
+        from poller.shards import lease_holdings
+
+        return await lease_holdings(state["elector"], state["engine"])
+
+    return create_app(settings, engine, creds, leases=leases, lifespan=lifespan)
+
+
+def bind(addr: str) -> socket.socket:
+    """A listening socket on ``host:port``; ConfigurationError (one line) if it cannot be."""
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]")
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET  # a name: resolved by bind
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(
+            f"POLLER_DASHBOARD_ADDR={addr}: cannot listen there: {exc.strerror or exc}"
+        ) from None
+    return sock
+
+
+def loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve(app: ASGIApp, sock: socket.socket) -> None:
+    """Serve until SIGINT/SIGTERM, then return (uvicorn; no access log: login links
+    carry the token).
+
+    uvicorn shuts down gracefully on the signal and then raises it again under the
+    handler that was there before it started — the default one would end the
+    process before its caller's cleanup (the demo's embedded servers). So a handler
+    that does nothing is that one, while it serves."""
+    import signal
+
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

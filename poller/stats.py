@@ -1,0 +1,239 @@
+"""How the queue and the endpoints are doing: the reads behind ``poller admin stats``,
+``poller endpoints health`` and the dashboard's overview and endpoints pages.
+
+Each is built to cost the same with a million rows of history as with none:
+open rows are counted from their partial indexes, attempts are found through the
+BRIN index on ``finished_at`` (poller/schema.py).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, func, select, text
+
+from poller.errors import UnknownEndpoint
+from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
+from poller.schema import endpoint_health as health_table
+
+# Open rows per endpoint and status, each status from its own partial index (small,
+# whatever the history); delivered rows — the history — only when asked (a full scan).
+_OPEN_COUNTS = text(
+    " UNION ALL ".join(
+        f"SELECT endpoint_id, '{status}' AS status, count(*) AS n FROM poller_outbox "
+        f"WHERE status = '{status}' GROUP BY endpoint_id"
+        for status in ("pending", "in_flight", "waiting", "failed")
+    )
+)
+_DELIVERED_COUNTS = text(
+    "SELECT endpoint_id, 'delivered' AS status, count(*) AS n FROM poller_outbox "
+    "WHERE status = 'delivered' GROUP BY endpoint_id"
+)
+_ROWS_ESTIMATE = text("SELECT reltuples FROM pg_class WHERE oid = 'poller_outbox'::regclass")
+EXACT_BELOW = 200_000
+"""``queue_stats(delivered=False)`` still counts delivered rows exactly below this many rows."""
+
+
+def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
+    """Counts by status and endpoint, lag, in flight, recent failures and attempt rate.
+
+    ``delivered=False`` (the dashboard's overview): on a table of more than
+    :data:`EXACT_BELOW` rows, delivered rows are not counted per endpoint but
+    estimated in total from the planner's row count (``delivered_estimated``), so
+    the answer costs the same with a million rows of history as with none."""
+    names = dict(conn.execute(select(endpoints.c.id, endpoints.c.name)).all())
+    rows = list(conn.execute(_OPEN_COUNTS))
+    estimated = False
+    if not delivered:
+        total = conn.execute(_ROWS_ESTIMATE).scalar()
+        estimated = total is not None and total >= EXACT_BELOW
+    if not estimated:
+        rows += conn.execute(_DELIVERED_COUNTS).all()
+    per_endpoint: dict[str, dict[str, int]] = {}
+    totals: dict[str, int] = {s: 0 for s in STATUSES}  # waiting: behind an ordering key's head
+    for endpoint_id, status, count in rows:
+        name = names.get(endpoint_id, f"#{endpoint_id}")
+        per_endpoint.setdefault(name, {s: 0 for s in totals})[status] = count
+        totals[status] += count
+    if estimated:
+        totals["delivered"] = max(int(total or 0) - sum(totals.values()), 0)
+    now = func.now()
+    oldest_due = conn.execute(
+        select(func.extract("epoch", now - func.min(outbox.c.next_attempt_at))).where(
+            outbox.c.status == "pending", outbox.c.next_attempt_at <= now
+        )
+    ).scalar()
+    failed_hour, failed_day = conn.execute(
+        select(
+            func.count().filter(outbox.c.failed_at > now - timedelta(hours=1)),
+            func.count().filter(outbox.c.failed_at > now - timedelta(days=1)),
+        ).where(outbox.c.status == "failed")
+    ).one()
+    recent = conn.execute(
+        select(func.count()).where(delivery_attempts.c.finished_at > now - timedelta(minutes=1))
+    ).scalar_one()
+    published_day, unrouted_day = conn.execute(
+        select(func.count(), func.count().filter(event_log.c.fanned_out == 0)).where(
+            event_log.c.created_at > now - timedelta(days=1)
+        )
+    ).one()
+    states = {
+        row.name: _endpoint_state(row)
+        for row in conn.execute(
+            select(
+                endpoints.c.name,
+                endpoints.c.enabled,
+                endpoints.c.paused_until,
+                health_table.c.state,
+            ).join(health_table, health_table.c.endpoint_id == endpoints.c.id, isouter=True)
+        )
+    }
+    held = sum(
+        counts["pending"] for name, counts in per_endpoint.items() if states.get(name, "ok") != "ok"
+    )
+    return {
+        "totals": totals,
+        "endpoints": per_endpoint,
+        # Why an endpoint's pending messages may be waiting: ok, disabled, circuit open,
+        # circuit half-open, paused (Retry-After). ``held``: pending behind such endpoints.
+        "endpoint_states": {name: states.get(name, "ok") for name in per_endpoint},
+        "pending_held": held,
+        "oldest_due_pending_seconds": float(oldest_due) if oldest_due is not None else None,
+        "in_flight": totals["in_flight"],
+        "failed_last_hour": failed_hour,
+        "failed_last_day": failed_day,
+        # Published events (poller/publish.py), and those that reached no endpoint.
+        "events_last_day": published_day,
+        "events_unrouted_last_day": unrouted_day,
+        "attempts_per_second_last_minute": recent / 60,
+        "delivered_estimated": estimated,  # totals' delivered is the planner's estimate
+    }
+
+
+def _endpoint_state(row: Any) -> str:
+    if not row.enabled:
+        return "disabled"
+    if row.state in ("open", "half_open"):
+        return "circuit " + str(row.state).replace("_", "-")
+    if row.paused_until is not None and row.paused_until > datetime.now(UTC):
+        return "paused"
+    return "ok"
+
+
+def activity(conn: Connection, minutes: int = 60) -> list[dict[str, Any]]:
+    """Attempts per minute over the last ``minutes`` (delivered, and not), oldest first,
+    minutes without any included as zeros. The BRIN index on finished_at finds them."""
+    rows = conn.execute(
+        text(
+            """
+            SELECT date_trunc('minute', finished_at) AS minute,
+                   count(*) FILTER (WHERE outcome = 'delivered') AS delivered,
+                   count(*) FILTER (WHERE outcome <> 'delivered') AS failed,
+                   date_trunc('minute', now()) AS now
+            FROM poller_delivery_attempts
+            WHERE finished_at >= date_trunc('minute', now()) - make_interval(mins => :n - 1)
+              AND kind IN ('send', 'lookup')
+            GROUP BY 1
+            """
+        ),
+        {"n": minutes},
+    ).all()
+    now = conn.execute(text("SELECT date_trunc('minute', now())")).scalar_one()
+    found = {r.minute: r for r in rows}
+    series = []
+    for back in range(minutes - 1, -1, -1):
+        minute = now - timedelta(minutes=back)
+        row = found.get(minute)
+        series.append(
+            {
+                "minute": minute,
+                "delivered": row.delivered if row else 0,
+                "failed": row.failed if row else 0,
+            }
+        )
+    return series
+
+
+def endpoint_health(conn: Connection, endpoint_id: int) -> dict[str, Any]:
+    """Last success, failures since then, and the endpoint's queue by status."""
+    last_success = conn.execute(
+        select(func.max(outbox.c.delivered_at)).where(outbox.c.endpoint_id == endpoint_id)
+    ).scalar()
+    since = (
+        select(delivery_attempts.c.id)
+        .join(outbox, outbox.c.id == delivery_attempts.c.message_id)
+        .where(outbox.c.endpoint_id == endpoint_id, delivery_attempts.c.kind == "send")
+    )
+    if last_success is not None:
+        since = since.where(delivery_attempts.c.finished_at > last_success)
+    failures = conn.execute(
+        select(func.count()).select_from(
+            since.where(delivery_attempts.c.outcome != "delivered").subquery()
+        )
+    ).scalar_one()
+    queue: dict[str, int] = dict(
+        conn.execute(
+            select(outbox.c.status, func.count())
+            .where(outbox.c.endpoint_id == endpoint_id)
+            .group_by(outbox.c.status)
+        ).all()
+    )
+    return {
+        "last_success": last_success,
+        "failures_since_last_success": failures,
+        "messages": queue,
+    }
+
+
+def health_report(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
+    """Each endpoint's health (poller/health.py), or ``name``'s: circuit, failure streak,
+    last success, send success ratio over 1 h and 24 h, rate limit and its use now."""
+    from poller import queries
+
+    rows = conn.execute(queries.HEALTH_REPORT, {"name": name}).all()
+    if name is not None and not rows:
+        raise UnknownEndpoint(name)
+    report = []
+    for r in rows:
+        paused = r.paused_until if r.state == "closed" else None
+        if paused is not None and paused <= datetime.now(UTC):
+            paused = None
+        report.append(
+            {
+                "name": r.name,
+                "enabled": r.enabled,
+                "disabled_reason": r.disabled_reason,
+                "circuit": r.state,
+                "consecutive_failures": r.consecutive_failures,
+                "circuit_failures": r.circuit_failures,
+                "circuit_cooldown": r.circuit_cooldown,
+                "opened_at": r.opened_at,
+                "next_probe_at": r.open_until if r.state == "open" else None,
+                "probe_sent_at": r.probe_at if r.state == "half_open" else None,
+                "cooldown": r.cooldown,
+                "opens": r.opens,
+                "probes": r.probes,
+                "last_success_at": r.last_success_at,
+                "last_failure_at": r.last_failure_at,
+                "failing_since": r.failing_since,
+                "last_error": r.last_error,
+                "paused_until": paused,
+                "success_ratio_1h": _ratio(r.ok_1h, r.sends_1h),
+                "sends_1h": r.sends_1h,
+                "success_ratio_24h": _ratio(r.ok_24h, r.sends_24h),
+                "sends_24h": r.sends_24h,
+                "rate_limit": r.rate_limit,
+                "rate_burst": r.rate_burst if r.rate_limit is not None else None,
+                "rate_tokens": None if r.tokens is None else round(max(r.tokens, 0.0), 2),
+                "rate_in_use": None
+                if r.tokens is None
+                else round(1 - max(r.tokens, 0.0) / r.rate_burst, 3),
+                "pending": r.pending,
+            }
+        )
+    return report
+
+
+def _ratio(ok: int, total: int) -> float | None:
+    return None if not total else round(ok / total, 4)

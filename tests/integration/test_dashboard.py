@@ -1,0 +1,335 @@
+"""The dashboard's routes against a real PostgreSQL (Starlette's test client).
+
+What they must never do matters as much as what they show: no page without
+credentials, no change without the CSRF token and from another site, no
+signing secret in any page, every value escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from starlette.testclient import TestClient
+
+from poller.dashboard import auth
+from poller.dashboard.app import create_app
+from poller.errors import ConfigurationError
+from poller.outbox import Message, enqueue_many
+from poller.settings import load_settings
+from tests.conftest import make_endpoint
+
+TOKEN = "t" * 12 + "-dashboard-token"
+HOSTILE = "<script>alert('pwned')</script>"
+
+
+def client(engine: Engine, **settings: Any) -> TestClient:
+    creds = auth.Credentials(
+        settings.pop("token", TOKEN), settings.pop("user", None), settings.pop("password", None)
+    )
+    app = create_app(load_settings(**settings), engine, creds)
+    return TestClient(app, base_url="http://127.0.0.1:8188", follow_redirects=False)
+
+
+@pytest.fixture
+def web(engine: Engine) -> Iterator[TestClient]:
+    with client(engine) as c:
+        login = c.get(f"/login?token={TOKEN}")
+        assert login.status_code == 303
+        yield c
+
+
+def csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found, "no CSRF token in the page"
+    return found.group(1)
+
+
+def queue(
+    engine: Engine, endpoint: str, n: int, prefix: str = "k", payload: Any = None
+) -> list[int]:
+    with engine.begin() as conn:
+        return enqueue_many(
+            conn,
+            [
+                Message(endpoint, "order.paid", payload or {"n": i}, f"{prefix}{i}")
+                for i in range(n)
+            ],
+        )
+
+
+def fail(
+    engine: Engine, ids: list[int], *, code: int | None = 503, error: str = "HTTP 503"
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET status = 'failed', attempts = max_attempts, "
+                "failed_at = now() - make_interval(secs => id), last_status_code = :code, "
+                "last_error = :error WHERE id = ANY(:ids)"
+            ),
+            {"ids": ids, "code": code, "error": error},
+        )
+
+
+def status_of(engine: Engine, message_id: int) -> str:
+    with engine.connect() as conn:
+        return str(
+            conn.execute(
+                text("SELECT status FROM poller_outbox WHERE id = :id"), {"id": message_id}
+            ).scalar_one()
+        )
+
+
+# --- who may come in ----------------------------------------------------------------
+
+
+def test_every_page_needs_credentials(engine: Engine) -> None:
+    make_endpoint(engine)
+    with client(engine) as c:
+        for path in ("/", "/failed", "/messages/1", "/endpoints", "/leases", "/keys"):
+            answer = c.get(path)
+            assert answer.status_code == 303, path
+            assert answer.headers["location"].startswith("/login?next="), path
+        assert c.get("/", headers={"Authorization": "Bearer wrong-token-wrong"}).status_code == 303
+        assert c.post("/messages/1/retry").status_code == 401
+        assert c.get(f"/login?token={TOKEN}x").status_code == 401
+        assert c.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        forged = f"{auth.new_session(auth.Credentials('another-token-entirely'))}"
+        c.cookies.set(auth.COOKIE, forged)
+        assert c.get("/").status_code == 303
+
+
+def test_login_goes_back_only_to_a_local_page(engine: Engine) -> None:
+    with client(engine) as c:
+        for target, expected in [
+            ("/failed?endpoint=a", "/failed?endpoint=a"),
+            ("https://evil.example/", "/"),
+            ("//evil.example/", "/"),
+            ("/\\evil.example", "/"),
+        ]:
+            answer = c.post("/login", data={"token": TOKEN, "next": target})
+            assert answer.status_code == 303
+            assert answer.headers["location"] == expected
+            cookie = answer.headers["set-cookie"]
+            assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+
+
+def test_basic_credentials(engine: Engine) -> None:
+    with client(engine, token=None, user="ops", password="correct horse") as c:
+        assert c.get("/").status_code == 401
+        assert "Basic" in c.get("/").headers["www-authenticate"]
+        good = base64.b64encode(b"ops:correct horse").decode()
+        bad = base64.b64encode(b"ops:wrong").decode()
+        assert c.get("/", headers={"Authorization": f"Basic {bad}"}).status_code == 401
+        assert c.get("/", headers={"Authorization": "Basic %%%"}).status_code == 401
+        page = c.get("/failed", headers={"Authorization": f"Basic {good}"})
+        assert page.status_code == 200
+        # Browsers send basic credentials by themselves: an action still needs the token.
+        refused = c.post("/logout", headers={"Authorization": f"Basic {good}"})
+        assert refused.status_code == 403
+
+
+def test_credentials_from_settings_and_the_token_file(tmp_path: Path) -> None:
+    made = auth.credentials(load_settings(data_dir=tmp_path))
+    assert made.token_file == tmp_path / auth.TOKEN_FILE
+    assert made.token is not None and len(made.token) >= 16
+    assert (made.token_file.stat().st_mode & 0o777) == 0o600
+    assert auth.credentials(load_settings(data_dir=tmp_path)).token == made.token  # kept
+    with pytest.raises(ConfigurationError, match="POLLER_DASHBOARD_TOKEN"):
+        auth.credentials(load_settings(database_url="postgresql://x@127.0.0.1/db"))
+    with pytest.raises(ConfigurationError, match="at least 16"):
+        load_settings(dashboard_token="short")
+    with pytest.raises(ConfigurationError, match="set both"):
+        load_settings(dashboard_user="ops")
+    from_env = auth.credentials(
+        load_settings(dashboard_token=TOKEN, database_url="postgresql://x@h/d")
+    )
+    assert from_env.token == TOKEN and from_env.token_file is None
+
+
+# --- what the pages show ---------------------------------------------------------------
+
+
+def test_overview_shows_the_database_counts(engine: Engine, web: TestClient) -> None:
+    make_endpoint(engine, "billing")
+    make_endpoint(engine, "ledger")
+    ids = queue(engine, "billing", 7)
+    queue(engine, "ledger", 3)
+    fail(engine, ids[:2])
+    page = web.get("/")
+    assert page.status_code == 200
+    counts = dict(re.findall(r'data-status="(\w+)">([\d,]+)<', page.text))
+    assert counts["pending"] == "8" and counts["failed"] == "2"
+    assert 'data-endpoint="billing"' in page.text and 'data-endpoint="ledger"' in page.text
+    assert "<svg" in page.text
+    fragment = web.get("/", headers={"X-Poller-Refresh": "1"})
+    assert fragment.status_code == 200 and "<html" not in fragment.text
+    assert 'data-status="failed">2<' in fragment.text
+
+
+def test_security_headers_on_every_answer(engine: Engine, web: TestClient) -> None:
+    for path in ("/", "/static/dashboard.css", "/login"):
+        headers = web.get(path).headers
+        csp = headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, path
+        assert "unsafe-inline" not in csp
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["cache-control"] == "no-store"
+
+
+def test_hostile_values_are_shown_as_text(engine: Engine, web: TestClient) -> None:
+    make_endpoint(engine, "billing")
+    [mid] = queue(
+        engine, "billing", 1, payload={"note": HOSTILE, "html": '<img src=x onerror="x()">'}
+    )
+    fail(engine, [mid], error=HOSTILE)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO poller_delivery_attempts (message_id, attempt, kind, poller_id, "
+                "outcome, error_message, response_excerpt) VALUES (:id, 1, 'send', :who, "
+                "'failed', :bad, :bad)"
+            ),
+            {"id": mid, "who": HOSTILE, "bad": HOSTILE},
+        )
+    for path in (f"/messages/{mid}", "/failed", f"/failed?error={HOSTILE}", "/"):
+        page = web.get(path)
+        assert page.status_code == 200, path
+        assert "<script>alert" not in page.text and "<img src=x" not in page.text, path
+    shown = web.get(f"/messages/{mid}").text
+    assert "&lt;script&gt;alert(" in shown
+    assert "&lt;img src=x onerror=" in shown
+
+
+def test_no_signing_secret_in_any_page(engine: Engine, web: TestClient) -> None:
+    made = make_endpoint(engine, "billing")
+    [mid] = queue(engine, "billing", 1)
+    fail(engine, [mid])
+    secret = made.secret
+    core = secret.removeprefix("whsec_")
+    for path in ("/", "/endpoints", "/failed", f"/messages/{mid}", "/endpoints/billing/disable"):
+        page = web.get(path).text
+        assert secret not in page and core not in page, path
+
+
+def test_failed_pages_by_keyset(engine: Engine, web: TestClient) -> None:
+    make_endpoint(engine, "billing")
+    make_endpoint(engine, "ledger")
+    ids = queue(engine, "billing", 120)
+    fail(engine, ids)
+    other = queue(engine, "ledger", 5)
+    fail(engine, other, code=None, error="connection refused")
+    seen: list[int] = []
+    url = "/failed?endpoint=billing"
+    pages = 0
+    while url:
+        page = web.get(url).text
+        seen += [int(i) for i in re.findall(r'<tr data-id="(\d+)">', page)]
+        found = re.search(r'rel="next" href="([^"]+)"', page)
+        url = found.group(1).replace("&amp;", "&") if found else ""
+        pages += 1
+    assert pages == 3
+    assert seen == sorted(ids)  # failed_at is older for higher ids: newest first is id order
+    errors = web.get("/failed?error=REFUSED").text
+    assert sorted(int(i) for i in re.findall(r'<tr data-id="(\d+)">', errors)) == other
+    code = web.get("/failed?error=503&endpoint=ledger").text
+    assert "No failed message matches" in code
+    assert web.get("/failed?before=nonsense").status_code == 400
+    assert web.get("/failed?since=yesterday-ish").status_code == 400
+    assert web.get("/failed?endpoint=nobody").status_code == 404
+
+
+# --- actions --------------------------------------------------------------------------
+
+
+def test_retry_one_message(engine: Engine, web: TestClient) -> None:
+    make_endpoint(engine, "billing")
+    [mid] = queue(engine, "billing", 1)
+    fail(engine, [mid])
+    confirm = web.get(f"/messages/{mid}/retry")
+    assert confirm.status_code == 200
+    token = csrf(confirm.text)
+    assert web.post(f"/messages/{mid}/retry", data={}).status_code == 403
+    assert web.post(f"/messages/{mid}/retry", data={"csrf": "0" * 64}).status_code == 403
+    cross = web.post(
+        f"/messages/{mid}/retry", data={"csrf": token}, headers={"Origin": "https://evil.example"}
+    )
+    assert cross.status_code == 403
+    sneaky = web.post(
+        f"/messages/{mid}/retry", data={"csrf": token}, headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert sneaky.status_code == 403
+    assert status_of(engine, mid) == "failed"
+    done = web.post(f"/messages/{mid}/retry", data={"csrf": token})
+    assert done.status_code == 303 and done.headers["location"].startswith(f"/messages/{mid}")
+    assert status_of(engine, mid) == "pending"
+    with engine.connect() as conn:
+        who = conn.execute(
+            text("SELECT poller_id FROM poller_delivery_attempts WHERE kind = 'manual'")
+        ).scalar_one()
+    assert who == "dashboard:token@testclient"
+    again = web.post(f"/messages/{mid}/retry", data={"csrf": token})
+    assert again.status_code == 409  # pending now: nothing to retry
+
+
+def test_retry_a_filtered_set(engine: Engine, web: TestClient) -> None:
+    make_endpoint(engine, "billing")
+    make_endpoint(engine, "ledger")
+    mine = queue(engine, "billing", 3)
+    fail(engine, mine)
+    theirs = queue(engine, "ledger", 2)
+    fail(engine, theirs)
+    confirm = web.get("/failed/retry?endpoint=billing&error=503")
+    assert "<b>3</b> failed message(s)" in confirm.text
+    done = web.post(
+        "/failed/retry", data={"csrf": csrf(confirm.text), "endpoint": "billing", "error": "503"}
+    )
+    assert done.status_code == 303
+    assert [status_of(engine, i) for i in mine] == ["pending"] * 3
+    assert [status_of(engine, i) for i in theirs] == ["failed"] * 2
+
+
+def test_disable_enable_and_replay_an_endpoint(engine: Engine, web: TestClient) -> None:
+    make_endpoint(engine, "billing")
+    token = csrf(web.get("/endpoints/billing/disable").text)
+    assert web.post("/endpoints/billing/disable", data={"csrf": token}).status_code == 303
+    with engine.connect() as conn:
+        enabled, reason = conn.execute(
+            text("SELECT enabled, disabled_reason FROM poller_endpoints WHERE name = 'billing'")
+        ).one()
+    assert not enabled and reason == "disabled by dashboard:token@testclient"
+    assert web.post("/endpoints/billing/enable", data={"csrf": token}).status_code == 303
+    assert web.post("/endpoints/nobody/enable", data={"csrf": token}).status_code == 404
+    assert web.post("/endpoints/billing/explode", data={"csrf": token}).status_code == 404
+    preview = web.get("/endpoints/billing/replay?since=1h")
+    assert preview.status_code == 200 and "<b>0</b> event(s)" in preview.text
+    replayed = web.post("/endpoints/billing/replay", data={"csrf": token, "since": "1h"})
+    assert replayed.status_code == 303
+    assert web.post("/endpoints/billing/replay", data={"csrf": token}).status_code == 400
+
+
+def test_read_only_changes_nothing(engine: Engine) -> None:
+    make_endpoint(engine, "billing")
+    [mid] = queue(engine, "billing", 1)
+    fail(engine, [mid])
+    with client(engine, dashboard_read_only=True) as c:
+        c.get(f"/login?token={TOKEN}")
+        page = c.get(f"/messages/{mid}").text
+        assert "read-only" in page and f"/messages/{mid}/retry" not in page
+        token = csrf(page)  # the log-out form's
+        assert c.post(f"/messages/{mid}/retry", data={"csrf": token}).status_code == 403
+        assert c.post("/endpoints/billing/disable", data={"csrf": token}).status_code == 403
+    assert status_of(engine, mid) == "failed"
+
+
+def test_pages_that_have_nothing_to_show(engine: Engine, web: TestClient) -> None:
+    for path in ("/", "/failed", "/endpoints", "/leases", "/keys"):
+        assert web.get(path).status_code == 200, path
+    assert web.get("/messages/999999").status_code == 404
+    assert web.get("/messages/not-a-number").status_code == 404
