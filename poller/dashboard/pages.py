@@ -181,14 +181,22 @@ def _pretty(payload: Any) -> str:
         return text
 
 
-@page
-async def message(request: Request) -> Response:
+async def _message(request: Request) -> dict[str, Any] | Response:
+    """The message the path names, with its attempts; or the 404 page."""
     board = dashboard(request)
     message_id = int(request.path_params["id"])
     try:
-        detail = await board.read(lambda conn: admin.message_detail(conn, message_id))
+        return await board.read(lambda conn: admin.message_detail(conn, message_id))
     except admin.MessageNotFound as exc:
         return board.error(request, 404, str(exc))
+
+
+@page
+async def message(request: Request) -> Response:
+    board = dashboard(request)
+    detail = await _message(request)
+    if isinstance(detail, Response):
+        return detail
     return board.render(
         request,
         "message.html",
@@ -256,13 +264,10 @@ async def keys(request: Request) -> Response:
 
 @page
 async def confirm_retry_one(request: Request) -> Response:
-    board = dashboard(request)
-    message_id = int(request.path_params["id"])
-    try:
-        detail = await board.read(lambda conn: admin.message_detail(conn, message_id))
-    except admin.MessageNotFound as exc:
-        return board.error(request, 404, str(exc))
-    return board.render(request, "confirm_retry.html", m=detail, count=None, query={})
+    detail = await _message(request)
+    if isinstance(detail, Response):
+        return detail
+    return dashboard(request).render(request, "confirm_retry.html", m=detail, count=None, query={})
 
 
 @action
