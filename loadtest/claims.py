@@ -32,10 +32,11 @@ from sqlalchemy import text
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_due, insert_history
 from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, Claims, delivered
+from poller.claims import ALL_BUCKETS_LITERAL, Claims
 from poller.db import async_engine, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
 from poller.health import HealthPolicy
+from poller.outcomes import delivered
 from poller.queries._registry import PSYCOPG
 
 # The same text poller.claims sends to the driver since it skips SQLAlchemy there

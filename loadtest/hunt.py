@@ -59,11 +59,11 @@ from sqlalchemy.orm import Session
 from loadtest.hostile import HostileReceiver
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Event, Message, enqueue_many, migrate, publish_many
-from poller.claims import MAX_REFUNDS
 from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
 from poller.keyring import Keyring, new_key
+from poller.outcomes import MAX_REFUNDS
 
 TTL = 1.5
 CLAIM_LEASE = 3.0

@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
 from poller import metrics
-from poller.claims import ClaimedMessage, Claims, CompletionResult, Outcome
+from poller.claims import Claims, CompletionResult
 from poller.db import OutageLog, is_transient
+from poller.outcomes import ClaimedMessage, Outcome
 
 log = logging.getLogger("poller.completer")
 

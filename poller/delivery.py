@@ -40,9 +40,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from poller import claims
-from poller.claims import ClaimedMessage, Outcome
+from poller import outcomes
 from poller.endpoints import LOOKUP_PLACEHOLDER, SECRET_PREFIX, Endpoint
+from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import parse_retry_after, retry_delay
 from poller.senders import Reply, Sender, SendError
 from poller.settings import Settings
@@ -229,20 +229,20 @@ def to_outcome(msg: ClaimedMessage, attempt: Attempt, settings: Settings) -> Out
     """The row write for a send attempt, with the retry delay from the schedule."""
     detail = attempt.detail()
     if attempt.verdict is Verdict.DELIVERED:
-        return claims.delivered(msg, **detail)
+        return outcomes.delivered(msg, **detail)
     if attempt.verdict in (Verdict.FAILED, Verdict.GONE):
-        return claims.failed(msg, **detail)
+        return outcomes.failed(msg, **detail)
     delay = retry_delay(
         settings.retry_schedule, msg.attempts, attempt.retry_after, settings.retry_after_max
     )
     if attempt.verdict is Verdict.UNKNOWN:
-        return claims.unknown(msg, delay, **detail)
-    return claims.retry(msg, delay, **detail)
+        return outcomes.unknown(msg, delay, **detail)
+    return outcomes.retry(msg, delay, **detail)
 
 
 def lookup_outcome(msg: ClaimedMessage, attempt: Attempt, settings: Settings) -> Outcome:
     """The row write when a lookup answered FOUND (delivered) or ERROR (ask again later)."""
     if attempt.verdict is Verdict.DELIVERED:
-        return claims.delivered(msg, kind="lookup", **attempt.detail())
+        return outcomes.delivered(msg, kind="lookup", **attempt.detail())
     delay = retry_delay(settings.retry_schedule, msg.attempts, None, settings.retry_after_max)
-    return claims.lookup_pending(msg, delay, **attempt.detail())
+    return outcomes.lookup_pending(msg, delay, **attempt.detail())

@@ -7,13 +7,13 @@ endpoint has a ``lookup_url``, sends it otherwise, and hands the outcome to
 the completer. Whatever happens, each claimed message reaches exactly one of:
 
 * an outcome of the exchange (delivered, retry, unknown, failed, gone…);
-* :func:`~poller.claims.crashed` — anything the delivery raised (a receiver's
+* :func:`~poller.outcomes.crashed` — anything the delivery raised (a receiver's
   header we failed to parse, a URL a client cannot encode, a malformed
   secret, a bug). A crash is an **attempt**: counted, recorded with the
   exception type as ``error_class``, backed off, ``failed`` after the last —
   never refunded, so nothing a receiver or a stored value can make us raise
   loops a message for ever;
-* :func:`~poller.claims.released` — only on graceful shutdown, for deliveries
+* :func:`~poller.outcomes.released` — only on graceful shutdown, for deliveries
   still running after the grace period (refunded a bounded number of times).
 """
 
@@ -28,12 +28,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from poller import __version__, claims, delivery, metrics
-from poller.claims import ClaimedMessage, Outcome, clean_text
+from poller import __version__, delivery, metrics, outcomes
+from poller.claims import clean_text
 from poller.completer import Completer
 from poller.delivery import LookupAnswer, Verdict
 from poller.endpoints import Endpoint
 from poller.health import is_endpoint_failure
+from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import backoff
 from poller.senders import Sender
 from poller.settings import Settings
@@ -127,7 +128,7 @@ class Dispatcher:
             msg = self.tasks[task]
             task.cancel()
             self._released.add(msg.id)
-            self.completer.put(claims.released(msg, maybe_sent=msg.id in self._sending))
+            self.completer.put(outcomes.released(msg, maybe_sent=msg.id in self._sending))
             self._child(metrics.DELIVERY_OUTCOMES, self._name(msg), "released").inc()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
@@ -156,7 +157,7 @@ class Dispatcher:
                 msg.id,
                 extra={"message_id": msg.id},
             )
-            return claims.released(msg)
+            return outcomes.released(msg)
         timeout = min(
             endpoint.timeout or self.settings.request_timeout, self.settings.request_timeout
         )
@@ -169,7 +170,7 @@ class Dispatcher:
             if answer is not LookupAnswer.NOT_FOUND:
                 return delivery.lookup_outcome(msg, attempt, self.settings)
         if not self.completer.still_ours(msg.id):  # the lookup outlived the lease
-            return claims.released(msg)
+            return outcomes.released(msg)
         self._sending.add(msg.id)
         attempt = await delivery.send(
             self.sender,
@@ -189,7 +190,7 @@ class Dispatcher:
             outcome = dataclasses.replace(outcome, pause=pause)
             metrics.ENDPOINT_PAUSES.inc()
         if msg.probe and is_endpoint_failure(attempt.status_code, outcome.outcome):
-            outcome = claims.probe_failed(outcome)
+            outcome = outcomes.probe_failed(outcome)
         return outcome
 
     def _crash(
@@ -205,7 +206,7 @@ class Dispatcher:
             exc_info=exc,
             extra={"message_id": msg.id, "attempt": msg.attempts, "error": name},
         )
-        return claims.crashed(
+        return outcomes.crashed(
             msg,
             backoff(self.settings.retry_schedule, msg.attempts),
             maybe_sent=msg.id in self._sending,

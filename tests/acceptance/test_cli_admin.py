@@ -9,9 +9,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
-from poller.claims import Claims, delivered, failed
+from poller.claims import Claims
 from poller.cli import cli
 from poller.db import async_engine
+from poller.outcomes import delivered, failed
 from tests.integration.helpers import attempts_of, row, seed
 
 

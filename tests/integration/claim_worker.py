@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from poller.claims import Claims, delivered
+from poller.claims import Claims
 from poller.db import async_engine
+from poller.outcomes import delivered
 
 
 async def _main(url: str, out: Path, go: Path) -> None:

@@ -9,9 +9,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
-from poller.claims import (
+from poller.claims import Claims
+from poller.endpoints import CreatedEndpoint
+from poller.outcomes import (
     MAX_REFUNDS,
-    Claims,
     crashed,
     delivered,
     failed,
@@ -20,7 +21,6 @@ from poller.claims import (
     retry,
     unknown,
 )
-from poller.endpoints import CreatedEndpoint
 from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, expire_claims, make_due, row, seed
 

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import pytest
 from standardwebhooks import Webhook
 
-from poller.claims import ClaimedMessage
 from poller.delivery import LookupAnswer, Verdict, lookup, send
 from poller.endpoints import Endpoint, new_secret
+from poller.outcomes import ClaimedMessage
 from poller.receiver import Faults, Receiver
 from poller.senders import AiohttpSender, HttpxSender, Sender
 from tests.integration import servers

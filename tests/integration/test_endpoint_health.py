@@ -16,8 +16,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from poller import Message, claims, enqueue_many
-from poller.claims import ClaimedMessage, Claims
+from poller import Message, enqueue_many, outcomes
+from poller.claims import Claims
 from poller.cli import cli
 from poller.endpoints import new_secret, set_enabled, update_endpoint
 from poller.errors import ConfigurationError, InvalidEndpoint
@@ -30,6 +30,7 @@ from poller.events import (
     OperationalEvent,
 )
 from poller.health import HealthPolicy
+from poller.outcomes import ClaimedMessage
 from poller.receiver import Faults, Receiver
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed, wait_for
@@ -64,9 +65,9 @@ def breaker(aengine: AsyncEngine) -> Claims:
     return Claims(aengine, poller_id="p1", claim_lease=30, health=policy)
 
 
-def failing(msg: ClaimedMessage, status: int | None = 500) -> claims.Outcome:
+def failing(msg: ClaimedMessage, status: int | None = 500) -> outcomes.Outcome:
     error_class = None if status else "ConnectError"
-    return claims.retry(msg, 0, status_code=status, error_class=error_class, error_message="down")
+    return outcomes.retry(msg, 0, status_code=status, error_class=error_class, error_message="down")
 
 
 async def claim(breaker: Claims, limit: int = 100) -> list[ClaimedMessage]:
@@ -102,13 +103,13 @@ async def test_failed_sends_open_the_circuit_and_a_probe_closes_it(
     assert [m.probe for m in probe] == [True]  # one message: the probe
     assert health(engine).state == "half_open" and health(engine).probes == 1
     assert await claim(breaker) == []
-    await breaker.complete([claims.probe_failed(failing(probe[0], 503))])
+    await breaker.complete([outcomes.probe_failed(failing(probe[0], 503))])
     reopened = health(engine)
     assert (reopened.state, reopened.opens, reopened.cooldown) == ("open", 1, 0.6)  # doubled
     assert attempts_spent(engine) == spent  # the probe's attempt was handed back
 
     probe = await claim_within(breaker)
-    await breaker.complete([claims.delivered(probe[0], status_code=200)])
+    await breaker.complete([outcomes.delivered(probe[0], status_code=200)])
     closed = health(engine)
     assert (closed.state, closed.consecutive_failures, closed.cooldown) == ("closed", 0, None)
     assert closed.paused_until is None and closed.failing_since is None
@@ -119,7 +120,7 @@ async def test_a_4xx_answer_is_not_a_failed_endpoint(engine: Engine, breaker: Cl
     make_endpoint(engine, "billing", max_attempts=10)
     seed(engine, 5)
     batch = await claim(breaker, 5)
-    await breaker.complete([claims.failed(m, status_code=400) for m in batch])
+    await breaker.complete([outcomes.failed(m, status_code=400) for m in batch])
     assert (health(engine).state, health(engine).consecutive_failures) == ("closed", 0)
 
 
@@ -145,8 +146,8 @@ async def test_a_success_in_the_same_batch_keeps_the_circuit_closed(
     make_endpoint(engine, "billing", max_attempts=10)
     seed(engine, 6)
     batch = await claim(breaker, 6)
-    outcomes = [failing(m) for m in batch[:5]] + [claims.delivered(batch[5], status_code=200)]
-    await breaker.complete(outcomes)
+    written = [failing(m) for m in batch[:5]] + [outcomes.delivered(batch[5], status_code=200)]
+    await breaker.complete(written)
     assert (health(engine).state, health(engine).consecutive_failures) == ("closed", 0)
 
 
@@ -156,7 +157,7 @@ async def test_retry_after_pauses_the_whole_endpoint(engine: Engine, breaker: Cl
     seed(engine, 5)
     first = await claim(breaker, 1)
     seed(engine, 3, endpoint="other")
-    throttled = claims.retry(first[0], 0.0, status_code=429, error_message="HTTP 429")
+    throttled = outcomes.retry(first[0], 0.0, status_code=429, error_message="HTTP 429")
     await breaker.complete([dataclass_replace(throttled, pause=0.5)])
     assert health(engine).paused_until is not None
     batch = await claim(breaker)
@@ -165,7 +166,7 @@ async def test_retry_after_pauses_the_whole_endpoint(engine: Engine, breaker: Cl
     assert len(rest) == 5 and all(not m.probe for m in rest)
 
 
-def dataclass_replace(outcome: claims.Outcome, **changes: Any) -> claims.Outcome:
+def dataclass_replace(outcome: outcomes.Outcome, **changes: Any) -> outcomes.Outcome:
     import dataclasses
 
     return dataclasses.replace(outcome, **changes)

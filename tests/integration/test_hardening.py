@@ -281,7 +281,7 @@ async def test_a_claim_past_its_lease_by_this_clock_is_handed_back_unsent(
 ) -> None:
     """A poller paused (SIGSTOP, a long GC, a VM migration) between its claim and its
     send must not send: the row may be another poller's by now."""
-    from poller import claims as claim_outcomes
+    from poller import outcomes as claim_outcomes
     from poller.claims import Claims
     from poller.completer import Completer
     from poller.dispatcher import Dispatcher, EndpointCache

@@ -9,9 +9,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 from poller import IdempotencyKeySpent, Message, enqueue, enqueue_many
-from poller.claims import Claims, delivered, failed
+from poller.claims import Claims
 from poller.endpoints import CreatedEndpoint
 from poller.maintenance import Purger
+from poller.outcomes import delivered, failed
 from tests.integration.helpers import attempts_of, seed
 
 

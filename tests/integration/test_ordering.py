@@ -17,9 +17,9 @@ from poller import (
     IdempotencyConflict,
     InvalidOrderingKey,
     Message,
-    claims,
     enqueue,
     enqueue_many,
+    outcomes,
 )
 from poller.admin import retry_messages
 from poller.claims import Claims
@@ -125,7 +125,7 @@ def test_a_duplicate_head_hands_the_key_to_the_first_new_message(
     assert key_row(engine, "z") is None
 
 
-async def _deliver_all(claimer: Claims, outcome: Any = claims.delivered) -> list[int]:
+async def _deliver_all(claimer: Claims, outcome: Any = outcomes.delivered) -> list[int]:
     batch = await claimer.claim_batch(limit=100)
     await claimer.complete([outcome(m) for m in batch])
     return [m.id for m in batch]
@@ -151,9 +151,9 @@ async def test_retries_keep_the_head_and_a_failed_head_blocks_its_key(
     make_endpoint(engine, "billing", max_attempts=2)
     a = put(engine, "a", 3)
     free = put(engine, None, 1)
-    assert sorted(await _deliver_all(claimer, lambda m: claims.retry(m, 0))) == [a[0], free[0]]
+    assert sorted(await _deliver_all(claimer, lambda m: outcomes.retry(m, 0))) == [a[0], free[0]]
     assert states(engine)[a[1]] == "waiting"  # a retry is not an end
-    last = await _deliver_all(claimer, lambda m: claims.retry(m, 0))  # the last attempt
+    last = await _deliver_all(claimer, lambda m: outcomes.retry(m, 0))  # the last attempt
     assert sorted(last) == [a[0], free[0]]
     assert states(engine)[a[0]] == "failed"
     assert await claimer.claim_batch(limit=100) == []  # blocked: nothing else of "a"
@@ -174,7 +174,7 @@ async def test_skip_moves_a_blocked_key_on_and_skip_endpoints_do_it_themselves(
     make_endpoint(engine, "lenient", max_attempts=1, on_failed_head="skip")
     a = put(engine, "a", 2)
     s = put(engine, "s", 2, endpoint="lenient")
-    await _deliver_all(claimer, claims.failed)
+    await _deliver_all(claimer, outcomes.failed)
     found = states(engine)
     assert (found[a[1]], found[s[1]]) == ("waiting", "pending")
     with engine.begin() as conn:
@@ -226,7 +226,7 @@ async def test_an_enqueue_racing_the_head_ending_is_never_stranded(
     session.begin()
     (tail,) = enqueue_many(session, [Message("billing", "e.v", {}, "a:1", ordering_key="a")])
     assert states(engine).get(tail) is None  # not committed yet
-    completing = asyncio.ensure_future(claimer.complete([claims.delivered(claimed)]))
+    completing = asyncio.ensure_future(claimer.complete([outcomes.delivered(claimed)]))
 
     async def blocked() -> bool:
         return await asyncio.to_thread(_lock_waits, engine)
@@ -391,7 +391,7 @@ def test_the_operator_story_on_the_command_line(engine: Engine, db_url: str) -> 
 async def test_a_blocked_key_holds_back_nothing_but_itself(engine: Engine, claimer: Claims) -> None:
     make_endpoint(engine, "billing", max_attempts=1)
     a = put(engine, "a", 3)
-    await _deliver_all(claimer, claims.failed)  # "a" is blocked behind a[0]
+    await _deliver_all(claimer, outcomes.failed)  # "a" is blocked behind a[0]
     b = put(engine, "b", 2)
     free = put(engine, None, 2)
     assert sorted(await _deliver_all(claimer)) == sorted([b[0], *free])

@@ -11,9 +11,10 @@ from sqlalchemy import Engine, text
 
 from loadtest.fixtures import insert_due, insert_history, insert_waiting
 from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, Outcome, outcomes_json
+from poller.claims import ALL_BUCKETS_LITERAL, outcomes_json
 from poller.endpoints import CreatedEndpoint
 from poller.health import HealthPolicy
+from poller.outcomes import Outcome
 
 NOW = datetime.now(UTC)
 ONE = {

@@ -1,0 +1,224 @@
+"""What a claimed message is, and what an attempt's outcome does to its row.
+
+:class:`ClaimedMessage` is a row a poller holds in flight; :class:`Outcome` is
+what to write for it. Build outcomes with the functions here
+(``delivered(msg, …)``, ``retry(msg, delay, …)`` …): they hold the rules —
+a retryable failure on the last attempt is ``failed``, a graceful release
+hands the attempt back at most :data:`MAX_REFUNDS` times, anything the
+delivery raised is counted. poller/claims.py writes them, fenced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from typing_extensions import dataclass_transform
+
+RowStatus = Literal["pending", "delivered", "failed"]
+AttemptKind = Literal["send", "lookup"]
+
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True)
+def record(cls: type[_T]) -> type[_T]:
+    """A frozen dataclass to the type checker, a plain slotted one at run time.
+
+    The claim path builds two per delivery (a message, an outcome). A frozen
+    dataclass sets each field through ``object.__setattr__``: 3.2 µs for the
+    message's 16 fields against 0.34 µs. mypy still refuses any assignment."""
+    return dataclass(slots=True)(cls)
+
+
+@record
+class ClaimedMessage:
+    """A row this poller holds in flight until ``claim_expires_at`` (database clock)."""
+
+    id: int
+    endpoint_id: int
+    bucket: int
+    event_type: str
+    payload: str  # the JSON body, as text
+    idempotency_key: str
+    attempts: int  # including this attempt
+    max_attempts: int
+    claim_token: int
+    claim_expires_at: datetime
+    needs_lookup: bool
+    created_at: datetime
+    endpoint_updated_at: datetime  # a newer one than the poller's cached endpoint: reload it
+    refunds: int = 0  # attempts handed back by graceful shutdowns so far
+    ordering_key: str | None = None  # ordered delivery: the key (the id is the position)
+    probe: bool = False  # sent to test an open circuit (poller/health.py)
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempts >= self.max_attempts
+
+
+@record
+class Outcome:
+    """What to write for one claimed message. Build with the functions below."""
+
+    message_id: int
+    claim_token: int
+    attempt: int
+    status: RowStatus
+    outcome: str
+    retry_delay: float | None = None
+    needs_lookup: bool | None = None
+    refund: int = 0  # 1 hands the attempt back (graceful release)
+    kind: AttemptKind | None = "send"  # None: nothing reached the wire, no attempt row
+    disable_reason: str | None = None  # disable the endpoint too (410 Gone), if applied
+    pause: float | None = None  # pause the whole endpoint this many seconds (Retry-After)
+    probe: bool | None = None  # True: a failed probe, its refund not counted in ``refunds``
+    status_code: int | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    started_at: datetime | None = None
+    duration_ms: float | None = None
+    response_excerpt: str | None = None
+
+
+def delivered(msg: ClaimedMessage, *, kind: AttemptKind = "send", **detail: Any) -> Outcome:
+    """The receiver accepted the message (2xx, or a lookup found it processed)."""
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "delivered",
+        "delivered",
+        needs_lookup=False,
+        kind=kind,
+        **detail,
+    )
+
+
+def _again_or_failed(
+    msg: ClaimedMessage,
+    outcome: str,
+    delay: float,
+    *,
+    needs_lookup: bool,
+    final_outcome: str | None = None,
+    **detail: Any,
+) -> Outcome:
+    """Pending again after ``delay`` — or ``failed`` when this was the last attempt."""
+    if msg.last_attempt:
+        return Outcome(
+            msg.id,
+            msg.claim_token,
+            msg.attempts,
+            "failed",
+            final_outcome or outcome,
+            needs_lookup=False,
+            **detail,
+        )
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "pending",
+        outcome,
+        retry_delay=delay,
+        needs_lookup=needs_lookup,
+        **detail,
+    )
+
+
+def retry(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """A retryable failure known not to have been processed; ``failed`` on the last attempt."""
+    return _again_or_failed(
+        msg, "retry", delay, needs_lookup=False, final_outcome="failed", **detail
+    )
+
+
+def unknown(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """Sent but no answer: maybe processed. Retry with ``needs_lookup``; ``failed`` at the end."""
+    return _again_or_failed(msg, "unknown", delay, needs_lookup=True, **detail)
+
+
+def lookup_pending(msg: ClaimedMessage, delay: float, **detail: Any) -> Outcome:
+    """The lookup answered neither 200 nor 404: ask again later, still ``needs_lookup``."""
+    return _again_or_failed(
+        msg,
+        "lookup_retry",
+        delay,
+        needs_lookup=True,
+        final_outcome="lookup_failed",
+        kind="lookup",
+        **detail,
+    )
+
+
+def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
+    """Final failure now, whatever attempts remain (e.g. 410 Gone, a permanent status)."""
+    return Outcome(
+        msg.id, msg.claim_token, msg.attempts, "failed", "failed", needs_lookup=False, **detail
+    )
+
+
+def probe_failed(outcome: Outcome) -> Outcome:
+    """A failed probe (poller/health.py): the circuit opens again and the attempt is handed
+    back, so a message does not age out while its endpoint is down. Bounded all the same:
+    probes come one per cool-down, and the endpoint is disabled after POLLER_DISABLE_AFTER."""
+    return dataclasses.replace(
+        outcome,
+        status="pending",
+        outcome="probe_failed" if outcome.outcome == "failed" else outcome.outcome,
+        retry_delay=0.0,
+        needs_lookup=bool(outcome.needs_lookup),
+        refund=1,
+        probe=True,
+    )
+
+
+def crashed(msg: ClaimedMessage, delay: float, *, maybe_sent: bool, **detail: Any) -> Outcome:
+    """The delivery raised instead of coming to an answer: an attempt all the same.
+
+    Counted and recorded like a retryable failure (``error_class`` names the
+    exception), backed off, ``failed`` after the last attempt — never refunded,
+    so no input that makes the poller raise can loop a message for ever.
+    ``maybe_sent``: the request may have gone out, so the next attempt looks it up.
+    """
+    needs_lookup = maybe_sent or msg.needs_lookup
+    return _again_or_failed(msg, "crashed", delay, needs_lookup=needs_lookup, **detail)
+
+
+MAX_REFUNDS = 3
+"""Graceful shutdowns that may hand a message's attempt back; later ones count it."""
+
+
+def released(msg: ClaimedMessage, *, maybe_sent: bool = False) -> Outcome:
+    """Hand a claim back (graceful shutdown): pending now, the attempt not counted.
+
+    At most :data:`MAX_REFUNDS` times per message: a message whose delivery
+    keeps outlasting the shutdown grace (or that is released by pollers
+    restarting in a loop) is then charged the attempt like any other, and is
+    ``failed`` if it was its last. ``maybe_sent``: the send was cut off mid-way,
+    so the receiver may have it — the attempt is recorded and the next one
+    looks it up first.
+    """
+    needs_lookup = True if maybe_sent else None
+    kind: AttemptKind | None = "send" if maybe_sent else None
+    detail: dict[str, Any] = {"error_class": "Released", "kind": kind}
+    if msg.refunds < MAX_REFUNDS:
+        return Outcome(
+            msg.id,
+            msg.claim_token,
+            msg.attempts,
+            "pending",
+            "released",
+            retry_delay=0.0,
+            needs_lookup=needs_lookup,
+            refund=1,
+            error_message="handed back by a graceful shutdown",
+            **detail,
+        )
+    message = f"handed back by a graceful shutdown, attempt counted (refunded {msg.refunds} times)"
+    return _again_or_failed(
+        msg, "released", 0.0, needs_lookup=bool(maybe_sent), error_message=message, **detail
+    )
