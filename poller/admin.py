@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from poller.endpoints import could_be_name
 from poller.errors import PollerError, UnknownEndpoint
 from poller.ordering import requeue_keyed
 from poller.schema import delivery_attempts, endpoints, event_log, outbox
@@ -40,6 +41,8 @@ def actor() -> str:
 
 
 def _endpoint_id(conn: Connection, name: str) -> int:
+    if not could_be_name(name):
+        raise UnknownEndpoint(name)
     found = conn.execute(select(endpoints.c.id).where(endpoints.c.name == name)).scalar()
     if found is None:
         raise UnknownEndpoint(name)

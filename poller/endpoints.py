@@ -144,6 +144,12 @@ def _check_secret(secret: str) -> None:
         )
 
 
+def could_be_name(name: object) -> bool:
+    """Whether ``name`` is a name an endpoint can have. Lookups check it first: a name
+    that no endpoint can have (a NUL, say) is *unknown*, not a database error."""
+    return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+
+
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise InvalidEndpoint(
@@ -319,6 +325,8 @@ def create_endpoint(
 
 def get_endpoint(conn: Conn, name: str, *, keyring: Keyring | None = None) -> Endpoint:
     """The endpoint called ``name``, or UnknownEndpoint."""
+    if not could_be_name(name):
+        raise UnknownEndpoint(name)
     row = conn.execute(select(endpoints).where(endpoints.c.name == name)).one_or_none()
     if row is None:
         raise UnknownEndpoint(name)
@@ -336,6 +344,8 @@ class EndpointInUse(PollerError):
 
 
 def _one(conn: Conn, name: str, statement: Any, keyring: Keyring | None = None) -> Endpoint:
+    if not could_be_name(name):
+        raise UnknownEndpoint(name)
     row = conn.execute(statement.where(endpoints.c.name == name).returning(endpoints)).one_or_none()
     if row is None:
         raise UnknownEndpoint(name)

@@ -34,6 +34,7 @@ from sqlalchemy import Connection, Engine, select
 
 from poller import queries
 from poller.admin import actor, retry_messages
+from poller.endpoints import could_be_name
 from poller.errors import EndpointDisabled, UnknownEndpoint
 from poller.outbox import drive, insert_steps
 from poller.publish import event_row
@@ -100,6 +101,8 @@ def replay(
     if batch < 1:
         raise ValueError("batch must be at least 1")
     until = until or datetime.now(UTC)
+    if not could_be_name(endpoint):
+        raise UnknownEndpoint(endpoint)
     with engine.connect() as conn:
         found = conn.execute(queries.ENDPOINTS_BY_NAME, {"names": [endpoint]}).all()
     if not found:

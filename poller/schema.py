@@ -59,6 +59,9 @@ NAMING_CONVENTION = {
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 STATUSES = ("waiting", "pending", "in_flight", "delivered", "failed")
+ROW_ID_MAX = 2**63 - 1
+"""The largest id a row can have (bigint): a larger one names no row, and sent to
+PostgreSQL it is an error, not an empty answer."""
 ON_FAILED_HEAD = ("block", "skip")
 ATTEMPT_KINDS = ("send", "lookup", "manual")
 BUCKETS = 256

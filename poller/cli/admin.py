@@ -13,6 +13,7 @@ from poller import ordering, replay
 from poller import stats as stats_api
 from poller.cli.common import command_engine, settings_and_url
 from poller.cli.output import (
+    ROW_ID,
     Duration,
     Since,
     age,
@@ -120,10 +121,10 @@ def failed(
 
 
 @admin.command()
-@click.argument("message_id", type=int, required=False)
+@click.argument("message_id", type=ROW_ID, required=False)
 @click.option("--key", help="Idempotency key (with --endpoint) instead of an id.")
 @click.option("--endpoint")
-@click.option("--event", "event_id", type=int, help="A published event and its deliveries.")
+@click.option("--event", "event_id", type=ROW_ID, help="A published event and its deliveries.")
 @click.option("--no-payload", is_flag=True, help="Leave the payload out.")
 @json_option
 def show(
@@ -268,7 +269,7 @@ def replay_(
 
 
 @admin.command()
-@click.argument("ids", type=int, nargs=-1)
+@click.argument("ids", type=ROW_ID, nargs=-1)
 @click.option("--all-failed", is_flag=True, help="Every failed message (with the filters).")
 @click.option("--endpoint", help="With --all-failed: only this endpoint.")
 @click.option("--since", type=Since(), help="With --all-failed: failed since (1h, ISO).")
@@ -347,7 +348,7 @@ def blocked(endpoint: str | None, limit: int, as_json: bool) -> None:
 
 
 @admin.command()
-@click.argument("ids", type=int, nargs=-1, required=True)
+@click.argument("ids", type=ROW_ID, nargs=-1, required=True)
 @yes_option
 @json_option
 def skip(ids: tuple[int, ...], yes: bool, as_json: bool) -> None:

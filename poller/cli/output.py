@@ -21,6 +21,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from poller.schema import ROW_ID_MAX
+
 F = TypeVar("F", bound=Callable[..., Any])
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
@@ -125,3 +127,8 @@ def confirm(question: str, yes: bool) -> None:
     if not click.confirm(question, default=False):
         click.echo("aborted", err=True)
         sys.exit(1)
+
+
+ROW_ID = click.IntRange(1, ROW_ID_MAX)
+"""A message or event id: a positive bigint (larger ones are a usage error, not a
+database error)."""

@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from poller.dashboard import auth
+from poller.db import TRANSIENT
 from poller.settings import Settings
 
 log = logging.getLogger("poller.dashboard")
@@ -224,6 +225,15 @@ async def logout(request: Request) -> Response:
     return response
 
 
+async def database_away(request: Request, exc: Exception) -> Response:
+    """A page whose database is away or busy: 503 and one log line, not a traceback."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    log.warning("dashboard: database unavailable: %s", reason[0] if reason else type(exc).__name__)
+    return dashboard(request).error(
+        request, 503, "The database is not answering. This page works again once it does."
+    )
+
+
 class SecurityHeaders:
     """Adds the headers in :data:`HEADERS` to every response, static files included."""
 
@@ -266,6 +276,10 @@ def create_app(
     async def default_lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield
 
-    app = Starlette(routes=routes, lifespan=lifespan or default_lifespan)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan or default_lifespan,
+        exception_handlers=dict.fromkeys(TRANSIENT, database_away),
+    )
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
     return SecurityHeaders(app)

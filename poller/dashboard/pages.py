@@ -20,7 +20,7 @@ from poller.endpoints import set_enabled
 from poller.errors import PollerError, UnknownEndpoint
 from poller.ordering import blocked_keys
 from poller.replay import replay
-from poller.schema import endpoints
+from poller.schema import ROW_ID_MAX, endpoints
 
 log = logging.getLogger("poller.dashboard")
 
@@ -73,7 +73,7 @@ def _cursor(value: str) -> tuple[datetime, int] | None:
         at = datetime.fromisoformat(when)
     except ValueError:
         raise BadInput("before: not a page cursor") from None
-    if not ident.isdigit() or at.tzinfo is None:
+    if not ident.isdigit() or int(ident) > ROW_ID_MAX or at.tzinfo is None:
         raise BadInput("before: not a page cursor")
     return at, int(ident)
 
@@ -181,10 +181,18 @@ def _pretty(payload: Any) -> str:
         return text
 
 
+def _message_id(request: Request) -> int | None:
+    """The path's message id; None when no row can have it (past bigint)."""
+    message_id = int(request.path_params["id"])
+    return message_id if 0 < message_id <= ROW_ID_MAX else None
+
+
 async def _message(request: Request) -> dict[str, Any] | Response:
     """The message the path names, with its attempts; or the 404 page."""
     board = dashboard(request)
-    message_id = int(request.path_params["id"])
+    message_id = _message_id(request)
+    if message_id is None:
+        return board.error(request, 404, f"no message {request.path_params['id']}")
     try:
         return await board.read(lambda conn: admin.message_detail(conn, message_id))
     except admin.MessageNotFound as exc:
@@ -273,7 +281,9 @@ async def confirm_retry_one(request: Request) -> Response:
 @action
 async def retry_one(request: Request) -> Response:
     board = dashboard(request)
-    message_id = int(request.path_params["id"])
+    message_id = _message_id(request)
+    if message_id is None:
+        return board.error(request, 404, f"no message {request.path_params['id']}")
     plan = await board.read(lambda conn: admin.plan_retry(conn, [message_id]))
     if not plan.ids:
         why = plan.skipped.get(message_id, "not failed")

@@ -333,3 +333,30 @@ def test_pages_that_have_nothing_to_show(engine: Engine, web: TestClient) -> Non
         assert web.get(path).status_code == 200, path
     assert web.get("/messages/999999").status_code == 404
     assert web.get("/messages/not-a-number").status_code == 404
+
+
+def test_values_no_row_can_have_are_not_found_not_errors(engine: Engine, web: TestClient) -> None:
+    huge = "99999999999999999999"  # past bigint: PostgreSQL would refuse it, not answer
+    assert web.get(f"/messages/{huge}").status_code == 404
+    assert web.get(f"/messages/{huge}/retry").status_code == 404
+    assert web.get(f"/failed?before=2026-01-01T00:00:00%2B00:00~{huge}").status_code == 400
+    assert web.get("/failed?endpoint=" + "x" * 201).status_code == 400
+    assert web.get("/failed?error=%25_%5C").status_code == 200  # LIKE's own characters
+    assert web.get("/endpoints/%00/disable").status_code == 200  # a confirmation, no change
+    token = csrf(web.get("/endpoints/x/disable").text)
+    assert web.post("/endpoints/%00/disable", data={"csrf": token}).status_code == 404
+
+
+def test_a_database_that_is_away_is_a_503_page(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    from poller.db import sync_engine
+    from tests.integration.servers import free_closed_port
+
+    port = free_closed_port().rsplit(":", 1)[1]
+    away = sync_engine(f"postgresql://poller:secret-password@127.0.0.1:{port}/db")
+    with client(away) as c, caplog.at_level("WARNING", logger="poller.dashboard"):
+        page = c.get("/", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert page.status_code == 503 and "not answering" in page.text
+    assert "Traceback" not in page.text and "secret-password" not in page.text + caplog.text
+    assert any("database unavailable" in r.getMessage() for r in caplog.records)
