@@ -27,6 +27,10 @@ SPEC §10:
   sent without its event's payload would);
 * every POST whose body arrived carries a valid signature (the endpoint's
   secret is sealed at rest with ``POLLER_SECRETS_KEY``: the pollers open it);
+* every attempt row names its message's endpoint;
+* the dashboard, over the final database: every page and the first failed
+  messages' pages answer 200 with no unescaped markup, and the overview's
+  counts are the database's (loadtest/dashboard_check.py);
 * no ``poller run`` exited unless the hunt ended it, and every graceful stop
   exited 0 (G11: a crash would exit 70);
 * with ``processes`` 2 drawn, poller p0 is ``poller run --processes 2`` (a
@@ -56,6 +60,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from loadtest.dashboard_check import dashboard_disagrees
 from loadtest.hostile import HostileReceiver
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Event, Message, enqueue_many, migrate, publish_many
@@ -374,6 +379,17 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
                 )
             )
         )
+        # Every attempt names its message's endpoint (the ratios read it, not the outbox).
+        misnamed = sorted(
+            r.idempotency_key
+            for r in conn.execute(
+                text(
+                    "SELECT DISTINCT o.idempotency_key FROM poller_delivery_attempts a "
+                    "JOIN poller_outbox o ON o.id = a.message_id "
+                    "WHERE a.endpoint_id IS DISTINCT FROM o.endpoint_id"
+                )
+            )
+        )
         behind_blocked = {
             r.idempotency_key
             for r in conn.execute(
@@ -415,6 +431,7 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
         ("POSTed with a bad signature", sorted(receiver.badly_signed)),
         ("published but not fanned out to their subscriber", unfanned),
         ("crashed in the poller", crashed),
+        ("with attempts that do not name their endpoint", misnamed),
         (
             "delivered but never applied (lost)",
             sorted(
@@ -426,7 +443,7 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
         if found:
             problems.append(f"{len(found)} {label}: {found[:5]}")
     problems += run.unexpected_exits + run.errors
-    return problems
+    return problems + dashboard_disagrees(engine)
 
 
 def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]:

@@ -73,6 +73,38 @@ def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
     problems = check(engine, run, receiver)  # type: ignore[arg-type]
     assert any("not fanned out" in p and "lonely" in p for p in problems)
     assert any("crashed in the poller" in p for p in problems)
+    assert any("do not name their endpoint" in p for p in problems)  # inserted without one
+
+
+def test_the_checker_catches_a_dashboard_that_miscounts_or_lets_markup_through(
+    engine, endpoint, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    import jinja2
+    from sqlalchemy import text
+
+    from loadtest.dashboard_check import dashboard_disagrees
+    from poller import stats
+
+    seed_messages(engine, 2)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET status = 'failed', failed_at = now(), "
+                "last_error = '<script>alert(1)</script>'"
+            )
+        )
+    assert dashboard_disagrees(engine) == []
+    real_stats, real_env = stats.queue_stats, jinja2.Environment
+
+    def miscount(conn, **kw):  # type: ignore[no-untyped-def]
+        found = real_stats(conn, **kw)
+        return {**found, "totals": {**found["totals"], "failed": 7}}
+
+    monkeypatch.setattr(stats, "queue_stats", miscount)
+    monkeypatch.setattr(jinja2, "Environment", lambda **kw: real_env(**{**kw, "autoescape": False}))
+    problems = dashboard_disagrees(engine)
+    assert any("overview shows 7 failed, the database has 2" in p for p in problems)
+    assert any("unescaped markup" in p for p in problems)
 
 
 def test_the_checker_catches_disorder_and_a_stranded_waiting_message(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
