@@ -129,8 +129,7 @@ def activity(conn: Connection, minutes: int = 60) -> list[dict[str, Any]]:
             """
             SELECT date_trunc('minute', finished_at) AS minute,
                    count(*) FILTER (WHERE outcome = 'delivered') AS delivered,
-                   count(*) FILTER (WHERE outcome <> 'delivered') AS failed,
-                   date_trunc('minute', now()) AS now
+                   count(*) FILTER (WHERE outcome <> 'delivered') AS failed
             FROM poller_delivery_attempts
             WHERE finished_at >= date_trunc('minute', now()) - make_interval(mins => :n - 1)
               AND kind IN ('send', 'lookup')

@@ -159,9 +159,9 @@ def action(handler: Handler) -> Handler:
             return board.error(request, 403, "the dashboard is read-only")
         if not auth.same_origin(request):
             return board.error(request, 403, "refused: the request came from another site")
-        size = request.headers.get("content-length", "0")
+        size = request.headers.get("content-length", "")  # forms have one; streams are refused
         if not size.isdigit() or int(size) > MAX_FORM_BYTES:
-            return board.error(request, 413, "form too large")
+            return board.error(request, 413, f"a form of at most {MAX_FORM_BYTES} bytes, please")
         form = await request.form()
         request.scope["poller.form"] = form
         offered = form.get("csrf")
@@ -170,11 +170,6 @@ def action(handler: Handler) -> Handler:
         return await handler(request)
 
     return guarded
-
-
-def form_value(request: Request, name: str) -> str:
-    value = request.scope["poller.form"].get(name)
-    return value.strip() if isinstance(value, str) else ""
 
 
 def safe_next(target: str | None) -> str:

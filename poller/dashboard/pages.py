@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from poller import admin, stats
 from poller.cli.output import Since
-from poller.dashboard.app import action, dashboard, form_value, page, who
+from poller.dashboard.app import action, dashboard, page, who
 from poller.endpoints import set_enabled
 from poller.errors import PollerError, UnknownEndpoint
 from poller.ordering import blocked_keys
@@ -58,10 +58,9 @@ def _filter(params: Any) -> admin.FailedFilter:
     )
 
 
-def _filter_query(where: admin.FailedFilter, raw: Any) -> dict[str, str]:
+def _filter_query(raw: Any) -> dict[str, str]:
     """The filter as the query parameters it came from (for links and hidden fields)."""
     names = ("endpoint", "event_type", "error", "since", "until")
-    del where
     return {n: str(raw.get(n, "")).strip() for n in names if str(raw.get(n, "")).strip()}
 
 
@@ -155,7 +154,7 @@ async def failed(request: Request) -> Response:
         return board.error(request, 404, str(exc))
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
-    query = _filter_query(where, request.query_params)
+    query = _filter_query(request.query_params)
     next_page = None
     if more:
         last = rows[-1]
@@ -219,9 +218,7 @@ ENDPOINT_COLUMNS = (
     endpoints.c.url,
     endpoints.c.event_types,
     endpoints.c.tenant,
-    endpoints.c.max_in_flight,
-    endpoints.c.max_attempts,
-)  # never the secrets
+)  # what health_report lacks; never the secrets
 
 
 @page
@@ -311,7 +308,7 @@ async def confirm_retry_many(request: Request) -> Response:
     plan = await _plan(request, request.query_params)
     if isinstance(plan, Response):
         return plan
-    query = _filter_query(admin.FailedFilter(), request.query_params)
+    query = _filter_query(request.query_params)
     return board.render(request, "confirm_retry.html", m=None, count=len(plan.ids), query=query)
 
 
@@ -331,34 +328,40 @@ def _endpoint_name(request: Request) -> str:
     return str(request.path_params["name"])
 
 
+def _replay_window(params: Any) -> tuple[datetime, datetime | None, str | None]:
+    """A replay's since (required), until and event type, from a query or a form."""
+    start = _when(str(params.get("since", "")).strip(), "since")
+    if start is None:
+        raise BadInput("since: required")
+    end = _when(str(params.get("until", "")).strip(), "until")
+    return start, end, str(params.get("event_type", "")).strip() or None
+
+
 @page
 async def confirm_endpoint(request: Request) -> Response:
     board = dashboard(request)
     verb = request.path_params["verb"]
     name = _endpoint_name(request)
-    context: dict[str, Any] = {"verb": verb, "name": name, "since": "", "until": "", "event": ""}
-    if verb == "replay":
-        since = request.query_params.get("since", "").strip()
-        until = request.query_params.get("until", "").strip()
-        event = request.query_params.get("event_type", "").strip()
-        context.update(since=since, until=until, event=event, preview=None)
-        if since:
-            try:
-                start, end = _when(since, "since"), _when(until, "until")
-                assert start is not None
-                preview = await board.act(
-                    lambda: replay(
-                        board.engine,
-                        name,
-                        since=start,
-                        until=end,
-                        event_type=event or None,
-                        dry_run=True,
-                    )
+    params = request.query_params
+    context: dict[str, Any] = {
+        "verb": verb,
+        "name": name,
+        "since": params.get("since", "").strip(),
+        "until": params.get("until", "").strip(),
+        "event": params.get("event_type", "").strip(),
+        "preview": None,
+    }
+    if verb == "replay" and context["since"]:
+        try:
+            start, end, event = _replay_window(params)
+            preview = await board.act(
+                lambda: replay(
+                    board.engine, name, since=start, until=end, event_type=event, dry_run=True
                 )
-            except (BadInput, PollerError, ValueError) as exc:
-                return board.error(request, 400, str(exc))
-            context["preview"] = preview.as_dict()
+            )
+        except (BadInput, PollerError, ValueError) as exc:
+            return board.error(request, 400, str(exc))
+        context["preview"] = preview.as_dict()
     return board.render(request, "confirm_endpoint.html", **context)
 
 
@@ -370,11 +373,7 @@ async def endpoint_action(request: Request) -> Response:
     actor = who(request)
     try:
         if verb == "replay":
-            start = _when(form_value(request, "since"), "since")
-            end = _when(form_value(request, "until"), "until")
-            if start is None:
-                raise BadInput("since: required")
-            event = form_value(request, "event_type") or None
+            start, end, event = _replay_window(request.scope["poller.form"])
             result = await board.act(
                 lambda: replay(
                     board.engine, name, since=start, until=end, event_type=event, who=actor

@@ -265,6 +265,12 @@ def test_retry_one_message(engine: Engine, web: TestClient) -> None:
         f"/messages/{mid}/retry", data={"csrf": token}, headers={"Sec-Fetch-Site": "cross-site"}
     )
     assert sneaky.status_code == 403
+    huge = web.post(f"/messages/{mid}/retry", data={"csrf": token, "pad": "x" * 70_000})
+    streamed = web.post(
+        f"/messages/{mid}/retry",
+        content=iter([f"csrf={token}".encode()]),  # no length
+    )
+    assert huge.status_code == 413 and streamed.status_code == 413
     assert status_of(engine, mid) == "failed"
     done = web.post(f"/messages/{mid}/retry", data={"csrf": token})
     assert done.status_code == 303 and done.headers["location"].startswith(f"/messages/{mid}")
