@@ -141,6 +141,12 @@ def test_credentials_from_settings_and_the_token_file(tmp_path: Path) -> None:
     assert made.token is not None and len(made.token) >= 16
     assert (made.token_file.stat().st_mode & 0o777) == 0o600
     assert auth.credentials(load_settings(data_dir=tmp_path)).token == made.token  # kept
+    made.token_file.write_text("weak\n")  # a token too short to trust is replaced
+    assert len(auth.token_from_file(made.token_file)) >= 16
+    blocked = tmp_path / "blocked"
+    (blocked / auth.TOKEN_FILE).mkdir(parents=True)  # a folder where the file should be
+    with pytest.raises(ConfigurationError, match="dashboard token"):
+        auth.credentials(load_settings(data_dir=blocked))
     with pytest.raises(ConfigurationError, match="POLLER_DASHBOARD_TOKEN"):
         auth.credentials(load_settings(database_url="postgresql://x@127.0.0.1/db"))
     with pytest.raises(ConfigurationError, match="at least 16"):
