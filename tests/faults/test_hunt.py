@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtest.hunt import Run, check, hunt, replay_command, summary
+from loadtest.hunt import Run, hunt, replay_command, summary
+from loadtest.hunt_check import check
 from tests.integration.helpers import seed as seed_messages
 
 MESSAGES = 250
