@@ -27,7 +27,7 @@ browser: ## Install Debian's Chromium for the dashboard's browser tests (idempot
 	@tools/install-browser
 
 test: $(STAMP) browser ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
 	$(BIN)/ruff check poller tests loadtest db examples

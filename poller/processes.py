@@ -18,7 +18,10 @@ The supervisor:
   that exits 2 (bad settings, unmigrated database) is not restarted: the same
   settings fail again, so the supervisor stops the others and exits 2;
 * **kills and restarts** a child whose ``/healthz`` has not answered for
-  ``POLLER_CHILD_HUNG_AFTER`` seconds (a blocked event loop cannot answer);
+  ``POLLER_CHILD_HUNG_AFTER`` seconds (a blocked event loop cannot answer). A
+  child that has not answered yet is starting (imports, database checks on a
+  busy host take seconds): it has ``STARTUP_GRACE`` (120 s) or the hung
+  allowance, whichever is longer, so a slow start is never mistaken for a hang;
 * **forwards** SIGTERM/SIGINT as one SIGTERM to every child and waits for their
   graceful drains; a second signal is forwarded too (children exit at once);
 * **serves one ops endpoint** on ``POLLER_METRICS_ADDR``. Each child serves its
@@ -72,6 +75,7 @@ BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a child that ran this long restarts after BACKOFF_FIRST again
 PROBE_EVERY = 2.0
 HUNG_AFTER = 30.0
+STARTUP_GRACE = 120.0  # until a child's first /healthz answer (see the module docstring)
 PROBE_TIMEOUT = 2.0
 EXIT_USAGE = 2
 EXIT_CRASHED = 70  # as `poller run` after a crash
@@ -97,6 +101,7 @@ class Child:
     started: float = 0.0
     port: int | None = None
     answered: float = 0.0
+    serving: bool = False  # its /healthz has answered since it was started
     backoff: float = BACKOFF_FIRST
     last_exit: int | None = None
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -130,7 +135,7 @@ class Fleet:
         self.stopping = asyncio.Event()
         self.exit_code = 0
         self.signals = 0
-        self.run_dir = Path(tempfile.gettempdir()) / f"poller-fleet-{os.getpid()}"
+        self.run_dir: Path | None = None  # made by run(): children write their ports there
         self.registry = CollectorRegistry()
         self.registry.register(_Merged(self))
         self.restarts = Counter(
@@ -153,7 +158,9 @@ class Fleet:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.on_signal, signum)
-        self.run_dir.mkdir(mode=0o700, exist_ok=True)  # children write their ports here
+        # A fresh 0700 directory of our own: a predictable name another user of the
+        # host made first could feed us its ports to scrape.
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"poller-fleet-{os.getpid()}-"))
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
         try:
             async with self._serving():
@@ -197,6 +204,7 @@ class Fleet:
             await asyncio.gather(*waiters, return_exceptions=True)  # a restart may add one
 
     async def _start(self, child: Child) -> None:
+        assert self.run_dir is not None
         port_file = self.run_dir / f"{child.index}.port"
         port_file.unlink(missing_ok=True)
         env = {
@@ -213,6 +221,7 @@ class Fleet:
             child.proc.send_signal(signal.SIGTERM)
         child.started = child.answered = time.monotonic()
         child.port = None
+        child.serving = False
         log.info("child %d started: %s (pid %d)", child.index, child.name, child.proc.pid)
         child.waiter = asyncio.create_task(self._watch(child), name=f"fleet-child-{child.index}")
 
@@ -272,17 +281,20 @@ class Fleet:
                 async with self.session.get(f"http://127.0.0.1:{port}/healthz") as response:
                     await response.read()
                     child.answered = now  # 503 (a crashed loop) answers: the child exits itself
+                    child.serving = True
                     return
-        if now - child.answered > self.hung_after and child.proc is not None and child.running:
+        allowed = self.hung_after if child.serving else max(self.hung_after, STARTUP_GRACE)
+        if now - child.answered > allowed and child.proc is not None and child.running:
             log.error(
-                "child %d (%s) has not answered /healthz for %.0f s: killing it",
-                child.index, child.name, now - child.answered,
+                "child %d (%s) has not answered /healthz %s %.0f s: killing it",
+                child.index, child.name, "for" if child.serving else "since its start",
+                now - child.answered,
             )  # fmt: skip
             with contextlib.suppress(ProcessLookupError):
                 child.proc.kill()
 
     def _port(self, child: Child) -> int | None:
-        if child.port is None:
+        if child.port is None and self.run_dir is not None:
             with contextlib.suppress(OSError, ValueError):
                 child.port = int((self.run_dir / f"{child.index}.port").read_text())
         return child.port
@@ -382,9 +394,17 @@ async def watch_supervisor(stop: asyncio.Event) -> None:
         if os.getppid() != expected:
             log.warning("supervisor %d is gone: stopping gracefully", expected)
             stop.set()
+            _forget_port()  # nobody reads it now; the last child out removes the directory
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
+
+
+def _forget_port() -> None:
+    path = Path(os.environ[ENV_PORT_FILE])
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+        path.parent.rmdir()  # fails while another child's port file is still there
 
 
 def write_port(port: int) -> None:

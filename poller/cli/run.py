@@ -67,7 +67,10 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
 async def _report_port(ready: asyncio.Future[Poller]) -> None:
     poller = await ready
     if poller.ops_port is not None:
-        processes.write_port(poller.ops_port)
+        try:
+            processes.write_port(poller.ops_port)
+        except OSError as exc:  # its supervisor is gone (the directory with it), or the disk
+            logging.getLogger("poller").warning("cannot tell the supervisor my port: %s", exc)
 
 
 class _Processes(click.ParamType[int]):

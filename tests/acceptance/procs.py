@@ -34,6 +34,9 @@ def started(args: list[str], env: dict[str, str], log: Path) -> Iterator[Proc]:
     proc = Proc(args, env, log)
     try:
         yield proc
+    except BaseException:  # pytest shows this under "Captured stdout": what the process saw
+        print(f"--- last lines of {log.name} ---", *proc.output().splitlines()[-60:], sep="\n")
+        raise
     finally:
         proc.stop(timeout=10, graceful=False)
 
