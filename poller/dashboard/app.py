@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,6 +68,7 @@ class Dashboard:
         self.creds = creds
         self.read_only = settings.dashboard_read_only
         self.leases = leases  # poller/shards.py lease_holdings, bound to an elector
+        self.throttle = auth.Throttle()
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,  # every value is text, whatever it contains
@@ -112,6 +114,36 @@ def dashboard(request: Request) -> Dashboard:
     return board
 
 
+def client_of(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def too_many(board: Dashboard, request: Request, wait: float) -> Response:
+    response = board.error(request, 429, "too many wrong credentials: wait and try again")
+    response.headers["retry-after"] = str(max(1, math.ceil(wait)))
+    return response
+
+
+def identify(board: Dashboard, request: Request) -> auth.Identity | Response | None:
+    """Who sent this request; a 429 response while its address is throttled for
+    guessing; None when it carries no valid credential (a wrong one is counted)."""
+    presented = "authorization" in request.headers
+    client = client_of(request)
+    if presented and (wait := board.throttle.wait(client)) > 0:
+        return too_many(board, request, wait)
+    identity = auth.identify(board.creds, request)
+    if identity is None and presented:
+        board.throttle.failed(client)
+        log.warning("dashboard: wrong credentials from %s", client)
+    return identity
+
+
+def form_too_big(request: Request) -> bool:
+    """Forms carry a Content-Length; a stream or a big body is refused unread."""
+    size = request.headers.get("content-length", "")
+    return not size.isdigit() or int(size) > MAX_FORM_BYTES
+
+
 def who(request: Request) -> str:
     """The actor recorded for an action: ``dashboard:<who>@<client address>``."""
     identity: auth.Identity = request.scope["poller.identity"]
@@ -129,7 +161,9 @@ def page(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def guarded(request: Request) -> Response:
         board = dashboard(request)
-        identity = auth.identify(board.creds, request)
+        identity = identify(board, request)
+        if isinstance(identity, Response):
+            return identity
         if identity is None:
             if board.creds.token is None:
                 return Response(
@@ -151,7 +185,9 @@ def action(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def guarded(request: Request) -> Response:
         board = dashboard(request)
-        identity = auth.identify(board.creds, request)
+        identity = identify(board, request)
+        if isinstance(identity, Response):
+            return identity
         if identity is None:
             return Response("authentication required", 401)
         request.scope["poller.identity"] = identity
@@ -159,8 +195,7 @@ def action(handler: Handler) -> Handler:
             return board.error(request, 403, "the dashboard is read-only")
         if not auth.same_origin(request):
             return board.error(request, 403, "refused: the request came from another site")
-        size = request.headers.get("content-length", "")  # forms have one; streams are refused
-        if not size.isdigit() or int(size) > MAX_FORM_BYTES:
+        if form_too_big(request):
             return board.error(request, 413, f"a form of at most {MAX_FORM_BYTES} bytes, please")
         form = await request.form()
         request.scope["poller.form"] = form
@@ -194,20 +229,25 @@ def logged_in(board: Dashboard, target: str) -> Response:
 
 async def login(request: Request) -> Response:
     board = dashboard(request)
-    client = request.client.host if request.client else "?"
+    client = client_of(request)
     target = request.query_params.get("next", "/")
     if request.method == "POST":
         if not auth.same_origin(request):
             return board.error(request, 403, "refused: the request came from another site")
+        if form_too_big(request):
+            return board.error(request, 413, f"a form of at most {MAX_FORM_BYTES} bytes, please")
         form = await request.form()
         offered = form.get("token")
         target = str(form.get("next") or "/")
     else:
         offered = request.query_params.get("token")
     if isinstance(offered, str) and offered:
+        if (wait := board.throttle.wait(client)) > 0:
+            return too_many(board, request, wait)
         if auth.token_matches(board.creds, offered.strip()):
             log.info("dashboard: login from %s", client)
             return logged_in(board, target)
+        board.throttle.failed(client)
         log.warning("dashboard: wrong token from %s", client)
         return board.render(request, "login.html", 401, next=safe_next(target), wrong=True)
     return board.render(request, "login.html", next=safe_next(target), wrong=False)

@@ -11,7 +11,12 @@
    ``poller dashboard`` accepts later;
 4. neither, on a configured database: refused. The pages show payloads.
 
-Every comparison is constant-time (:func:`hmac.compare_digest`).
+Every comparison is constant-time (:func:`hmac.compare_digest`). Guessing is
+throttled (:class:`Throttle`): past :data:`FAILURES_ALLOWED` wrong credentials
+from one client address in :data:`FAILURE_WINDOW` seconds, that address's
+credential checks are answered 429 until the window has room again. Sessions
+already issued keep working, so an attacker sharing a proxy's address with the
+operator can slow a new login down, never end a session.
 
 **Sessions** are cookies ``<issued>.<nonce>.<mac>``: HMAC-SHA256 under a key
 derived from the credential, valid :data:`SESSION_HOURS`. ``HttpOnly``,
@@ -32,6 +37,7 @@ import hmac
 import os
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +49,9 @@ from poller.settings import Settings
 COOKIE = "poller_dashboard"
 SESSION_HOURS = 12
 TOKEN_FILE = "dashboard-token"
+FAILURES_ALLOWED = 10
+FAILURE_WINDOW = 60.0
+CLIENTS_TRACKED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +187,32 @@ def same_origin(request: HTTPConnection) -> bool:
         return True
     host = request.headers.get("host", "")
     return origin in (f"http://{host}", f"https://{host}")
+
+
+class Throttle:
+    """Wrong credentials per client address (module docstring): :meth:`wait` says how
+    long that client must wait before its credentials are checked again."""
+
+    def __init__(self, allowed: int = FAILURES_ALLOWED, window: float = FAILURE_WINDOW) -> None:
+        self.allowed, self.window = allowed, window
+        self._failures: dict[str, deque[float]] = {}
+
+    def wait(self, client: str, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        failures = self._failures.get(client)
+        if failures is None:
+            return 0.0
+        while failures and failures[0] <= now - self.window:
+            failures.popleft()
+        if not failures:
+            del self._failures[client]
+            return 0.0
+        if len(failures) < self.allowed:
+            return 0.0
+        return failures[0] + self.window - now
+
+    def failed(self, client: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if client not in self._failures and len(self._failures) >= CLIENTS_TRACKED:
+            del self._failures[next(iter(self._failures))]  # the longest-known address
+        self._failures.setdefault(client, deque(maxlen=self.allowed)).append(now)

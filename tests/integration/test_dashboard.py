@@ -135,6 +135,54 @@ def test_basic_credentials(engine: Engine) -> None:
         assert refused.status_code == 403
 
 
+def test_guessing_is_throttled_and_sessions_outlive_it(engine: Engine) -> None:
+    """Past ten wrong credentials a minute from one address, credentials from it are
+    not even checked (429 with Retry-After); a session already issued still works."""
+    with client(engine) as c:
+        assert c.get(f"/login?token={TOKEN}").status_code == 303
+        session = c.cookies[auth.COOKIE]
+        c.cookies.clear()
+        wrong = [
+            lambda n: c.get(f"/login?token=guess-{n:012d}"),
+            lambda n: c.post("/login", data={"token": f"guess-{n:012d}"}),
+            lambda n: c.get("/", headers={"Authorization": f"Bearer guess-{n:012d}"}),
+        ]
+        for n in range(auth.FAILURES_ALLOWED):
+            assert wrong[n % 3](n).status_code in (401, 303)
+        for attempt in (
+            lambda: c.get(f"/login?token={TOKEN}"),  # even the right one, for a while
+            lambda: c.get("/", headers={"Authorization": f"Bearer {TOKEN}"}),
+            lambda: c.post("/login", data={"token": "guess-again-guess"}),
+        ):
+            answer = attempt()
+            assert answer.status_code == 429
+            assert 1 <= int(answer.headers["retry-after"]) <= 60
+        c.cookies.set(auth.COOKIE, session)
+        assert c.get("/").status_code == 200  # a session is not a guess
+
+
+def test_throttle_window_and_bounded_memory() -> None:
+    throttle = auth.Throttle(allowed=3, window=10)
+    for t in (0, 1, 2):
+        assert throttle.wait("a", now=t) == 0
+        throttle.failed("a", now=t)
+    assert throttle.wait("a", now=3) == 7  # until the first failure leaves the window
+    assert throttle.wait("b", now=3) == 0  # another address is not held up
+    assert throttle.wait("a", now=10.5) == 0
+    for n in range(auth.CLIENTS_TRACKED + 5):
+        throttle.failed(f"10.0.{n // 256}.{n % 256}", now=20)
+    assert len(throttle._failures) == auth.CLIENTS_TRACKED
+
+
+def test_a_big_login_form_is_refused_unread(engine: Engine) -> None:
+    with client(engine) as c:
+        body = b"token=" + b"x" * (1 << 20)
+        answer = c.post(
+            "/login", content=body, headers={"content-type": "application/x-www-form-urlencoded"}
+        )
+        assert answer.status_code == 413
+
+
 def test_credentials_from_settings_and_the_token_file(tmp_path: Path) -> None:
     made = auth.credentials(load_settings(data_dir=tmp_path))
     assert made.token_file == tmp_path / auth.TOKEN_FILE
