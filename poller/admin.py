@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, select, tuple_, update
+from sqlalchemy import Connection, Engine, and_, false, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from poller.endpoints import could_be_name
 from poller.errors import PollerError, UnknownEndpoint
 from poller.ordering import requeue_keyed
+from poller.outbox import could_be_event_type
 from poller.schema import delivery_attempts, endpoints, event_log, outbox
 from poller.settings import default_settings
 
@@ -70,10 +71,14 @@ class FailedFilter:
         if self.endpoint is not None:
             clauses.append(outbox.c.endpoint_id == _endpoint_id(conn, self.endpoint))
         if self.event_type is not None:
+            if not could_be_event_type(self.event_type):
+                return [false()]  # a type no message can have (PostgreSQL refuses a NUL)
             clauses.append(outbox.c.event_type == self.event_type)
         if self.error:
             if self.error.isascii() and self.error.isdigit() and len(self.error) == 3:
                 clauses.append(outbox.c.last_status_code == int(self.error))
+            elif "\x00" in self.error:
+                return [false()]  # no stored text holds a NUL
             else:
                 clauses.append(outbox.c.last_error.icontains(self.error, autoescape=True))
         if self.since is not None:

@@ -51,8 +51,20 @@ def upgrade(target: str | Engine, revision: str = "head") -> None:
 
         migrate.upgrade(engine)   # creates or updates the poller_* tables only
     """
+    known = revisions()
+    if revision not in ("head", "heads", *known):  # alembic asserts on some (``''``, ``head+5``)
+        raise ConfigurationError(
+            f"revision {revision[:40]!r}: not a revision of this package "
+            f"(head, {known[0]}…{known[-1]})"
+        )
     url = target if isinstance(target, str) else target.url.render_as_string(hide_password=False)
     command.upgrade(alembic_config(url), revision)
+
+
+def revisions() -> list[str]:
+    """This package's revisions, oldest first."""
+    script = ScriptDirectory.from_config(alembic_config("postgresql://localhost/x"))
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
 
 
 def head_revision() -> str | None:

@@ -127,6 +127,12 @@ def _check_ordering_key(key: object) -> str | None:
     return _header_token(key, "ordering_key", "webhook-ordering-key", InvalidOrderingKey)
 
 
+def could_be_event_type(text: str) -> bool:
+    """Whether any message or event can have this type (a filter for one that cannot
+    matches nothing; PostgreSQL would refuse one with a NUL outright)."""
+    return len(text) <= MAX_EVENT_TYPE_LENGTH and _EVENT_TYPE_RE.fullmatch(text) is not None
+
+
 def _check_event_type(event_type: object) -> str:
     if not isinstance(event_type, str) or not event_type.strip():
         raise InvalidEventType("event_type must be a non-empty string")

@@ -35,8 +35,8 @@ from sqlalchemy import Connection, Engine, select
 from poller import queries
 from poller.admin import actor, retry_messages
 from poller.endpoints import could_be_name
-from poller.errors import EndpointDisabled, UnknownEndpoint
-from poller.outbox import drive, insert_steps
+from poller.errors import EndpointDisabled, InvalidEventType, UnknownEndpoint
+from poller.outbox import could_be_event_type, drive, insert_steps
 from poller.publish import event_row
 from poller.schema import event_log
 
@@ -100,6 +100,8 @@ def replay(
         raise ValueError("since and until must be timezone-aware")
     if batch < 1:
         raise ValueError("batch must be at least 1")
+    if event_type is not None and not could_be_event_type(event_type):
+        raise InvalidEventType(f"event type {event_type[:80]!r}: no event can have it")
     until = until or datetime.now(UTC)
     if not could_be_name(endpoint):
         raise UnknownEndpoint(endpoint)

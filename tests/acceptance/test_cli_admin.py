@@ -77,6 +77,11 @@ def test_endpoint_lifecycle_and_secrets_shown_only_once(run, engine: Engine) -> 
         (("admin", "purge", "--delivered-older-than", "7 fortnights"), 2, "not a duration"),
         (("admin", "failed", "--endpoint", "x' OR 1=1 --"), 1, "unknown endpoint"),
         (("admin", "retry"), 2, "message ids, or --all-failed"),
+        # Found by tests/acceptance/test_cli_fuzz.py: these were tracebacks.
+        (("db", "upgrade", "--revision", ""), 2, "not a revision of this package"),
+        (("db", "upgrade", "--revision", "head+5"), 2, "not a revision of this package"),
+        (("admin", "replay", "--endpoint", "x", "--since", "1h", "--event-type", "a\x00"),
+         2, "no event can have it"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_with_one_line(run, args, code, message) -> None:  # type: ignore[no-untyped-def]
@@ -288,3 +293,19 @@ def test_admin_as_a_real_process(db_url: str) -> None:
         check=False,
     )
     assert done.returncode == 0 and "deleted 0 failed" in done.stdout  # nothing to ask about
+
+
+def test_filters_no_row_can_match_list_nothing(run, engine: Engine) -> None:  # type: ignore[no-untyped-def]
+    """A NUL cannot reach PostgreSQL (it refuses one in text): such a filter matches
+    nothing, as a type no message can have does."""
+    from poller.admin import FailedFilter, list_failed
+
+    with engine.connect() as conn:  # before, each of these raised psycopg's DataError
+        for where in (
+            FailedFilter(event_type="a\x00"),
+            FailedFilter(event_type="x" * 300),
+            FailedFilter(error="HTTP\x00"),
+        ):
+            assert list_failed(conn, where=where) == []
+    code, out, err = run("admin", "failed", "--event-type", "a\x00")
+    assert code == 1 and "Traceback" not in out + err  # 1: none

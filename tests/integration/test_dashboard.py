@@ -405,6 +405,14 @@ def test_values_no_row_can_have_are_not_found_not_errors(engine: Engine, web: Te
     assert web.get("/endpoints/%00/disable").status_code == 200  # a confirmation, no change
     token = csrf(web.get("/endpoints/x/disable").text)
     assert web.post("/endpoints/%00/disable", data={"csrf": token}).status_code == 404
+    make_endpoint(engine, "a")  # found by the fuzz test: a NUL reached PostgreSQL (500)
+    assert web.get("/endpoints/a/replay?since=5m&event_type=%00").status_code == 400
+    assert (
+        web.post(
+            "/endpoints/a/replay", data={"csrf": token, "since": "5m", "event_type": "a\x00"}
+        ).status_code
+        == 400
+    )
 
 
 def test_a_database_that_is_away_is_a_503_page(
