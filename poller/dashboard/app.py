@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -269,11 +270,32 @@ async def database_away(request: Request, exc: Exception) -> Response:
     )
 
 
-class SecurityHeaders:
-    """Adds the headers in :data:`HEADERS` to every response, static files included."""
+def loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this
+    machine's loopback."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host.lower() in ("localhost", "localhost.")
 
-    def __init__(self, app: ASGIApp) -> None:
+
+def host_of(header: str) -> str:
+    """The host of a Host header: ``[::1]:8188`` → ``[::1]``, ``a:80`` → ``a``."""
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class SecurityHeaders:
+    """Adds the headers in :data:`HEADERS` to every response, static files included.
+
+    Served on loopback, it answers only requests whose Host is loopback too: a page
+    on ``evil.example`` whose name is re-pointed to 127.0.0.1 (DNS rebinding) reaches
+    the port as its own origin, and is refused here before any route."""
+
+    def __init__(self, app: ASGIApp, *, loopback_only: bool = False) -> None:
         self.app = app
+        self.loopback_only = loopback_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -285,6 +307,12 @@ class SecurityHeaders:
                 message["headers"] = [*message.get("headers", []), *HEADERS]
             await send(message)
 
+        if self.loopback_only:
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            if not loopback(host_of(host)):
+                refused = Response("unexpected Host header: open the dashboard by 127.0.0.1", 421)
+                await refused(scope, receive, with_headers)
+                return
         await self.app(scope, receive, with_headers)
 
 
@@ -317,4 +345,5 @@ def create_app(
         exception_handlers=dict.fromkeys(TRANSIENT, database_away),
     )
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
-    return SecurityHeaders(app)
+    bound = host_of(settings.dashboard_addr or "127.0.0.1:8188")
+    return SecurityHeaders(app, loopback_only=loopback(bound))

@@ -75,13 +75,6 @@ def bind(addr: str) -> socket.socket:
     return sock
 
 
-def loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def serve(app: ASGIApp, sock: socket.socket) -> None:
     """Serve until SIGINT/SIGTERM, then return (uvicorn; no access log: login links
     carry the token).

@@ -161,6 +161,25 @@ def test_guessing_is_throttled_and_sessions_outlive_it(engine: Engine) -> None:
         assert c.get("/").status_code == 200  # a session is not a guess
 
 
+def test_served_on_loopback_it_answers_loopback_hosts_only(engine: Engine) -> None:
+    """DNS rebinding: a page on evil.example re-pointed to 127.0.0.1 reaches the port as
+    its own origin (its Origin matches its Host). On loopback, only loopback Hosts pass."""
+    from poller.dashboard.app import host_of
+
+    assert [host_of(h) for h in ("[::1]:8188", "[::1]", "a.example:80", "a", "::1")] == [
+        "[::1]", "[::1]", "a.example", "a", "::1",
+    ]  # fmt: skip
+    with client(engine) as c:
+        for host in ("127.0.0.1:8188", "localhost:8188", "[::1]:8188", "127.0.0.2"):
+            assert c.get("/login", headers={"host": host}).status_code == 200, host
+        for host in ("evil.example:8188", "evil.example", "127.0.0.1.evil.example", ""):
+            answer = c.get("/login", headers={"host": host})
+            assert answer.status_code == 421, host
+            assert answer.headers["x-frame-options"] == "DENY"
+    with client(engine, dashboard_addr="0.0.0.0:8188") as c:  # behind a proxy: any name
+        assert c.get("/login", headers={"host": "poller.internal.example"}).status_code == 200
+
+
 def test_throttle_window_and_bounded_memory() -> None:
     throttle = auth.Throttle(allowed=3, window=10)
     for t in (0, 1, 2):
