@@ -58,6 +58,10 @@ def upgrade(target: str | Engine, revision: str = "head") -> None:
             f"(head, {known[0]}…{known[-1]})"
         )
     url = target if isinstance(target, str) else target.url.render_as_string(hide_password=False)
+    current = current_revision(url)
+    if newer_than_known(current):
+        assert current is not None
+        raise _newer_error(current)
     command.upgrade(alembic_config(url), revision)
 
 
@@ -84,10 +88,26 @@ def current_revision(url: str) -> str | None:
         engine.dispose()
 
 
+def newer_than_known(current: str | None) -> bool:
+    """A revision this package does not have: a newer webhook-poller migrated it."""
+    return current is not None and current not in revisions()
+
+
+def _newer_error(current: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"database schema is at {current[:40]!r}, which this version of webhook-poller "
+        f"does not know (its newest is {head_revision()}): a newer version migrated it; "
+        "upgrade webhook-poller"
+    )
+
+
 def _schema_error(current: str | None) -> ConfigurationError | None:
     head = head_revision()
     if current == head:
         return None
+    if newer_than_known(current):
+        assert current is not None
+        return _newer_error(current)
     return ConfigurationError(
         f"database schema is at {current or 'nothing'}, this version needs {head}: "
         "run `poller db upgrade`"

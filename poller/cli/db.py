@@ -33,6 +33,8 @@ def current() -> None:
         return
     if revision is None:
         click.echo(f"not migrated (newest is {head}); run: poller db upgrade")
+    elif migrate.newer_than_known(revision):
+        click.echo(f"{revision} (newer than this version knows, {head}: upgrade webhook-poller)")
     else:
         click.echo(f"{revision} (newest is {head}; run: poller db upgrade)")
     raise SystemExit(1)

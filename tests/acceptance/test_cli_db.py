@@ -29,6 +29,27 @@ def test_upgrade_then_current(empty_db_url: str) -> None:
     assert code == 0 and " (head) — postgresql://postgres@127.0.0.1:" in out
 
 
+def test_a_schema_newer_than_this_package_says_so(empty_db_url: str) -> None:
+    """A newer webhook-poller migrated the database: `db upgrade` cannot go back (Alembic
+    raised on the unknown revision), and every command says to upgrade the package."""
+    import sqlalchemy
+
+    assert invoke("db", "upgrade", POLLER_DATABASE_URL=empty_db_url)[0] == 0
+    engine = sqlalchemy.create_engine(
+        empty_db_url.replace("postgresql://", "postgresql+psycopg://")
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE poller_alembic_version SET version_num = '0042'")
+    engine.dispose()
+    code, out, _ = invoke("db", "current", POLLER_DATABASE_URL=empty_db_url)
+    assert code == 1 and "newer than this version knows" in out
+    for args in (("db", "upgrade"), ("admin", "stats")):
+        code, out, err = invoke(*args, POLLER_DATABASE_URL=empty_db_url)
+        assert code == 2, out + err
+        assert "'0042', which this version of webhook-poller does not know" in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in out + err
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
