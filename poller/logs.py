@@ -5,6 +5,12 @@ Each JSON line has ``ts`` (ISO 8601 UTC), ``level``, ``logger``, ``message``,
 ``poller`` (its name, under ``poller run``) and any structured fields the call
 passed (``extra={...}``): delivery lines carry ``message_id``, ``key``,
 ``attempt`` and ``endpoint``. Secrets and payloads are never logged.
+
+Messages carry text from outside (a receiver's error, a name), and logs are
+read in terminals (``tail -f``): both formats escape every character a terminal
+could act on (C0/C1 controls, ESC sequences, bidi overrides; lone surrogates,
+which could not even be written) — ``\\x1b`` in a console line, ``\\u001b`` in
+JSON, the same JSON to a parser.
 """
 
 from __future__ import annotations
@@ -13,6 +19,27 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from typing import Any
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with every character a terminal could act on (but those in ``keep``)
+    spelled as a Python escape: ``\\x1b``, ``\\u202e``."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or c in keep else c.encode("unicode_escape").decode() for c in text
+    )
+
+
+def printable_json(document: object, **dumps: object) -> str:
+    """:func:`json.dumps` (non-ASCII kept) with every character a terminal could act on
+    escaped as ``\\uXXXX``: the same JSON to a parser."""
+    text = json.dumps(document, ensure_ascii=False, **dumps)  # type: ignore[arg-type]
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else json.dumps(c)[1:-1] for c in text)
+
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -28,7 +55,18 @@ class JsonFormatter(logging.Formatter):
         line.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str, ensure_ascii=False)
+        return printable_json(line, default=str)
+
+
+class ConsoleFormatter(logging.Formatter):
+    """One line per message (a newline in a receiver's text cannot forge a second
+    log line); a traceback keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return printable(super().formatException(ei), keep="\n")
 
 
 class _Poller(logging.Filter):
@@ -50,7 +88,7 @@ def configure(log_format: str, level: int = logging.INFO, poller_id: str | None 
     handler = logging.StreamHandler(sys.stderr)
     console = "%(asctime)s %(levelname)-7s " + ("%(poller)s " if poller_id else "")
     handler.setFormatter(
-        JsonFormatter() if use_json else logging.Formatter(console + "%(name)s %(message)s")
+        JsonFormatter() if use_json else ConsoleFormatter(console + "%(name)s %(message)s")
     )
     if poller_id:
         handler.addFilter(_Poller(poller_id))

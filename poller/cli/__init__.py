@@ -45,7 +45,9 @@ def _fail(ctx: click.Context, error: object, code: int, exc: BaseException | Non
     root = ctx.find_root()
     if root.params.get("verbose"):
         traceback.print_exc()
-    click.echo(f"error: {error}", err=True)
+    from poller.cli.output import safe_text
+
+    click.echo(f"error: {safe_text(str(error))}", err=True)
     sys.exit(code)
 
 

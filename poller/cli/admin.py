@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,6 +20,7 @@ from poller.cli.output import (
     emit_json,
     iso,
     json_option,
+    safe_json,
     table,
     yes_option,
 )
@@ -174,7 +174,7 @@ def show(
         ],
     )
     if payload is not None:
-        click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+        click.echo(safe_json(payload, indent=2))
 
 
 def _show_event(event_id: int, no_payload: bool, as_json: bool) -> None:
@@ -209,7 +209,7 @@ def _show_event(event_id: int, no_payload: bool, as_json: bool) -> None:
         ],
     )
     if payload is not None:
-        click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+        click.echo(safe_json(payload, indent=2))
 
 
 @admin.command(name="replay")

@@ -366,7 +366,12 @@ def _progress(counts: dict[str, int], pollers: list[Poller], elapsed: float) -> 
 
 
 def _event_line(event: OperationalEvent) -> str:
-    return f"[yellow]event[/] {event.type} {event.endpoint}: {event.reason}"
+    from rich.markup import escape
+
+    from poller.cli.output import safe_text
+
+    said = escape(safe_text(f"{event.type} {event.endpoint}: {event.reason}"))
+    return f"[yellow]event[/] {said}"  # a reason may quote a receiver: never markup
 
 
 async def _summary(

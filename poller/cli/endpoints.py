@@ -14,7 +14,17 @@ import click
 from poller import endpoints as api
 from poller import logs, stats
 from poller.cli.common import command_engine
-from poller.cli.output import Duration, age, confirm, emit_json, iso, json_option, table, yes_option
+from poller.cli.output import (
+    Duration,
+    age,
+    confirm,
+    emit_json,
+    iso,
+    json_option,
+    safe_text,
+    table,
+    yes_option,
+)
 from poller.keyring import ENV_NAME, new_key
 from poller.settings import default_settings
 
@@ -340,7 +350,7 @@ def health_(name: str | None, as_json: bool) -> None:
     )
     for r in report:
         if r["last_error"] and (r["circuit"] != "closed" or r["consecutive_failures"]):
-            click.echo(f"{r['name']}: last error {r['last_error']}", err=True)
+            click.echo(f"{r['name']}: last error {safe_text(r['last_error'])}", err=True)
 
 
 def _state(r: dict[str, Any]) -> str:

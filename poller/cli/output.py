@@ -5,11 +5,16 @@ for lists, stable field names, ISO 8601 UTC times). Durations are ``90s``,
 ``15m``, ``1h``, ``7d`` (or plain seconds); ``--since`` also takes an ISO 8601
 time. Destructive commands ask before acting; without a terminal they refuse
 unless given ``--yes``.
+
+Text from outside (a receiver's answer and error, a payload) reaches a
+terminal only through :func:`safe_text` or :func:`emit_json`: a character a
+terminal could act on (C0 and C1 controls, ESC sequences, bidi overrides) is
+shown as its escape, and table cells are never read as rich markup (a receiver
+answering ``[/x]`` crashed ``admin failed``; ``[link=…]`` made a hyperlink).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
@@ -20,7 +25,9 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from poller.logs import printable, printable_json
 from poller.schema import ROW_ID_MAX
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,6 +99,16 @@ def age(value: datetime | None, now: datetime | None = None) -> str:
     return f"in {text}" if ahead else f"{text} ago"
 
 
+def safe_text(text: str) -> str:
+    """``text`` with each character a terminal could act on spelled as an escape."""
+    return printable(text)
+
+
+def safe_json(document: Any, **dumps: Any) -> str:
+    """JSON with every character a terminal could act on escaped (poller/logs.py)."""
+    return printable_json(document, **dumps)
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return iso(value)
@@ -105,7 +122,7 @@ def _plain(value: Any) -> Any:
 
 
 def emit_json(document: Any) -> None:
-    click.echo(json.dumps(_plain(document), indent=2, ensure_ascii=False))
+    click.echo(safe_json(_plain(document), indent=2))
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
@@ -113,7 +130,7 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     for column in columns:
         view.add_column(column, overflow="fold")
     for row in rows:
-        view.add_row(*("-" if v is None else str(v) for v in row))
+        view.add_row(*(Text("-" if v is None else safe_text(str(v))) for v in row))
     Console(width=max(100, Console().width)).print(view)
 
 

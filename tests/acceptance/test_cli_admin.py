@@ -309,3 +309,45 @@ def test_filters_no_row_can_match_list_nothing(run, engine: Engine) -> None:  # 
             assert list_failed(conn, where=where) == []
     code, out, err = run("admin", "failed", "--event-type", "a\x00")
     assert code == 1 and "Traceback" not in out + err  # 1: none
+
+
+HOSTILE_ANSWER = (
+    "[/x] [link=http://evil.example]click[/link] \x1b]52;c;aGk=\x07 \x1b[2J \x9b \u202e"
+)
+
+
+async def test_a_receivers_words_never_drive_the_terminal(run, db_url: str, engine: Engine) -> None:  # type: ignore[no-untyped-def]
+    """A receiver's error and answer reach the operator's terminal: escape sequences
+    (clipboard writes, screen clears, C1 CSI, bidi overrides) are shown escaped, and rich
+    never reads them as markup (`[/x]` crashed `admin failed`; `[link=…]` made a link)."""
+    run("endpoints", "add", "billing", "http://127.0.0.1:9/")
+    from poller.outbox import Message, enqueue_many
+
+    with engine.begin() as conn:
+        (msg_id,) = enqueue_many(
+            conn, [Message("billing", "test.event", {"note": "\x1b[31m red \u202e"}, "k")]
+        )
+    aengine = async_engine(db_url)
+    claims = Claims(aengine, poller_id="p", claim_lease=30)
+    (msg,) = await claims.claim_batch(1)
+    hostile = failed(
+        msg, status_code=500, error_message=f"HTTP 500: {HOSTILE_ANSWER}",
+        response_excerpt=HOSTILE_ANSWER,
+    )  # fmt: skip
+    await claims.complete([hostile])
+    await aengine.dispose()
+    for args in (
+        ("admin", "failed"),
+        ("admin", "show", str(msg_id)),
+        ("admin", "show", str(msg_id), "--json"),
+        ("admin", "failed", "--json"),
+        ("endpoints", "health"),
+    ):
+        code, out, err = run(*args)
+        assert code == 0, (args, out + err)
+        for control in ("\x1b", "\x07", "\x9b", "\u202e"):
+            assert control not in out + err, (args, control)
+        if args[0] == "admin" and "--json" not in args:
+            assert "[/x]" in out  # shown as it came, not read as markup
+    detail = _json(run("admin", "show", str(msg_id), "--json")[1])
+    assert detail["payload"] == {"note": "\x1b[31m red \u202e"}  # the same JSON to a parser
