@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -263,6 +264,13 @@ def load_settings(**overrides: Any) -> Settings:
     """
     try:
         return Settings(**overrides)
+    except UnicodeDecodeError as exc:  # only files are decoded: the environment is str
+        raise ConfigurationError(
+            f".env in {os.getcwd()}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+            f"at offset {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise ConfigurationError(f".env in {os.getcwd()}: cannot be read: {exc}") from None
     except SettingsError as exc:  # a complex value (list) that is not JSON
         field = re.search(r'field "(\w+)"', str(exc))
         name = _env_name((field.group(1),)) if field else "settings"

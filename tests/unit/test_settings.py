@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from poller import ConfigurationError, load_settings
@@ -92,3 +94,12 @@ def test_claim_lease_must_cover_a_lookup_and_a_send() -> None:
 def test_lease_ttl_has_a_floor() -> None:
     with pytest.raises(ConfigurationError, match="POLLER_LEASE_TTL"):
         load_settings(lease_ttl=0.1)
+
+
+def test_a_dot_env_that_is_not_utf8_is_one_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / ".env").write_bytes(b"POLLER_SHARDS=\xff\xfe\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"\.env in .*: not UTF-8 text \(byte 0xff"):
+        load_settings()
