@@ -22,7 +22,10 @@ def where(settings: Settings, url: str) -> str:
     if settings.database_url:
         from sqlalchemy.engine import make_url
 
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)  # libpq also takes a password in the query string
+        hidden = {k: "***" for k in parsed.query if k.lower() in ("password", "sslpassword")}
+        shown = parsed.update_query_dict(hidden).render_as_string(hide_password=True)
+        return shown.replace("%2A%2A%2A", "***")
     from poller.embedded import default_data_dir
 
     return f"embedded PostgreSQL in {default_data_dir(settings.data_dir)}"

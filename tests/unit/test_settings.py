@@ -103,3 +103,12 @@ def test_a_dot_env_that_is_not_utf8_is_one_configuration_error(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigurationError, match=r"\.env in .*: not UTF-8 text \(byte 0xff"):
         load_settings()
+
+
+def test_the_database_shown_to_people_hides_every_password() -> None:
+    from poller.cli.common import where
+
+    url = "postgresql://u:pw1@h/db?password=pw2&SSLPASSWORD=pw3&application_name=app"
+    shown = where(load_settings(database_url=url), url)
+    assert not any(secret in shown for secret in ("pw1", "pw2", "pw3"))
+    assert shown.startswith("postgresql://u:***@h/db?") and "application_name=app" in shown
