@@ -4,7 +4,8 @@ Used by the fault hunt (loadtest/hunt.py). A raw asyncio HTTP/1.1 server on
 127.0.0.1, running on its own thread and event loop, so the hunt can read its
 counts directly. For each request it draws one behaviour from a seeded RNG:
 
-* honest answers: 200/201/204 (the message is *applied* first), 3xx, 4xx, 5xx;
+* honest answers: 200/201/204 (the message is *applied* first), 3xx, 4xx, 5xx
+  with bodies an operator reads later (markup, terminal escapes, NUL, bad UTF-8);
 * ``429``/``503`` with a ``Retry-After`` that is valid, huge, negative,
   non-ASCII (``²``), a date, or garbage;
 * hangs past the sender's timeout (applied or not); a reset before the body
@@ -52,6 +53,20 @@ RETRY_AFTERS = [
     b"soon",
     b"",
     b"\xff\xfe",
+]
+
+# Error bodies: what an operator later reads as a response excerpt and an error, in a
+# page, a table, --json and the logs (markup, terminal escapes, C1 CSI, bidi, NUL,
+# invalid UTF-8, forged lines).
+ERROR_BODIES = [
+    b"nope",
+    b"<script>alert(1)</script><img src=x onerror=alert(2)>",
+    b"[/x] [link=http://evil.example]click[/link] [bold red]",
+    b"\x1b]52;c;aGk=\x07\x1b[2J\x1b[31m",
+    "\x9b31m \u202e \u0000".encode(),
+    b"\x00\xff\xfe",
+    b'line one\r\n{"level": "error", "message": "forged"}\n',
+    b"%s%n{0}${jndi:ldap://x}",
 ]
 
 # (behaviour, weight)
@@ -187,7 +202,8 @@ class HostileReceiver:
 
     async def _status(self, writer: asyncio.StreamWriter) -> bool:
         status = self.rng.choice([301, 302, 400, 401, 404, 409, 422, 500, 502, 503])
-        writer.write(b"HTTP/1.1 %d X\r\nContent-Length: 4\r\n\r\nnope" % status)
+        body = self.rng.choice(ERROR_BODIES)
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body))
         return True
 
     async def _retry_after(self, writer: asyncio.StreamWriter) -> bool:

@@ -31,6 +31,10 @@ SPEC §10 (loadtest/hunt_check.py checks them):
 * the dashboard, over the final database: every page and the first failed
   messages' pages answer 200 with no unescaped markup, and the overview's
   counts are the database's (loadtest/dashboard_check.py);
+* the operator CLI, over the final database: ``admin failed``, ``admin show``,
+  ``endpoints health`` and ``admin stats`` answer, and neither they nor any
+  poller's log hold a character a terminal would act on, whatever the receiver
+  answered (loadtest/cli_check.py);
 * no ``poller run`` exited unless the hunt ended it, and every graceful stop
   exited 0 (G11: a crash would exit 70);
 * with ``processes`` 2 drawn, poller p0 is ``poller run --processes 2`` (a
@@ -395,7 +399,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             thread.join(timeout=60)
         fleet.check()
         fleet.stop_all()
-        problems = check(engine, run, receiver)
+        problems = check(engine, run, receiver, db_url, [p.log for p in fleet.procs])
         statuses = Counter(
             s for (s,) in engine.connect().execute(text("SELECT status FROM poller_outbox"))
         )

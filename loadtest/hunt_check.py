@@ -4,10 +4,12 @@ from the rows a seed left and what its receiver saw. One line per broken one."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
+from loadtest.cli_check import cli_disagrees
 from loadtest.dashboard_check import dashboard_disagrees
 from loadtest.hostile import HostileReceiver
 from poller.outcomes import MAX_REFUNDS
@@ -36,7 +38,9 @@ def out_of_order(rows: dict[str, Any], receiver: HostileReceiver) -> list[str]:
     return sorted(wrong)
 
 
-def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
+def check(
+    engine: Any, run: Run, receiver: HostileReceiver, db_url: str, logs: list[Path]
+) -> list[str]:
     """The invariants of the module docstring; one line per broken one."""
     with engine.connect() as conn:
         rows = {
@@ -147,4 +151,4 @@ def check(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
         if found:
             problems.append(f"{len(found)} {label}: {found[:5]}")
     problems += run.unexpected_exits + run.errors
-    return problems + dashboard_disagrees(engine)
+    return problems + dashboard_disagrees(engine) + cli_disagrees(engine, db_url, logs)

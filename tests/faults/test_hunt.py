@@ -40,7 +40,7 @@ def test_the_hunt_breaks_no_invariant(seed: int, tmp_path: Path) -> None:
 
 
 def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
-    engine, endpoint
+    engine, endpoint, db_url
 ) -> None:  # type: ignore[no-untyped-def]
     """A checker that cannot fail proves nothing."""
     from sqlalchemy import text
@@ -52,7 +52,7 @@ def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
     run = Run(SimpleNamespace(seed=0))  # type: ignore[arg-type]
     run.committed = {key}
     receiver = SimpleNamespace(posts={key: 2}, applied=set(), badly_signed={key})
-    problems = check(engine, run, receiver)  # type: ignore[arg-type]
+    problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
     assert any("POSTed more often than sends recorded" in p for p in problems)
     assert any("never applied (lost)" in p for p in problems)
     assert any("POSTed with a bad signature" in p for p in problems)
@@ -71,7 +71,7 @@ def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
             ),
             {"id": msg_id},
         )
-    problems = check(engine, run, receiver)  # type: ignore[arg-type]
+    problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
     assert any("not fanned out" in p and "lonely" in p for p in problems)
     assert any("crashed in the poller" in p for p in problems)
     assert any("do not name their endpoint" in p for p in problems)  # inserted without one
@@ -108,7 +108,41 @@ def test_the_checker_catches_a_dashboard_that_miscounts_or_lets_markup_through(
     assert any("unescaped markup" in p for p in problems)
 
 
-def test_the_checker_catches_disorder_and_a_stranded_waiting_message(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+def test_the_checker_catches_a_cli_read_as_markup_and_escapes_in_logs(
+    engine, endpoint, db_url, monkeypatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
+    from loadtest.cli_check import cli_disagrees
+    from poller.cli import output
+
+    seed_messages(engine, 1)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET status = 'failed', failed_at = now(), attempts = 1, "
+                "last_error = :e"
+            ),
+            {"e": "HTTP 500: [/x] \x1b[2J"},
+        )
+    clean, dirty = tmp_path / "p0.log", tmp_path / "p1.log"
+    clean.write_text('{"message": "answer: \\u001b[2J"}\n')
+    dirty.write_text('{"message": "answer: \x1b[2J"}\n')
+    assert cli_disagrees(engine, db_url, [clean]) == []
+    monkeypatch.setattr(output, "Text", lambda s: s)  # cells read as markup again
+    problems = cli_disagrees(engine, db_url, [clean, dirty])
+    assert any(p.startswith("cli: `admin failed --limit 200` exited 1") for p in problems)
+    assert any(p == "logs: p1.log holds '\\x1b'" for p in problems)
+    from rich.text import Text
+
+    monkeypatch.setattr(output, "Text", lambda s: Text(s.replace("\\x1b", "\x1b")))
+    problems = cli_disagrees(engine, db_url, [])  # escapes printed raw, no crash
+    assert any(p == "cli: `admin failed --limit 200` printed '\\x1b'" for p in problems)
+
+
+def test_the_checker_catches_disorder_and_a_stranded_waiting_message(
+    engine, endpoint, db_url
+) -> None:  # type: ignore[no-untyped-def]
     from sqlalchemy import text
 
     seed_messages(engine, 2, ordering_key="o1")  # billing:0 (head), billing:1 (waiting)
@@ -131,6 +165,6 @@ def test_the_checker_catches_disorder_and_a_stranded_waiting_message(engine, end
         badly_signed=set(),
         first_arrival={"billing:1": 0, "billing:0": 1},  # position 2 arrived first
     )
-    problems = check(engine, run, receiver)  # type: ignore[arg-type]
+    problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
     assert any("out of order" in p and "billing:1 before billing:0" in p for p in problems)
     assert any("not settled" in p and "stranded" in p for p in problems)
