@@ -23,18 +23,28 @@ from redis.exceptions import RedisError
 from poller.election import ElectionUnavailable, Holding, Lease
 
 # KEYS: lease, counter. ARGV: owner, ttl ms, floor.
+# A lease value that is not ``owner|fence`` (written by hand) is someone else's: it
+# is never taken over, and it does not stop the other shards (a Lua error would:
+# the whole backend would count as down). A counter that is not a number restarts
+# from the floor, which PostgreSQL's accepted fence keeps above every old fence.
 _ACQUIRE = """
-local current = redis.call('GET', KEYS[1])
+local current = redis.pcall('GET', KEYS[1])
+if type(current) == 'table' and current.err then return false end  -- not a string key
 if current then
   local sep = string.find(current, '|', 1, true)
-  if string.sub(current, 1, sep - 1) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return tonumber(string.sub(current, sep + 1))
+  if sep and string.sub(current, 1, sep - 1) == ARGV[1] then
+    local mine = tonumber(string.sub(current, sep + 1))
+    if mine then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      return mine
+    end
   end
   return false
 end
-local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-if counter < tonumber(ARGV[3]) then redis.call('SET', KEYS[2], ARGV[3]) end
+local counter = tonumber(redis.call('GET', KEYS[2]))
+if counter == nil or counter < tonumber(ARGV[3]) then
+  redis.call('SET', KEYS[2], ARGV[3])
+end
 local fence = redis.call('INCR', KEYS[2])
 if redis.call('SET', KEYS[1], ARGV[1] .. '|' .. fence, 'NX', 'PX', ARGV[2]) then
   return fence
@@ -44,7 +54,7 @@ return false
 
 # KEYS: lease. ARGV: exact value, ttl ms.
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -52,7 +62,7 @@ return 0
 
 # KEYS: lease. ARGV: exact value.
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -121,14 +131,18 @@ class RedisElector:
                 for k in keys:
                     pipe.get(k)
                     pipe.pttl(k)
-                answers = await pipe.execute()
+                answers = await pipe.execute(raise_on_error=False)  # one bad key: shown
         except (RedisError, OSError) as exc:
             raise ElectionUnavailable(str(exc)) from exc
         holdings = []
         for k, value, pttl in zip(keys, answers[0::2], answers[1::2], strict=True):
-            if value is None or pttl < 0:
+            if isinstance(value, Exception):  # not a string key (WRONGTYPE)
+                value = f"<{type(value).__name__}>"
+            if value is None or not isinstance(pttl, int) or pttl < 0:
                 continue
             owner, _, fence = value.rpartition("|")
+            if not (owner and fence.isascii() and fence.isdigit()):  # written by hand
+                owner, fence = f"unreadable value {value[:40]!r}", "0"
             holdings.append(
                 Holding(k.removeprefix(self._lease_key("")), owner, int(fence), pttl / 1000)
             )

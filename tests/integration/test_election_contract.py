@@ -106,3 +106,34 @@ async def test_members_by_heartbeat(make: Factory) -> None:
         await asyncio.sleep(0.02)
     assert members == ["b"]  # a's heartbeat ran out
     assert time.monotonic() - began >= 0.15  # and not before its TTL (with clock slack)
+
+
+async def test_redis_values_written_by_hand_are_nobodys_lease(redis_url: str) -> None:
+    """A lease value that is not owner|fence, a fence counter that is not a number, a key
+    of another type: that shard is not taken, the others are, nothing is raised."""
+    import redis.asyncio as aioredis
+
+    prefix = f"test-garbage-{time.time_ns()}:"
+    raw = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        await raw.set(f"{prefix}lease:shard:0", "no separator", ex=60)
+        await raw.set(f"{prefix}lease:shard:1", "a|not-a-number", ex=60)
+        await raw.set(f"{prefix}fence:shard:2", "garbage")
+        await raw.hset(f"{prefix}lease:shard:3", "x", "y")  # WRONGTYPE for GET
+        await raw.expire(f"{prefix}lease:shard:3", 60)
+        a = RedisElector(redis_url, "a", prefix=prefix)
+        try:
+            assert await a.acquire("shard:0", ttl=30) is None
+            assert await a.acquire("shard:1", ttl=30) is None  # "a" by name, but no fence
+            assert await a.acquire("shard:3", ttl=30) is None
+            lease = await a.acquire("shard:2", ttl=30, floor=7)
+            assert lease is not None and lease.fence == 8
+            shown = {h.key: (h.owner, h.fence) for h in await a.holders()}
+            assert shown["shard:0"] == ("unreadable value 'no separator'", 0)
+            assert shown["shard:1"] == ("unreadable value 'a|not-a-number'", 0)
+            assert shown["shard:2"] == ("a", 8)
+            assert shown["shard:3"] == ("unreadable value '<ResponseError>'", 0)
+        finally:
+            await a.close()
+    finally:
+        await raw.aclose()
