@@ -55,6 +55,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _port_in(text: str) -> int | None:
+    """A TCP port written in one of our files, or None if the file was tampered with."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        return None
+    return int(text)
+
+
 def _port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As the servers bind: a port whose old connections sit in TIME_WAIT is free.
@@ -188,19 +196,19 @@ class EmbeddedPostgres:
         pid_file = self.pgdata / "postmaster.pid"
         try:
             lines = pid_file.read_text().splitlines()
-        except (FileNotFoundError, PermissionError):
+        except (OSError, UnicodeDecodeError):
             return None
         if len(lines) < 4 or not lines[0].strip().isdigit():
             return None
         if not _pid_alive(int(lines[0])):
             return None
-        return int(lines[3])
+        return _port_in(lines[3])
 
     @property
     def pid(self) -> int | None:
         try:
             first = (self.pgdata / "postmaster.pid").read_text().splitlines()[0]
-        except (FileNotFoundError, IndexError):
+        except (OSError, IndexError, UnicodeDecodeError):
             return None
         return int(first) if first.strip().isdigit() and _pid_alive(int(first)) else None
 
@@ -271,7 +279,7 @@ class EmbeddedPostgres:
         if conf.exists():
             for line in conf.read_text().splitlines():
                 if line.startswith("port = "):
-                    port = int(line.split("=", 1)[1])
+                    port = _port_in(line.split("=", 1)[1])
         if port is None or not _port_is_free(port):
             port = free_port()
         body = (
@@ -332,15 +340,15 @@ class EmbeddedRedis:
     def pid(self) -> int | None:
         try:
             pid = int(self._pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
             return None
         return pid if _pid_alive(pid) else None
 
     @property
     def port(self) -> int | None:
         try:
-            port = int((self.dir / "port").read_text().strip())
-        except (FileNotFoundError, ValueError):
+            port = _port_in((self.dir / "port").read_text())
+        except (OSError, UnicodeDecodeError):
             return None
         return port if self.pid is not None else None
 
@@ -356,8 +364,11 @@ class EmbeddedRedis:
             if self.pid is None:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 port_file = self.dir / "port"
-                port = int(port_file.read_text()) if port_file.exists() else free_port()
-                if not _port_is_free(port):
+                try:
+                    port = _port_in(port_file.read_text())
+                except (OSError, UnicodeDecodeError):
+                    port = None
+                if port is None or not _port_is_free(port):
                     port = free_port()
                 port_file.write_text(str(port))
                 self._launch(port)

@@ -43,3 +43,23 @@ def test_redis_start_stop_restart_loses_keys(tmp_path: Path) -> None:
         assert redis.Redis.from_url(url).get("fence") is None  # no persistence
     finally:
         server.stop()
+
+
+def test_files_tampered_with_are_not_trusted(tmp_path: Path) -> None:
+    """The port and pid files are ours, but a person (or a full disk) can spoil them: a
+    port that is no port, bytes that are not text. The server starts on a free port."""
+    from poller.embedded import _port_in
+
+    assert [_port_in(t) for t in ("6379\n", "0", "65536", "99999", "²", "-1", "x", "")] == [
+        6379, None, None, None, None, None, None, None,
+    ]  # fmt: skip
+    server = EmbeddedRedis(tmp_path)
+    server.dir.mkdir(parents=True)
+    (server.dir / "port").write_bytes(b"99999\xff")
+    (server.dir / "redis.pid").write_bytes(b"\xff\xfe")
+    try:
+        assert server.pid is None and server.port is None
+        url = server.start()
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        server.stop()
