@@ -15,7 +15,7 @@ from poller import enqueue as api_enqueue
 from poller import publish as api_publish
 from poller.cli.common import command_engine
 from poller.cli.output import Duration, emit_json, json_option
-from poller.errors import InvalidPayload
+from poller.errors import InvalidPayload, PayloadTooLarge
 from poller.payloads import RawJSON
 
 
@@ -26,9 +26,25 @@ def _read(data: str) -> Any:
         raise InvalidPayload(f"--data: cannot read {data[1:]!r}: {exc.strerror}") from None
 
 
+def _file(path: str) -> str:
+    """A payload file's text, read no further than the payload limit (``@/dev/zero`` must
+    not fill the memory) and as UTF-8."""
+    from poller.settings import load_settings
+
+    limit = load_settings().max_payload_bytes
+    with open(Path(path), "rb") as source:
+        raw = source.read(limit + 1)
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"--data @{path}: over POLLER_MAX_PAYLOAD_BYTES ({limit} bytes)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidPayload(f"--data @{path}: not UTF-8 text (at byte {exc.start})") from None
+
+
 def _payload(data: str) -> Any:
     """The --data text, sent exactly as written (a JSON object)."""
-    text = Path(data[1:]).read_text() if data.startswith("@") else data
+    text = _file(data[1:]) if data.startswith("@") else data
     try:
         json.loads(text)
     except json.JSONDecodeError as exc:

@@ -128,6 +128,18 @@ def test_enqueue_from_the_command_line(run, engine: Engine, tmp_path) -> None:  
     assert run("enqueue", "billing", "e", "--data", f"@{tmp_path / 'p.json'}", "--key", "f")[0] == 0
     code, _, err = run("enqueue", "billing", "e", "--data", "{not json", "--key", "k2")
     assert code == 2 and "not JSON" in err
+    (tmp_path / "bin.json").write_bytes(b'{"a": "\xff"}')
+    for source, says in (
+        ("@/dev/zero", "over POLLER_MAX_PAYLOAD_BYTES (1024 bytes)"),  # read no further
+        (f"@{tmp_path / 'bin.json'}", "not UTF-8 text (at byte 7)"),
+        (f"@{tmp_path}", "cannot read"),
+        (f"@{tmp_path / 'missing.json'}", "cannot read"),
+    ):
+        code, out, err = run(
+            "enqueue", "billing", "e", "--data", source, "--key", "k3",
+            POLLER_MAX_PAYLOAD_BYTES="1024",
+        )  # fmt: skip
+        assert code == 2 and says in err and "Traceback" not in out + err, (source, err)
 
 
 async def _fail_some(db_url: str, engine: Engine, n: int) -> list[int]:
