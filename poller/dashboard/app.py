@@ -209,8 +209,17 @@ def action(handler: Handler) -> Handler:
 
 
 def safe_next(target: str | None) -> str:
-    """A local path to go back to after logging in; anything else goes home."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+    """A local path to go back to after logging in; anything else goes home. Browsers
+    drop tabs and newlines from a URL (``/\\t/evil.example`` becomes ``//evil.example``,
+    another site) and read ``\\`` as ``/``: a target holding either goes home too."""
+    if (
+        not target
+        or not target.startswith("/")
+        or target.startswith("//")
+        or "\\" in target
+        or not target.isprintable()
+        or any(c.isspace() for c in target)
+    ):
         return "/"
     return target
 

@@ -112,6 +112,8 @@ def test_login_goes_back_only_to_a_local_page(engine: Engine) -> None:
             ("https://evil.example/", "/"),
             ("//evil.example/", "/"),
             ("/\\evil.example", "/"),
+            ("/\t/evil.example", "/"),  # browsers drop the tab: //evil.example
+            ("/\n/evil.example", "/"),
         ]:
             answer = c.post("/login", data={"token": TOKEN, "next": target})
             assert answer.status_code == 303
