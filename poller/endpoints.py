@@ -425,7 +425,9 @@ def set_enabled(conn: Conn, name: str, enabled: bool, reason: str | None = None)
     Enabling also closes its circuit and forgets its failure streak and any pause
     (poller/health.py): an operator who turns it back on wants its backlog sent.
     """
-    values = {"enabled": enabled, "disabled_reason": None if enabled else (reason or "disabled")}
+    said = (reason or "disabled").encode("utf-8", "replace").decode("utf-8")  # lone surrogates
+    said = said.replace("\x00", "\ufffd")[:1000]  # PostgreSQL stores no NUL
+    values = {"enabled": enabled, "disabled_reason": None if enabled else said}
     endpoint = _one(conn, name, update(endpoints).values(**values, updated_at=func.now()))
     if enabled:
         _reset_health(conn, endpoint.id)

@@ -132,6 +132,10 @@ def blocked_keys(
 ) -> list[dict[str, Any]]:
     """Blocked keys, longest blocked first: endpoint, key, head message, its last error,
     how many messages wait behind it, and since when."""
+    from poller.endpoints import could_be_name
+
+    if endpoint is not None and not could_be_name(endpoint):
+        return []  # no endpoint has that name (PostgreSQL would refuse a NUL in it)
     rows = conn.execute(queries.BLOCKED_KEYS, {"endpoint": endpoint, "limit": limit})
     return [dict(row._mapping) for row in rows]
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, text
 
+from poller.endpoints import could_be_name
 from poller.errors import UnknownEndpoint
 from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
 from poller.schema import endpoint_health as health_table
@@ -190,6 +191,8 @@ def health_report(conn: Connection, name: str | None = None) -> list[dict[str, A
     last success, send success ratio over 1 h and 24 h, rate limit and its use now."""
     from poller import queries
 
+    if name is not None and not could_be_name(name):  # a NUL would reach PostgreSQL
+        raise UnknownEndpoint(name)
     rows = conn.execute(queries.HEALTH_REPORT, {"name": name}).all()
     if name is not None and not rows:
         raise UnknownEndpoint(name)

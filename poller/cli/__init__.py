@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -21,6 +22,38 @@ EXIT_USAGE = 2
 
 class _Group(click.Group):
     """Turns expected errors into one line on stderr and the right exit code."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """As click's, but a usage error is one line too (click prints a usage block,
+        a hint and the error over four)."""
+        args = [_text_arg(a) for a in (sys.argv[1:] if args is None else args)]
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        from poller.cli.output import safe_text
+
+        try:
+            done = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # `poller admin`: the help
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            hint = f" (see: {exc.ctx.command_path} -h)" if exc.ctx is not None else ""
+            click.echo(f"error: {safe_text(exc.format_message())}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {safe_text(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except (click.Abort, EOFError, KeyboardInterrupt):
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(done if isinstance(done, int) else 0)  # --help, --version: their code
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -38,6 +71,18 @@ class _Group(click.Group):
                 reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
                 _fail(ctx, f"cannot reach the database: {reason}", EXIT_USAGE, exc)
             raise
+
+
+def _text_arg(arg: str) -> str:
+    """An argument as text: bytes that were not UTF-8 (Python keeps them as lone
+    surrogates, which nothing can print or store) become U+FFFD."""
+    if arg.isascii():
+        return arg
+    try:
+        raw = arg.encode("utf-8", "surrogateescape")  # invalid bytes on the command line
+    except UnicodeEncodeError:
+        raw = arg.encode("utf-8", "surrogatepass")  # other lone surrogates
+    return raw.decode("utf-8", "replace")
 
 
 def _fail(ctx: click.Context, error: object, code: int, exc: BaseException | None = None) -> None:

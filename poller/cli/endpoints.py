@@ -392,8 +392,8 @@ def disable(name: str, reason: str, yes: bool) -> None:
     """Stop delivering to it; its messages wait (nothing is lost)."""
     confirm(f"disable endpoint {name}?", yes)
     with command_engine().begin() as conn:
-        api.set_enabled(conn, name, False, reason)
-    click.echo(f"endpoint {name} disabled: {reason}")
+        endpoint = api.set_enabled(conn, name, False, reason)
+    click.echo(f"endpoint {name} disabled: {safe_text(endpoint.disabled_reason or '')}")
 
 
 @endpoints.command(name="rotate-secret")

@@ -82,6 +82,8 @@ def test_endpoint_lifecycle_and_secrets_shown_only_once(run, engine: Engine) -> 
         (("db", "upgrade", "--revision", "head+5"), 2, "not a revision of this package"),
         (("admin", "replay", "--endpoint", "x", "--since", "1h", "--event-type", "a\x00"),
          2, "no event can have it"),
+        (("endpoints", "health", "a\x00"), 1, "unknown endpoint"),
+        (("admin", "blocked", "--endpoint", "a\x00"), 0, ""),  # an empty list
     ],
 )  # fmt: skip
 def test_bad_input_exits_with_one_line(run, args, code, message) -> None:  # type: ignore[no-untyped-def]
@@ -363,3 +365,13 @@ async def test_a_receivers_words_never_drive_the_terminal(run, db_url: str, engi
             assert "[/x]" in out  # shown as it came, not read as markup
     detail = _json(run("admin", "show", str(msg_id), "--json")[1])
     assert detail["payload"] == {"note": "\x1b[31m red \u202e"}  # the same JSON to a parser
+
+
+def test_a_disable_reason_is_stored_whatever_it_holds(run, engine: Engine) -> None:  # type: ignore[no-untyped-def]
+    """Found by the CLI fuzz test: a NUL in --reason reached PostgreSQL (DataError)."""
+    run("endpoints", "add", "billing", "http://127.0.0.1:9/")
+    code, out, err = run("endpoints", "disable", "billing", "--reason", "a\x00b\ud800", "--yes")
+    assert code == 0, out + err
+    with engine.connect() as conn:
+        said = conn.execute(text("SELECT disabled_reason FROM poller_endpoints")).scalar_one()
+    assert said == "a\ufffdb\ufffd\ufffd\ufffd"  # the lone surrogate: its 3 bytes, replaced
