@@ -109,7 +109,7 @@ def invocations(draw: st.DrawFn) -> list[str]:
 
 
 @settings(
-    max_examples=200,
+    max_examples=150,
     deadline=None,
     derandomize=bool(os.environ.get("CI")),  # CI: the same examples; elsewhere new ones
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -89,7 +89,7 @@ def _path(template: str, ident: str, name: str) -> str:
 
 
 @settings(
-    max_examples=120,
+    max_examples=100,
     deadline=None,
     derandomize=bool(os.environ.get("CI")),  # CI: the same examples; elsewhere new ones
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
