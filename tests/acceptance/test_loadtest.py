@@ -26,7 +26,7 @@ def _run(out: Path, *extra: str) -> tuple[int, dict]:  # type: ignore[type-arg]
             "--spawn-rate",
             "3",
             "--duration",
-            "4",
+            "3",
             "--drain",
             "30",
             "--out",
