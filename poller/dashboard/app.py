@@ -139,6 +139,20 @@ def identify(board: Dashboard, request: Request) -> auth.Identity | Response | N
     return identity
 
 
+def authenticate(
+    board: Dashboard, request: Request, refuse: Callable[[Dashboard, Request], Response]
+) -> Response | None:
+    """None when the request carries valid credentials (its identity is then in the
+    scope); else the throttle's 429 or what ``refuse`` answers."""
+    identity = identify(board, request)
+    if isinstance(identity, Response):
+        return identity
+    if identity is None:
+        return refuse(board, request)
+    request.scope["poller.identity"] = identity
+    return None
+
+
 def form_too_big(request: Request) -> bool:
     """Forms carry a Content-Length; a stream or a big body is refused unread."""
     size = request.headers.get("content-length", "")
@@ -159,23 +173,20 @@ def page(handler: Handler) -> Handler:
     """A page: the request must be authenticated (else the login page, or a basic
     challenge when basic credentials are the only kind)."""
 
+    def refuse(board: Dashboard, request: Request) -> Response:
+        if board.creds.token is None:
+            return Response(
+                "authentication required",
+                401,
+                {"www-authenticate": 'Basic realm="poller dashboard", charset="UTF-8"'},
+            )
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?next={quote(target, safe='')}", 303)
+
     @functools.wraps(handler)
     async def guarded(request: Request) -> Response:
-        board = dashboard(request)
-        identity = identify(board, request)
-        if isinstance(identity, Response):
-            return identity
-        if identity is None:
-            if board.creds.token is None:
-                return Response(
-                    "authentication required",
-                    401,
-                    {"www-authenticate": 'Basic realm="poller dashboard", charset="UTF-8"'},
-                )
-            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-            return RedirectResponse(f"/login?next={quote(target, safe='')}", 303)
-        request.scope["poller.identity"] = identity
-        return await handler(request)
+        refused = authenticate(dashboard(request), request, refuse)
+        return refused if refused is not None else await handler(request)
 
     return guarded
 
@@ -186,12 +197,9 @@ def action(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def guarded(request: Request) -> Response:
         board = dashboard(request)
-        identity = identify(board, request)
-        if isinstance(identity, Response):
-            return identity
-        if identity is None:
-            return Response("authentication required", 401)
-        request.scope["poller.identity"] = identity
+        refused = authenticate(board, request, lambda *_: Response("authentication required", 401))
+        if refused is not None:
+            return refused
         if board.read_only:
             return board.error(request, 403, "the dashboard is read-only")
         if not auth.same_origin(request):
@@ -201,6 +209,7 @@ def action(handler: Handler) -> Handler:
         form = await request.form()
         request.scope["poller.form"] = form
         offered = form.get("csrf")
+        identity = request.scope["poller.identity"]
         if not auth.csrf_ok(board.creds, identity, offered if isinstance(offered, str) else None):
             return board.error(request, 403, "refused: missing or wrong CSRF token; reload")
         return await handler(request)
