@@ -37,9 +37,9 @@ from poller import queries
 from poller.db import fetch
 from poller.endpoints import Endpoint
 from poller.events import EventSink, OperationalEvent
-from poller.health import HealthPolicy
+from poller.health import HealthPolicy, is_endpoint_failure
 from poller.keyring import Keyring
-from poller.ordering import ENDED, advance_keys
+from poller.ordering import ENDED, hand_on, hand_on_ended
 from poller.outcomes import ClaimedMessage, Outcome
 from poller.schema import BUCKETS
 
@@ -97,10 +97,12 @@ def outcomes_json(outcomes: Sequence[Outcome], poller_id: str) -> dict[str, str]
 
 
 _OPTIONAL_FIELDS = tuple(
-    f for f in Outcome.__dataclass_fields__ if f not in ("message_id", "started_at")
+    f
+    for f in Outcome.__dataclass_fields__
+    if f not in ("message_id", "started_at", "disable_reason", "pause")
 )
 _optional_values = operator.attrgetter(*_OPTIONAL_FIELDS)
-_FREE_TEXT = frozenset({"error_class", "error_message", "response_excerpt", "disable_reason"})
+_FREE_TEXT = frozenset({"error_class", "error_message", "response_excerpt"})
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
 _GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed")
 
@@ -139,6 +141,9 @@ class Claims:
         self.events = events or EventSink()  # poller/events.py
         self.stale_completions = 0
         self.stale_leader_claims = 0
+        # Left for the next completion because their rows were busy (see complete()).
+        self._carried_signals: dict[int, Signal] = {}
+        self._carried_heads: set[int] = set()
 
     async def claim_batch(
         self, limit: int, buckets: Sequence[int] | None = None, **options: Any
@@ -255,45 +260,140 @@ class Claims:
     async def complete(self, outcomes: Sequence[Outcome]) -> CompletionResult:
         """Apply outcomes (any mix) in one fenced statement; report which were stale.
 
-        The endpoints' health learns from them in the same statement; operational
-        events for what changed (and for messages that failed for good) are
-        enqueued in the same transaction and returned for the in-process hooks.
+        In the same transaction, and without waiting on any row someone else
+        holds: the endpoints' health learns from the applied sends
+        (JUDGE_HEALTH), the keys of ended ordered heads are handed on
+        (poller/ordering.py), and operational events for what changed (and for
+        messages that failed for good) are enqueued; the events are returned for
+        the in-process hooks. What was busy — an endpoint's rows locked by an
+        operator, a key locked by an application's open transaction — is carried
+        to the next call (:attr:`carried`), which an idle completer makes soon.
         """
-        if not outcomes:
+        if not outcomes and not self.carried:
             return CompletionResult()
         params = {**outcomes_json(outcomes, self.poller_id), **self._health_params}
         async with self.engine.begin() as conn:
-            rows = await fetch(conn, "COMPLETE_BATCH", params)
-            ended = [r.id for r in rows if r.ordering_key is not None and r.status in ENDED]
-            promoted = 0
-            if ended:  # COMPLETE_BATCH locked their keys' rows
-                # No NOTIFY: a key's next message is in the same bucket, so this poller
-                # claims it — the caller wakes its own claimer (``promoted``).
-                moved = await advance_keys(conn, ended, locked=True, notify=False)
-                promoted = sum(1 for row in moved if row.what == "promoted")
-            transitions = (rows[0].events or []) if rows else []
+            rows = await fetch(conn, "COMPLETE_BATCH", params) if outcomes else []
+            signals = health_signals(outcomes, rows, self._carried_signals)
+            transitions: list[dict[str, Any]] = []
+            carried_signals: dict[int, Signal] = {}
+            if signals:
+                judged = await fetch(
+                    conn,
+                    "JUDGE_HEALTH",
+                    {"signals": signals_json(signals), **self._health_params},
+                )
+                transitions = (judged[0].events or []) if judged else []
+                carried_signals = {
+                    r.endpoint_id: signals[r.endpoint_id] for r in judged if not r.judged
+                }
+            heads = {r.id for r in rows if r.ordering_key is not None and r.status in ENDED}
+            # No NOTIFY: a key's next message is in the same bucket, so this poller
+            # claims it — the caller wakes its own claimer (``promoted``).
+            handed = await hand_on(conn, sorted(heads | self._carried_heads), notify=False)
             failed = [r.id for r in rows if r.status == "failed"]
             events = await self.events.record(conn, transitions, failed)
+        self._carried_signals = carried_signals
+        self._carried_heads = set(handed.busy)
         applied = {row.id for row in rows}
         result = CompletionResult(
             applied=[o.message_id for o in outcomes if o.message_id in applied],
             stale=[o.message_id for o in outcomes if o.message_id not in applied],
-            promoted=promoted,
+            promoted=handed.promoted,
             events=events,
             opened=sum(1 for t in transitions if t["was"] == "closed" and t["state"] == "open"),
         )
         self.stale_completions += len(result.stale)
         return result
 
+    @property
+    def carried(self) -> int:
+        """Health signals and key hand-overs left for the next completion (their rows were
+        busy): the completer makes one soon even with no outcome to write."""
+        return len(self._carried_signals) + len(self._carried_heads)
+
     async def reclaim_expired(self, limit: int = 1000) -> ReclaimResult:
-        """Return expired claims to pending + needs_lookup (or failed at max attempts)."""
+        """Return expired claims to pending + needs_lookup (or failed at max attempts).
+
+        The keys of reclaimed heads that failed are handed on without waiting;
+        the rest (and any a stopped poller left) by :meth:`hand_on_ended`."""
         async with self.engine.begin() as conn:
             rows = (await conn.execute(queries.RECLAIM_EXPIRED, {"limit": limit})).all()
             failed = [row.id for row in rows if row.status == "failed"]
-            if failed:
-                await advance_keys(conn, failed)
+            await hand_on(conn, failed)
             events = await self.events.record(conn, failed=failed)
         result = ReclaimResult(events=events)
         for row in rows:
             (result.failed if row.status == "failed" else result.pending).append(row.id)
         return result
+
+    async def hand_on_ended(self) -> int:
+        """Maintenance: hand on the keys whose head ended but that nobody handed on."""
+        async with self.engine.begin() as conn:
+            return await hand_on_ended(conn)
+
+
+@dataclass(slots=True)
+class Signal:
+    """What one completion's applied attempts tell an endpoint's health (JUDGE_HEALTH)."""
+
+    ok: int = 0  # deliveries
+    bad: int = 0  # failed requests (poller/health.py is_endpoint_failure)
+    pause: float | None = None  # the longest Retry-After pause asked for
+    gone: str | None = None  # a 410's disable reason
+    error: str | None = None  # the last failed request's error: "HTTP 503", "ConnectError"
+
+    def add(self, other: Signal) -> None:
+        self.ok += other.ok
+        self.bad += other.bad
+        if other.pause is not None:
+            self.pause = max(self.pause or 0.0, other.pause)
+        self.gone = other.gone or self.gone
+        self.error = other.error or self.error
+
+
+def health_signals(
+    outcomes: Sequence[Outcome], applied: Sequence[Any], carried: Mapping[int, Signal]
+) -> dict[int, Signal]:
+    """Per endpoint, what the applied outcomes (COMPLETE_BATCH's rows) say, plus the
+    signals carried from earlier completions. Every failed request counts, probes and
+    last attempts included."""
+    signals = {
+        endpoint_id: Signal(s.ok, s.bad, s.pause, s.gone, s.error)
+        for endpoint_id, s in carried.items()
+    }
+    endpoint_of = {row.id: row.endpoint_id for row in applied}
+    for o in outcomes:
+        endpoint_id = endpoint_of.get(o.message_id)
+        if endpoint_id is None or o.kind is None:
+            continue
+        signal = signals.get(endpoint_id)
+        if signal is None:
+            signal = signals[endpoint_id] = Signal()
+        if o.outcome == "delivered":
+            signal.ok += 1
+        elif is_endpoint_failure(o.status_code, o.outcome):
+            signal.bad += 1
+        if o.outcome != "delivered" and (o.status_code is not None or o.error_class):
+            signal.error = f"HTTP {o.status_code}" if o.status_code is not None else o.error_class
+        if o.pause is not None:
+            signal.pause = max(signal.pause or 0.0, o.pause)
+        if o.disable_reason is not None:
+            signal.gone = clean_text(o.disable_reason)
+    return signals
+
+
+def signals_json(signals: Mapping[int, Signal]) -> str:
+    return json.dumps(
+        [
+            {
+                "endpoint_id": e,
+                "ok": s.ok,
+                "bad": s.bad,
+                "pause": s.pause,
+                "gone": s.gone,
+                "error": None if s.error is None else clean_text(s.error, 200),
+            }
+            for e, s in signals.items()
+        ]
+    )

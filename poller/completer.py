@@ -38,6 +38,11 @@ from poller.outcomes import ClaimedMessage, Outcome
 log = logging.getLogger("poller.completer")
 
 LINGER = 0.005  # let a burst of outcomes gather into one statement
+LEASE_MARGIN = 0.5
+"""Seconds of claim lease a request must leave when it ends at its timeout: for the
+reclaimer's clock, a paused event loop and the outcome's write to begin."""
+CARRY_INTERVAL = 0.2
+"""Seconds an idle completer waits before it retries what was busy (Claims.carried)."""
 
 
 class Completer:
@@ -52,9 +57,10 @@ class Completer:
         self.batch_limit = batch_limit
         self.on_promoted = on_promoted  # ordered messages became due: claim them
         self.held: dict[int, int] = {}  # message id -> claim token
-        # message id -> monotonic time until which its lease surely holds (claim or last
-        # heartbeat, plus the lease, minus a margin for the claim's round trip)
-        self.fresh_until: dict[int, float] = {}
+        # message id -> monotonic time until which its lease surely holds: the moment
+        # before the claim or last heartbeat was asked for, plus the lease (which
+        # PostgreSQL measured from a later moment, on its own clock)
+        self.lease_until: dict[int, float] = {}
         self._queue: asyncio.Queue[Outcome] = asyncio.Queue()
         self._outage = OutageLog("writing outcomes")
 
@@ -63,23 +69,30 @@ class Completer:
     def hold(self, msg: ClaimedMessage, *, claimed_at: float | None = None) -> None:
         self.held[msg.id] = msg.claim_token
         start = time.monotonic() if claimed_at is None else claimed_at
-        self.fresh_until[msg.id] = start + self._sure_lease
+        self.lease_until[msg.id] = start + self.claims.claim_lease
 
-    @property
-    def _sure_lease(self) -> float:
-        return self.claims.claim_lease * 0.9
+    def can_start(self, msg_id: int, timeout: float) -> bool:
+        """Whether a request of up to ``timeout`` seconds may start for this claim: the
+        lease, by this process's clock, must outlast it by :data:`LEASE_MARGIN`.
 
-    def still_ours(self, msg_id: int) -> bool:
-        """Whether the claim surely still holds, by this process's clock: a poller that
-        was frozen past its lease must not send (the row may be another's now — and for
-        an ordered key, the next message may already be out)."""
-        return msg_id in self.held and time.monotonic() < self.fresh_until.get(msg_id, 0.0)
+        Else the row could be reclaimed while the request is on the wire, and the
+        next poller's lookup would not find what is still being processed — a
+        duplicate, or for an ordered key the next message sent beside it. The
+        heartbeat keeps a live poller's leases at least 2/3 full; this refuses
+        only when it is late (the database unreachable) or the process was paused.
+        """
+        until = self.lease_until.get(msg_id)
+        return (
+            msg_id in self.held
+            and until is not None
+            and time.monotonic() + timeout + LEASE_MARGIN <= until
+        )
 
     def _unhold(self, outcomes: Sequence[Outcome]) -> None:
         for o in outcomes:
             if self.held.get(o.message_id) == o.claim_token:
                 del self.held[o.message_id]
-                self.fresh_until.pop(o.message_id, None)
+                self.lease_until.pop(o.message_id, None)
 
     async def extend_leases(self) -> int:
         """The heartbeat: extend every held claim's lease; returns how many are still ours."""
@@ -90,12 +103,12 @@ class Completer:
         kept = await self.claims.extend(held)
         for msg_id in kept:
             if self.held.get(msg_id) == held[msg_id]:
-                self.fresh_until[msg_id] = asked + self._sure_lease
+                self.lease_until[msg_id] = asked + self.claims.claim_lease
         lost = [msg_id for msg_id in held if msg_id not in kept]
         for msg_id in lost:
             if self.held.get(msg_id) == held[msg_id]:
                 del self.held[msg_id]
-                self.fresh_until.pop(msg_id, None)
+                self.lease_until.pop(msg_id, None)
         if lost:
             metrics.CLAIMS_LOST.inc(len(lost))
             log.warning(
@@ -125,7 +138,15 @@ class Completer:
 
     async def run(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            if self.claims.carried and self._queue.empty():
+                try:
+                    async with asyncio.timeout(CARRY_INTERVAL):
+                        batch = [await self._queue.get()]
+                except TimeoutError:
+                    await asyncio.shield(self._write([]))  # hand on what was busy
+                    continue
+            else:
+                batch = [await self._queue.get()]
             await asyncio.sleep(LINGER)
             while len(batch) < self.batch_limit and not self._queue.empty():
                 batch.append(self._queue.get_nowait())

@@ -149,19 +149,36 @@ class Dispatcher:
         self.completer.put(outcome)
 
     async def _exchange(self, msg: ClaimedMessage) -> Outcome:
+        outcome = await self._lookup_or_send(msg)
+        if msg.probe and is_endpoint_failure(outcome.status_code, outcome.outcome):
+            outcome = outcomes.probe_failed(msg, outcome)
+        return outcome
+
+    def _lease_short(self, msg: ClaimedMessage, timeout: float, what: str) -> bool:
+        """No lookup or send starts unless the claim surely outlasts it (Completer.can_start):
+        else the row could be reclaimed while the request is on the wire."""
+        if self.completer.can_start(msg.id, timeout):
+            return False
+        metrics.LEASE_SHORT.inc()
+        log.warning(
+            "message %d: too little claim lease left for a %s of up to %.1fs (heartbeat "
+            "late, or this process was paused); handing it back",
+            msg.id,
+            what,
+            timeout,
+            extra={"message_id": msg.id},
+        )
+        return True
+
+    async def _lookup_or_send(self, msg: ClaimedMessage) -> Outcome:
         endpoint = self.endpoints[msg.endpoint_id]
-        if not self.completer.still_ours(msg.id):  # frozen past the lease: send nothing
-            log.warning(
-                "message %d: claim lease ran out before sending (was this process paused?); "
-                "handing it back unsent",
-                msg.id,
-                extra={"message_id": msg.id},
-            )
-            return outcomes.released(msg)
         timeout = min(
             endpoint.timeout or self.settings.request_timeout, self.settings.request_timeout
         )
-        if msg.needs_lookup and endpoint.lookup_url:
+        looks_up = msg.needs_lookup and endpoint.lookup_url
+        if self._lease_short(msg, timeout, "lookup" if looks_up else "send"):
+            return outcomes.released(msg)
+        if looks_up:
             answer, attempt = await delivery.lookup(
                 self.sender, endpoint, msg, timeout=timeout, user_agent=self.user_agent
             )
@@ -169,8 +186,8 @@ class Dispatcher:
             self._observe("lookup", endpoint, attempt)
             if answer is not LookupAnswer.NOT_FOUND:
                 return delivery.lookup_outcome(msg, attempt, self.settings)
-        if not self.completer.still_ours(msg.id):  # the lookup outlived the lease
-            return outcomes.released(msg)
+            if self._lease_short(msg, timeout, "send"):  # the lookup took the lease
+                return outcomes.released(msg)
         self._sending.add(msg.id)
         attempt = await delivery.send(
             self.sender,
@@ -189,8 +206,6 @@ class Dispatcher:
             pause = min(attempt.retry_after, self.settings.retry_after_max)
             outcome = dataclasses.replace(outcome, pause=pause)
             metrics.ENDPOINT_PAUSES.inc()
-        if msg.probe and is_endpoint_failure(attempt.status_code, outcome.outcome):
-            outcome = outcomes.probe_failed(outcome)
         return outcome
 
     def _crash(

@@ -32,9 +32,16 @@ Circuit breaker
 * **Half-open**: a delivered probe closes the circuit; the backlog then drains
   at the endpoint's ``max_in_flight`` and rate limit. A failed probe opens it
   again for twice the cool-down, up to ``POLLER_CIRCUIT_COOLDOWN_MAX`` (default
-  15 min). **A failed probe's attempt is handed back**: while an endpoint is
-  down its messages do not age out, whatever the number of probes; the
-  endpoint's health decides instead (auto-disable, below).
+  15 min). **A failed probe's attempt is handed back**, up to
+  :data:`~poller.outcomes.MAX_PROBE_REFUNDS` times per message (then it is
+  charged like any attempt): while an endpoint is down its messages do not age
+  out, and the endpoint's health decides instead (auto-disable, below). A
+  probe's lookup (its message's earlier send had no answer) is a probe too.
+
+Every failed request counts — a send or a lookup with no answer, a 5xx, 408 or
+429 — whatever the message's attempt budget: with ``max_attempts`` 1 each
+message fails for good on its one send, and that send still counts towards
+opening the circuit, its cool-down and auto-disable.
 
 Rate limits
 -----------
@@ -96,9 +103,16 @@ class HealthPolicy:
 ENDPOINT_FAILURE_STATUSES = frozenset({408, 429})
 
 
+FAILED_REQUEST_OUTCOMES = frozenset(
+    {"retry", "unknown", "failed", "probe_failed", "lookup_retry", "lookup_failed"}
+)
+
+
 def is_endpoint_failure(status_code: int | None, outcome: str) -> bool:
-    """A failed send that counts against the endpoint (the rule COMPLETE_BATCH applies)."""
-    if outcome not in ("retry", "unknown", "failed"):
+    """A failed request that counts against the endpoint: a send or a lookup that got no
+    answer, a 5xx, 408 or 429 — whatever the message's attempt budget, probes included
+    (poller/claims.py ``health_signals`` counts them for JUDGE_HEALTH)."""
+    if outcome not in FAILED_REQUEST_OUTCOMES:
         return False
     return status_code is None or status_code >= 500 or status_code in ENDPOINT_FAILURE_STATUSES
 

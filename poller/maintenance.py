@@ -12,7 +12,9 @@ Leader-only maintenance — run by the poller holding the ``maintenance`` lease
 with SKIP LOCKED and touches only rows nobody holds, so that is safe):
 
 * :class:`Reclaimer` — expired claims back to pending + ``needs_lookup`` (or
-  failed when their attempts are spent), within ``claim_lease + sweep_interval``.
+  failed when their attempts are spent), within ``claim_lease + sweep_interval``;
+  and ordering keys whose head ended but that no completion could hand on
+  (their row was held, and the poller stopped before it came back to it).
 * :class:`Purger` — delivered and failed rows past their retention, with their
   attempts, in batches of :data:`PURGE_BATCH` (one transaction each, so no lock
   is held for long) until it has caught up or spent :data:`PURGE_BUDGET`
@@ -106,6 +108,9 @@ class Reclaimer:
     async def run_once(self) -> int:
         result = await self.claims.reclaim_expired()
         self.claims.events.notify(result.events)
+        handed = await self.claims.hand_on_ended()
+        if handed:
+            log.info("handed on %d ordering keys whose head had ended", handed)
         count = len(result.pending) + len(result.failed)
         if count:
             self.reclaimed += count

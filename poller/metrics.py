@@ -63,6 +63,11 @@ CLAIMS_LOST = Counter(
     "webhook_poller_claims_lost_total",
     "Held claims the lease heartbeat found taken over (this poller was too slow or cut off).",
 )
+LEASE_SHORT = Counter(
+    "webhook_poller_lease_short_total",
+    "Lookups or sends not started because too little claim lease was left for their timeout "
+    "(the heartbeat could not reach the database, or the process was paused); handed back.",
+)
 LOOP_CRASHES = Counter(
     "webhook_poller_loop_crashes_total",
     "Supervised loops that crashed (the poller then stops and exits non-zero).",

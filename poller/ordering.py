@@ -18,7 +18,13 @@ it becomes the key's *head*, or ``waiting`` otherwise. Waiting rows are not in
 the claim path's index at all, so a long key costs the claim nothing. When a
 head ends, the transaction that records the outcome locks the key's row and
 hands the key to its next waiting message (:data:`~poller.queries.ADVANCE_KEYS`),
-or deletes the row when none waits: the table holds live keys only. A head
+or deletes the row when none waits: the table holds live keys only. It never
+waits for that lock: while an application's transaction holds the key (it
+enqueued on it and has not committed), the completion leaves the key, the
+poller hands it on at its next completion (within
+:data:`~poller.completer.CARRY_INTERVAL` when idle), and the maintenance
+sweep hands on any key a stopped poller left. So a transaction left open on
+key K delays K's next message and nothing else. A head
 that failed for good on a ``block`` endpoint (the default) stays the head and
 the key is *blocked* until an operator retries or skips it
 (``poller admin blocked``).
@@ -44,6 +50,7 @@ receiver can check that the positions it applies for a key only grow.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection
@@ -52,6 +59,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from poller import queries
 
 ENDED = frozenset({"delivered", "failed"})
+
+
+@dataclass(slots=True)
+class HandOver:
+    promoted: int = 0  # keys whose next message became due
+    busy: list[int] = field(default_factory=list)  # ended heads whose key row was held
 
 
 class Positions:
@@ -92,30 +105,39 @@ class Positions:
         }
 
 
-async def advance_keys(
-    conn: AsyncConnection,
-    ids: Sequence[int],
-    skipped: Sequence[int] = (),
-    *,
-    notify: bool = True,
-    locked: bool = False,
-) -> list[Any]:
+async def hand_on(conn: AsyncConnection, ids: Sequence[int], *, notify: bool = True) -> HandOver:
     """Hand on the keys whose head is one of ``ids`` (which just ended), in the caller's
-    transaction: lock the key rows first (unless an earlier statement of the
-    transaction did: ``locked``), then move (or block) them."""
-    params = {"ids": list(ids)}
-    if not locked:
-        await conn.execute(queries.LOCK_KEYS_OF_HEADS, params)
+    transaction, without waiting: a key whose row someone holds (an application's
+    transaction enqueueing on it) is left, and its head comes back in ``busy`` for
+    the caller to try again later (:data:`~poller.queries.ENDED_HEADS` finds any
+    left behind for good)."""
+    if not ids:
+        return HandOver()
+    taken = [row.id for row in await conn.execute(queries.TAKE_KEYS_OF_HEADS, {"ids": list(ids)})]
+    busy = sorted(set(ids) - set(taken))
+    if not taken:
+        return HandOver(busy=busy)
     result = await conn.execute(
-        queries.ADVANCE_KEYS, {**params, "skipped": list(skipped), "notify": notify}
+        queries.ADVANCE_KEYS, {"ids": taken, "skipped": [], "notify": notify}
     )
-    return list(result.all())
+    promoted = sum(1 for row in result if row.what == "promoted")
+    return HandOver(promoted=promoted, busy=busy)
+
+
+async def hand_on_ended(conn: AsyncConnection, limit: int = 1000) -> int:
+    """Maintenance: hand on keys whose head ended but was not handed on (see
+    :func:`hand_on`); returns how many keys."""
+    ids = [row.id for row in await conn.execute(queries.ENDED_HEADS, {"limit": limit})]
+    if ids:
+        await conn.execute(queries.ADVANCE_KEYS, {"ids": ids, "skipped": [], "notify": True})
+    return len(ids)
 
 
 def advance_keys_sync(
     conn: Connection, ids: Sequence[int], skipped: Sequence[int] = (), *, notify: bool = True
 ) -> list[Any]:
-    """:func:`advance_keys` on a sync connection (the admin commands)."""
+    """Hand on the keys whose head is one of ``ids``, waiting for their rows (the admin
+    commands: an operator may wait; a poller never does, :func:`hand_on`)."""
     params = {"ids": list(ids)}
     conn.execute(queries.LOCK_KEYS_OF_HEADS, params)
     result = conn.execute(

@@ -53,6 +53,7 @@ class ClaimedMessage:
     refunds: int = 0  # attempts handed back by graceful shutdowns so far
     ordering_key: str | None = None  # ordered delivery: the key (the id is the position)
     probe: bool = False  # sent to test an open circuit (poller/health.py)
+    probe_refunds: int = 0  # attempts handed back after failed probes so far
 
     @property
     def last_attempt(self) -> bool:
@@ -161,10 +162,17 @@ def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
     )
 
 
-def probe_failed(outcome: Outcome) -> Outcome:
-    """A failed probe (poller/health.py): the circuit opens again and the attempt is handed
-    back, so a message does not age out while its endpoint is down. Bounded all the same:
-    probes come one per cool-down, and the endpoint is disabled after POLLER_DISABLE_AFTER."""
+MAX_PROBE_REFUNDS = 10
+"""Failed probes that may hand a message's attempt back; later ones count it."""
+
+
+def probe_failed(msg: ClaimedMessage, outcome: Outcome) -> Outcome:
+    """A failed probe (poller/health.py): the circuit opens again (the failure counts,
+    whatever the outcome) and the attempt is handed back, so a message does not age out
+    while its endpoint is down — at most :data:`MAX_PROBE_REFUNDS` times per message,
+    so even with auto-disable off no message is probed for ever."""
+    if msg.probe_refunds >= MAX_PROBE_REFUNDS:
+        return outcome
     return dataclasses.replace(
         outcome,
         status="pending",

@@ -190,6 +190,8 @@ outbox = Table(
     Column("max_attempts", Integer, nullable=False),
     # Attempts handed back by graceful shutdowns (bounded: poller/claims.py MAX_REFUNDS).
     Column("refunds", Integer, nullable=False, server_default=text("0")),
+    # attempts handed back after failed probes of an open circuit (poller/health.py)
+    Column("probe_refunds", Integer, nullable=False, server_default=text("0")),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("claim_token", BigInteger),
     Column("claimed_by", Text),

@@ -76,7 +76,7 @@ CLAIM_BATCH = _statement(
     {CLAIMING}
     FROM due, token, poller_endpoints e
     WHERE o.id = due.id AND e.id = o.endpoint_id
-    RETURNING {CLAIMED}, false AS probe
+    RETURNING {CLAIMED}, false AS probe, o.probe_refunds
     """,
 )
 
@@ -106,26 +106,15 @@ EXTEND_CLAIMS = _statement(
 # is one JSON array (absent keys are NULL): json.dumps is several times
 # cheaper than adapting fifteen parallel arrays. The status, retry delay,
 # lookup flag and refund are decided by the caller (poller/claims.py) from
-# the claimed row; this statement only applies them (counting refunds, except
-# a failed probe's: poller/health.py) and records each attempt that reached
-# the wire in poller_delivery_attempts — stale ones too, marked stale, so
-# every duplicate the receiver saw is explained. Ended rows with an ordering key come back with
-# it, and the rows of the keys they headed are locked here (after the outbox
-# rows, as everywhere): the caller's next statement, ADVANCE_KEYS, hands the
-# keys on with a snapshot taken after the locks were granted.
+# the claimed row; this statement only applies them (counting refunds: a
+# failed probe's in probe_refunds, poller/health.py) and records each attempt
+# that reached the wire in poller_delivery_attempts — stale ones too, marked
+# stale, so every duplicate the receiver saw is explained.
 #
-# Each endpoint's health learns from the applied sends (poller/health.py): a
-# delivery closes its circuit and resets the count; a failed send (no answer,
-# 5xx, 408, 429) adds one, and the endpoint's circuit_failures (else
-# :circuit_failures) in a row — or a failed probe — open it for a cool-down
-# that doubles on each failed probe, up to :circuit_cooldown_max. The health
-# rows to change are locked in endpoint order and judged from their locked
-# (newest) version, so concurrent completions neither deadlock nor lose counts;
-# a healthy endpoint's row is written at most about once a second. An endpoint
-# row changes only on a transition: paused_until (CIRCUIT_HOLD while the circuit
-# is not closed; a Retry-After's end after 429/503), and disabled after 410
-# Gone or after failing for :disable_after seconds without a success. What
-# changed comes back (``events``, the same on every row) for operational events.
+# One job: it locks nothing but the outbox rows this poller's claim holds.
+# What follows from a completion — the endpoint's health (JUDGE_HEALTH), a
+# key handed on (ADVANCE_KEYS) — are later statements that skip rows someone
+# else holds, so no application or operator transaction can make it wait.
 COMPLETE_BATCH = _statement(
     "COMPLETE_BATCH",
     """
@@ -135,12 +124,14 @@ COMPLETE_BATCH = _statement(
             retry_delay double precision, needs_lookup boolean, refund integer,
             status_code integer, error_class text, error_message text, kind text,
             started_at timestamptz, duration_ms double precision, response_excerpt text,
-            disable_reason text, pause double precision, probe boolean)
+            probe boolean)
     ), done AS (
         UPDATE poller_outbox o
         SET status = c.status,
             attempts = o.attempts - coalesce(c.refund, 0),
             refunds = o.refunds + CASE WHEN c.probe THEN 0 ELSE coalesce(c.refund, 0) END,
+            probe_refunds = o.probe_refunds + CASE WHEN c.probe THEN coalesce(c.refund, 0)
+                                                   ELSE 0 END,
             needs_lookup = coalesce(c.needs_lookup, o.needs_lookup),
             next_attempt_at = CASE WHEN c.status = 'pending'
                 THEN now() + make_interval(secs => coalesce(c.retry_delay, 0))
@@ -166,19 +157,38 @@ COMPLETE_BATCH = _statement(
         FROM c
         JOIN poller_outbox x ON x.id = c.id
         WHERE c.kind IS NOT NULL
-    ), signals AS (
-        SELECT done.endpoint_id,
-               count(*) FILTER (WHERE c.outcome = 'delivered') AS ok,
-               count(*) FILTER (
-                   WHERE c.kind = 'send' AND c.outcome IN ('retry', 'unknown', 'failed')
-                     AND (c.status_code IS NULL OR c.status_code >= 500
-                          OR c.status_code IN (408, 429))) AS bad,
-               max(c.pause) AS pause,
-               max(c.disable_reason) AS gone,
-               max(CASE WHEN c.kind = 'send' AND c.outcome <> 'delivered'
-                        THEN coalesce('HTTP ' || c.status_code, c.error_class) END) AS error
-        FROM c JOIN done ON done.id = c.id
-        GROUP BY done.endpoint_id
+    )
+    SELECT id, endpoint_id, status, ordering_key FROM done
+    """,
+)
+
+# After COMPLETE_BATCH, in its transaction: what the applied sends tell each
+# endpoint's health (poller/health.py), given per endpoint by the caller (ok:
+# deliveries; bad: failed requests — no answer, 5xx, 408, 429, probes and
+# lookups alike, whatever the message's attempt budget; the longest pause; a
+# 410's reason; the last error). A delivery closes the circuit and resets the
+# count; the endpoint's circuit_failures (else :circuit_failures) bad in a
+# row — or a failed probe — open it for a cool-down that doubles on each
+# failed probe, up to :circuit_cooldown_max. An endpoint row changes only on a
+# transition: paused_until (CIRCUIT_HOLD while the circuit is not closed; a
+# Retry-After's end after 429/503), and disabled after 410 Gone or after
+# failing for :disable_after seconds without a success.
+#
+# The health and endpoint rows are locked with SKIP LOCKED (FOR NO KEY UPDATE:
+# an enqueue's foreign-key check on the endpoint does not conflict), in
+# endpoint order, and judged from their locked (newest) version, so concurrent
+# completions neither deadlock nor lose counts, and an operator's transaction
+# on an endpoint never makes a completion wait: an endpoint whose rows were
+# busy comes back with ``judged`` false and the caller carries its signals to
+# its next completion. A healthy endpoint's row is written at most about once
+# a second. What changed comes back as ``events`` for operational events.
+JUDGE_HEALTH = _statement(
+    "JUDGE_HEALTH",
+    """
+    WITH signals AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:signals AS jsonb)) AS s(
+            endpoint_id bigint, ok integer, bad integer, pause double precision,
+            gone text, error text)
     ), candidates AS (
         SELECT s.* FROM signals s
         JOIN poller_endpoint_health h ON h.endpoint_id = s.endpoint_id
@@ -186,10 +196,11 @@ COMPLETE_BATCH = _statement(
            OR h.consecutive_failures > 0 OR h.last_success_at IS NULL
            OR h.last_success_at < now() - interval '1 second'
     ), locked AS (
-        SELECT h.* FROM poller_endpoint_health h
+        SELECT h.endpoint_id FROM poller_endpoint_health h
+        JOIN poller_endpoints e ON e.id = h.endpoint_id
         WHERE h.endpoint_id IN (SELECT endpoint_id FROM candidates)
         ORDER BY h.endpoint_id
-        FOR UPDATE
+        FOR NO KEY UPDATE OF h, e SKIP LOCKED
     ), judged AS (
         SELECT s.endpoint_id, s.ok, s.bad, s.pause, s.gone, s.error, h.state AS was,
                s.ok = 0 AND s.bad > 0
@@ -211,7 +222,8 @@ COMPLETE_BATCH = _statement(
                    AS disables,
                h.failing_since
         FROM candidates s
-        JOIN locked h ON h.endpoint_id = s.endpoint_id
+        JOIN locked l ON l.endpoint_id = s.endpoint_id
+        JOIN poller_endpoint_health h ON h.endpoint_id = s.endpoint_id
         JOIN poller_endpoints e ON e.id = s.endpoint_id
     ), health AS (
         UPDATE poller_endpoint_health h
@@ -257,17 +269,10 @@ COMPLETE_BATCH = _statement(
           AND (j.opens OR j.disables OR j.pause IS NOT NULL
                OR (j.ok > 0 AND j.was <> 'closed'))
         RETURNING e.id
-    ), heads AS (
-        SELECT k.endpoint_id
-        FROM done
-        JOIN poller_ordering_keys k
-          ON k.endpoint_id = done.endpoint_id AND k.ordering_key = done.ordering_key
-         AND k.head_id = done.id
-        WHERE done.status IN ('delivered', 'failed')
-        ORDER BY k.endpoint_id, k.ordering_key
-        FOR UPDATE OF k
     )
-    SELECT id, endpoint_id, status, ordering_key, (SELECT count(*) FROM heads) AS heads_locked,
+    SELECT s.endpoint_id,
+           s.endpoint_id NOT IN (SELECT endpoint_id FROM candidates)
+               OR s.endpoint_id IN (SELECT endpoint_id FROM judged) AS judged,
            (SELECT json_agg(json_build_object(
                 'endpoint_id', health.endpoint_id, 'was', health.was, 'state', health.state,
                 'failures', health.consecutive_failures, 'cooldown', health.cooldown,
@@ -276,7 +281,7 @@ COMPLETE_BATCH = _statement(
             FROM health
             WHERE health.was <> health.state OR health.disables) AS events,
            (SELECT count(*) FROM endpoint) AS endpoints_changed
-    FROM done
+    FROM signals s
     """.replace("{HOLD}", CIRCUIT_HOLD),
 )
 

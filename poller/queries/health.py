@@ -88,7 +88,7 @@ CLAIM_GOVERNED = _statement(
         {CLAIMING}
         FROM due, token, poller_endpoints e, allow a
         WHERE o.id = due.id AND e.id = o.endpoint_id AND a.id = o.endpoint_id
-        RETURNING {CLAIMED}, a.probing AS probe
+        RETURNING {CLAIMED}, a.probing AS probe, o.probe_refunds
     )
     SELECT claimed.*, g.n AS governed
     FROM (SELECT count(*) AS n FROM gov) AS g

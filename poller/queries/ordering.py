@@ -61,8 +61,8 @@ SET_ORDERING_HEADS = _statement(
     """,
 )
 
-# Reclaim, admin skip: lock the rows of the keys these messages head (before
-# ADVANCE_KEYS, in the same transaction). Completions lock theirs in COMPLETE_BATCH.
+# Admin skip: lock the rows of the keys these messages head (before ADVANCE_KEYS,
+# in the same transaction), waiting for them. Pollers use TAKE_KEYS_OF_HEADS.
 LOCK_KEYS_OF_HEADS = _statement(
     "LOCK_KEYS_OF_HEADS",
     """
@@ -73,6 +73,41 @@ LOCK_KEYS_OF_HEADS = _statement(
     WHERE o.id = ANY(CAST(:ids AS bigint[]))
     ORDER BY k.endpoint_id, k.ordering_key
     FOR UPDATE OF k
+    """,
+)
+
+# A poller's completion and reclaim, in their transaction after the outbox rows:
+# lock the rows of the keys these ended messages head, skipping any that someone
+# holds — an application enqueueing on the key in a transaction still open, an
+# operator's retry — so a completion never waits on them. The heads returned are
+# the ones to hand on now (ADVANCE_KEYS); the poller hands on the rest at its next
+# completion, and ENDED_HEADS finds any it could not (it stopped meanwhile).
+TAKE_KEYS_OF_HEADS = _statement(
+    "TAKE_KEYS_OF_HEADS",
+    """
+    SELECT k.head_id AS id
+    FROM poller_outbox o
+    JOIN poller_ordering_keys k
+      ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key AND k.head_id = o.id
+    WHERE o.id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY k.endpoint_id, k.ordering_key
+    FOR UPDATE OF k SKIP LOCKED
+    """,
+)
+
+# Maintenance: keys whose head ended but that were not handed on (their row was
+# busy at the completion, and the poller stopped before it came back to them),
+# locked with SKIP LOCKED, for ADVANCE_KEYS. Blocked keys are left alone.
+ENDED_HEADS = _statement(
+    "ENDED_HEADS",
+    """
+    SELECT k.head_id AS id
+    FROM poller_ordering_keys k
+    JOIN poller_outbox o ON o.id = k.head_id
+    WHERE o.status IN ('delivered', 'failed') AND k.blocked_since IS NULL
+    ORDER BY k.endpoint_id, k.ordering_key
+    LIMIT :limit
+    FOR UPDATE OF k SKIP LOCKED
     """,
 )
 

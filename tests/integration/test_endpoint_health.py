@@ -103,7 +103,7 @@ async def test_failed_sends_open_the_circuit_and_a_probe_closes_it(
     assert [m.probe for m in probe] == [True]  # one message: the probe
     assert health(engine).state == "half_open" and health(engine).probes == 1
     assert await claim(breaker) == []
-    await breaker.complete([outcomes.probe_failed(failing(probe[0], 503))])
+    await breaker.complete([outcomes.probe_failed(probe[0], failing(probe[0], 503))])
     reopened = health(engine)
     assert (reopened.state, reopened.opens, reopened.cooldown) == ("open", 1, 0.6)  # doubled
     assert attempts_spent(engine) == spent  # the probe's attempt was handed back
@@ -114,6 +114,56 @@ async def test_failed_sends_open_the_circuit_and_a_probe_closes_it(
     assert (closed.state, closed.consecutive_failures, closed.cooldown) == ("closed", 0, None)
     assert closed.paused_until is None and closed.failing_since is None
     assert len(await claim(breaker)) == 9  # the backlog drains, the retried ones too
+
+
+async def test_every_failed_send_counts_on_a_last_attempt_and_a_probe_too(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """max_attempts 1: each message fails for good on its one send, and each send still
+    counts — the circuit opens, a failed probe (also a last attempt) reopens it with a
+    doubled cool-down, and failing past disable_after disables the endpoint."""
+    make_endpoint(engine, "billing", max_attempts=1, max_in_flight=1)
+    seed(engine, 10)
+    policy = HealthPolicy(circuit_failures=3, circuit_cooldown=0.2, disable_after=0.5)
+    claims = Claims(aengine, poller_id="p1", claim_lease=30, health=policy)
+    for _ in range(3):
+        (msg,) = await claim(claims)
+        await claims.complete([failing(msg)])
+    assert (health(engine).state, counts(engine)["failed"]) == ("open", 3)
+    (probe,) = await claim_within(claims)
+    assert probe.probe and probe.last_attempt
+    await claims.complete([outcomes.probe_failed(probe, failing(probe))])
+    assert (health(engine).state, health(engine).cooldown) == ("open", 0.4)
+    assert health(engine).enabled  # failing for less than disable_after yet
+    with engine.begin() as conn:  # disable_after is a span: it has passed
+        conn.execute(
+            text("UPDATE poller_endpoint_health SET failing_since = now() - interval '1s'")
+        )
+    (probe,) = await claim_within(claims)
+    await claims.complete([outcomes.probe_failed(probe, failing(probe, None))])
+    assert not health(engine).enabled
+    assert "failing since" in health(engine).disabled_reason
+
+
+async def test_a_failed_probe_hands_its_attempt_back_a_bounded_number_of_times(
+    engine: Engine, breaker: Claims
+) -> None:
+    make_endpoint(engine, "billing", max_attempts=1)
+    seed(engine, 1)
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"UPDATE poller_outbox SET probe_refunds = {outcomes.MAX_PROBE_REFUNDS - 1}")
+        )
+        conn.execute(text("UPDATE poller_endpoint_health SET state = 'open', open_until = now()"))
+    (probe,) = await claim(breaker)
+    await breaker.complete([outcomes.probe_failed(probe, failing(probe))])
+    assert counts(engine) == {"pending": 1}  # handed back: the last refund allowed
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoint_health SET open_until = now()"))
+    (probe,) = await claim_within(breaker)
+    assert probe.probe_refunds == outcomes.MAX_PROBE_REFUNDS
+    await breaker.complete([outcomes.probe_failed(probe, failing(probe))])
+    assert counts(engine) == {"failed": 1}  # charged: its one attempt is spent
 
 
 async def test_a_4xx_answer_is_not_a_failed_endpoint(engine: Engine, breaker: Claims) -> None:

@@ -310,3 +310,44 @@ async def test_a_claim_past_its_lease_by_this_clock_is_handed_back_unsent(
     assert outcomes[paused.id].kind is None  # nothing on the wire
     assert outcomes[fresh.id].status == "delivered"
     assert receiver.stats.received == 1
+
+
+async def test_no_request_starts_without_its_timeout_of_lease_to_spare(
+    engine: Engine, aengine: Any
+) -> None:
+    """The heartbeat cannot reach the database: a claim whose lease has less left than
+    the request timeout plus LEASE_MARGIN is handed back unsent, though the lease has
+    not run out yet (a send then could outlive it, and the row be sent again beside it)."""
+    from poller.claims import Claims
+    from poller.completer import LEASE_MARGIN, Completer
+    from poller.db import poller_engine
+    from poller.dispatcher import Dispatcher, EndpointCache
+    from poller.embedded import free_port
+    from poller.senders import make_sender
+
+    settings = fast_settings(claim_lease=3.0, request_timeout=1.0)
+    async with running_receiver() as (receiver, url):
+        make_endpoint(engine, "a", url=url)
+        seed(engine, 2, "a")
+        batch = await Claims(aengine, poller_id="p1", claim_lease=3.0).claim(10)
+        unreachable = poller_engine(f"postgresql+psycopg://u:p@127.0.0.1:{free_port()}/x", settings)
+        completer = Completer(Claims(unreachable, poller_id="p1", claim_lease=3.0))
+        short, roomy = batch.messages
+        left = 1.0 + LEASE_MARGIN - 0.2  # 1.3 s of a 3 s lease: not enough for a 1 s send
+        completer.hold(short, claimed_at=time.monotonic() - (3.0 - left))
+        completer.hold(roomy)
+        with pytest.raises(Exception):  # noqa: B017 - whatever psycopg says
+            await completer.extend_leases()
+        cache = EndpointCache()
+        cache.update(batch.endpoints)
+        sender = make_sender(settings)
+        dispatcher = Dispatcher(settings, sender, cache, completer)
+        dispatcher.start(short)
+        dispatcher.start(roomy)
+        await asyncio.wait(list(dispatcher.tasks))
+        await sender.aclose()
+        await unreachable.dispose()
+    outcomes = {o.message_id: o for o in [completer._queue.get_nowait() for _ in range(2)]}
+    assert (outcomes[short.id].outcome, outcomes[short.id].kind) == ("released", None)
+    assert outcomes[roomy.id].status == "delivered"
+    assert receiver.stats.received == 1

@@ -27,6 +27,7 @@ from poller.ordering import blocked_keys, skip_messages
 from poller.receiver import Receiver
 from tests.conftest import make_endpoint
 from tests.integration.helpers import wait_for
+from tests.integration.service_helpers import fast_settings, running_poller, running_receiver
 
 
 def put(engine: Engine, key: str | None, n: int, *, endpoint: str = "billing", start: int = 0):  # type: ignore[no-untyped-def]
@@ -214,31 +215,96 @@ def test_purge_keeps_the_failed_head_of_a_blocked_key(engine: Engine, endpoint: 
         assert conn.execute(queries.PURGE_FAILED, {"age": 60, "limit": 100}).scalar_one() == 0
 
 
-async def test_an_enqueue_racing_the_head_ending_is_never_stranded(
+async def test_an_open_transaction_on_a_key_never_makes_a_completion_wait(
     engine: Engine, endpoint: Any, claimer: Claims
 ) -> None:
-    """The enqueue holds the key's lock when the head ends: the completion waits for it,
-    and then sees the new message and hands the key to it."""
+    """An application enqueued on the key and has not committed when the head ends: the
+    completion (and the other outcomes in its batch, and the heartbeat) go through at
+    once; the key is handed on by the next completion after the commit, in order."""
     (head,) = put(engine, "a", 1)
-    (claimed,) = await claimer.claim_batch(limit=1)
-    assert claimed.id == head
+    free = put(engine, None, 3)
+    batch = await claimer.claim_batch(limit=10)
+    assert sorted(m.id for m in batch) == sorted([head, *free])
     session = Session(engine)
     session.begin()
     (tail,) = enqueue_many(session, [Message("billing", "e.v", {}, "a:1", ordering_key="a")])
-    assert states(engine).get(tail) is None  # not committed yet
-    completing = asyncio.ensure_future(claimer.complete([outcomes.delivered(claimed)]))
-
-    async def blocked() -> bool:
-        return await asyncio.to_thread(_lock_waits, engine)
-
-    await wait_for(blocked, timeout=10)
-    committer = threading.Thread(target=session.commit)
-    committer.start()
-    await completing
-    committer.join()
-    session.close()
+    try:
+        async with asyncio.timeout(5):  # it used to wait for the commit, however long
+            result = await claimer.complete([outcomes.delivered(m) for m in batch])
+            assert await claimer.extend({m.id: m.claim_token for m in batch}) == set()
+        assert sorted(result.applied) == sorted([head, *free])
+        assert claimer.carried == 1  # the key, for later
+        assert key_row(engine, "a").head_id == head
+        await claimer.complete([])  # still held: carried again, nothing waits
+        assert claimer.carried == 1
+    finally:
+        session.commit()
+        session.close()
+    assert (await claimer.complete([])).promoted == 1
+    assert claimer.carried == 0
     assert states(engine)[tail] == "pending"
     assert key_row(engine, "a").head_id == tail
+
+
+async def test_a_key_held_open_for_three_leases_holds_back_only_itself(
+    engine: Engine, db_url: str
+) -> None:
+    """An application enqueues on key K and keeps its transaction open for 3 claim
+    leases while K's head is delivered. Meanwhile 2,000 other messages to the same
+    endpoint are delivered with no lease expiring and no duplicate; after the commit
+    K goes on, in order. (It used to deliver 0, with thousands of lease expiries.)"""
+    lease = 2.0
+    settings = fast_settings(claim_lease=lease, request_timeout=0.5)
+    async with running_receiver() as (receiver, url):
+        make_endpoint(engine, "billing", url=url)
+        k = put(engine, "K", 2)
+        session = Session(engine)
+        session.begin()
+        enqueue_many(session, [Message("billing", "order.changed", {}, "K:2", ordering_key="K")])
+        held_since = time.monotonic()
+        try:
+            others = put(engine, None, 2000)
+            async with running_poller(db_url, settings):
+
+                async def others_delivered() -> bool:
+                    done = states(engine)
+                    return all(done[i] == "delivered" for i in [k[0], *others])
+
+                await wait_for(others_delivered, timeout=3 * lease)
+                while time.monotonic() - held_since < 3 * lease:  # hold it the whole time
+                    assert states(engine)[k[1]] == "waiting"
+                    await asyncio.sleep(0.1)
+                session.commit()
+
+                async def all_delivered() -> bool:
+                    return set(states(engine).values()) == {"delivered"}
+
+                await wait_for(all_delivered, timeout=10)
+        finally:
+            session.close()
+    with engine.connect() as conn:
+        expired = conn.execute(
+            text("SELECT count(*) FROM poller_delivery_attempts WHERE outcome = 'lease_expired'")
+        ).scalar_one()
+    assert expired == 0
+    assert (receiver.stats.applied, receiver.stats.duplicates) == (2003, 0)
+    assert (receiver.stats.ordered, receiver.stats.order_violations) == (3, 0)
+
+
+async def test_maintenance_hands_on_a_key_a_stopped_poller_left(
+    engine: Engine, endpoint: Any, aengine: AsyncEngine
+) -> None:
+    a = put(engine, "a", 2)
+    gone = Claims(aengine, poller_id="gone", claim_lease=30)
+    (claimed,) = await gone.claim_batch(limit=10)
+    with engine.begin() as conn:  # the key's row is held while the head completes
+        conn.execute(text("SELECT 1 FROM poller_ordering_keys FOR UPDATE"))
+        await gone.complete([outcomes.delivered(claimed)])
+    assert gone.carried == 1  # ... and that poller stops here
+    sweeper = Claims(aengine, poller_id="leader", claim_lease=30)
+    assert await sweeper.hand_on_ended() == 1
+    assert states(engine)[a[1]] == "pending"
+    assert await sweeper.hand_on_ended() == 0
 
 
 def test_the_reference_receiver_counts_order_violations() -> None:
