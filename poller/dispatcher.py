@@ -34,6 +34,7 @@ from poller.completer import Completer
 from poller.delivery import LookupAnswer, Verdict
 from poller.endpoints import Endpoint
 from poller.health import is_endpoint_failure
+from poller.outbox import DOT_SEGMENTS
 from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import backoff
 from poller.senders import Sender
@@ -175,7 +176,13 @@ class Dispatcher:
         timeout = min(
             endpoint.timeout or self.settings.request_timeout, self.settings.request_timeout
         )
-        looks_up = msg.needs_lookup and endpoint.lookup_url
+        # A key stored before dot segments were refused is never looked up: its
+        # lookup URL would resolve to another resource (poller/outbox.py).
+        looks_up = (
+            msg.needs_lookup
+            and endpoint.lookup_url is not None
+            and msg.idempotency_key not in DOT_SEGMENTS
+        )
         if self._lease_short(msg, timeout, "lookup" if looks_up else "send"):
             return outcomes.released(msg)
         if looks_up:

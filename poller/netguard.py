@@ -218,8 +218,13 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
+        """One connect budget (``timeout``) for resolving and every address tried: a
+        blackholed host with an A and an AAAA record must not take twice the budget
+        and overrun the exchange's timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout_at(deadline):
                 addresses = await self._resolve(host, port)
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
@@ -237,10 +242,16 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
                 "; ".join(reasons) or f"{host} resolves to no address"
             ) from None
         error: Exception | None = None
-        for address in allowed:
+        for i, address in enumerate(allowed):
+            share = None  # each address its share of what is left: the last gets the rest
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise httpcore.ConnectTimeout(f"connecting to {host} timed out") from error
+                share = left / (len(allowed) - i)
             try:
                 return await self._inner.connect_tcp(
-                    address, port, timeout, local_address, socket_options
+                    address, port, share, local_address, socket_options
                 )
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 error = exc

@@ -114,10 +114,21 @@ def _header_token(value: object, name: str, header: str, error: type[_EnqueueErr
     return value
 
 
+DOT_SEGMENTS = frozenset({".", ".."})
+"""Keys refused: in a lookup URL's path they are dot segments, which URL libraries
+resolve — ``…/webhooks/..`` would ask ``…/`` whether the message was processed."""
+
+
 def _check_key(key: object) -> str:
-    return _header_token(
+    checked = _header_token(
         key, "idempotency_key", "webhook-id and Idempotency-Key", InvalidIdempotencyKey
     )
+    if checked in DOT_SEGMENTS:
+        raise InvalidIdempotencyKey(
+            f"idempotency_key {checked!r} is a path's dot segment: a lookup URL holding it "
+            "would name another resource"
+        )
+    return checked
 
 
 def _check_ordering_key(key: object) -> str | None:

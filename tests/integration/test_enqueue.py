@@ -122,6 +122,8 @@ BAD_INPUTS = [
     ({"idempotency_key": "a\nb"}, InvalidIdempotencyKey),
     ({"idempotency_key": "two words"}, InvalidIdempotencyKey),
     ({"idempotency_key": 42}, InvalidIdempotencyKey),
+    ({"idempotency_key": "."}, InvalidIdempotencyKey),
+    ({"idempotency_key": ".."}, InvalidIdempotencyKey),
     ({"event_type": ""}, InvalidEventType),
     ({"event_type": "a\x00b"}, InvalidEventType),
     ({"event_type": "invoice paid"}, InvalidEventType),

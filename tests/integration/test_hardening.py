@@ -351,3 +351,47 @@ async def test_no_request_starts_without_its_timeout_of_lease_to_spare(
     assert (outcomes[short.id].outcome, outcomes[short.id].kind) == ("released", None)
     assert outcomes[roomy.id].status == "delivered"
     assert receiver.stats.received == 1
+
+
+async def test_a_dot_segment_key_stored_before_they_were_refused_is_never_looked_up(
+    engine: Engine, aengine: Any
+) -> None:
+    """``…/webhooks/..`` resolves to ``…/``: a 200 there (a home page) would mark the
+    unprocessed message delivered. Such a key is sent instead (the receiver dedupes
+    on webhook-id); new ones are refused at enqueue (test_enqueue)."""
+    from poller.claims import Claims
+    from poller.completer import Completer
+    from poller.dispatcher import Dispatcher, EndpointCache
+    from poller.senders import make_sender
+    from tests.integration.servers import raw_server, read_request
+
+    requests: list[bytes] = []
+
+    async def home_page(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append((await read_request(reader)).split(b"\r\n", 1)[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nhome")
+        await writer.drain()
+
+    async with raw_server(home_page) as base:
+        make_endpoint(engine, "a", url=f"{base}/hook", lookup_url=f"{base}/w/{{idempotency_key}}")
+        seed(engine, 1, "a")
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE poller_outbox SET idempotency_key = '..', needs_lookup = true")
+            )
+        claims = Claims(aengine, poller_id="p1", claim_lease=30)
+        batch = await claims.claim(10)
+        completer = Completer(claims)
+        cache = EndpointCache()
+        cache.update(batch.endpoints)
+        settings = fast_settings()
+        sender = make_sender(settings)
+        dispatcher = Dispatcher(settings, sender, cache, completer)
+        for msg in batch.messages:
+            completer.hold(msg)
+            dispatcher.start(msg)
+        await asyncio.wait(list(dispatcher.tasks))
+        await sender.aclose()
+    (outcome,) = [completer._queue.get_nowait()]
+    assert (outcome.status, outcome.kind) == ("delivered", "send")
+    assert requests == [b"POST /hook HTTP/1.1"]

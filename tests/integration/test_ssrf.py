@@ -7,7 +7,9 @@ off (so the guard at the connection seam is what holds).
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -151,6 +153,30 @@ async def test_httpx_connects_to_the_address_it_checked_without_resolving_again(
     with pytest.raises(httpcore.ConnectError):
         await backend.connect_tcp("rebind.example", 80, timeout=1)
     assert resolved == ["rebind.example"] and connected == ["8.8.8.8"]
+
+
+async def test_httpx_spends_one_connect_budget_on_all_of_a_hosts_addresses() -> None:
+    """A blackholed host with an A and an AAAA record: both connects share one budget."""
+    budgets: list[float] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["8.8.8.8", "2001:4860:4860::8888"]
+
+    class Blackhole(httpcore.AsyncNetworkBackend):
+        async def connect_tcp(
+            self, host: str, port: int, timeout: float | None = None, *args: object, **kw: object
+        ):  # type: ignore[no-untyped-def, override]
+            assert timeout is not None
+            budgets.append(timeout)
+            await asyncio.sleep(timeout)  # the SYN is never answered
+            raise httpcore.ConnectTimeout("no network in tests")
+
+    backend = GuardedBackend(resolve, inner=Blackhole())
+    began = time.monotonic()
+    with pytest.raises(httpcore.ConnectTimeout):
+        await backend.connect_tcp("blackhole.example", 80, timeout=0.4)
+    assert time.monotonic() - began < 0.6  # was 0.8: the budget once per address
+    assert len(budgets) == 2 and sum(budgets) <= 0.4 + 1e-6  # each address a share
 
 
 @pytest.mark.parametrize("kind", ["aiohttp", "httpx"])
