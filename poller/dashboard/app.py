@@ -69,7 +69,8 @@ class Dashboard:
         self.creds = creds
         self.read_only = settings.dashboard_read_only
         self.leases = leases  # poller/shards.py lease_holdings, bound to an elector
-        self.throttle = auth.Throttle()
+        self.throttle = auth.Throttle()  # credentials no other site can make a browser send
+        self.link_throttle = auth.Throttle()  # /login?token= links, which any page can
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,  # every value is text, whatever it contains
@@ -250,6 +251,10 @@ async def login(request: Request) -> Response:
     board = dashboard(request)
     client = client_of(request)
     target = request.query_params.get("next", "/")
+    # A login link (GET) can be fired by any page the operator visits, as an image,
+    # from the operator's own address: its wrong tokens count against links alone,
+    # so such a page can never throttle the form, basic or bearer credentials.
+    throttle = board.link_throttle
     if request.method == "POST":
         if not auth.same_origin(request):
             return board.error(request, 403, "refused: the request came from another site")
@@ -258,15 +263,16 @@ async def login(request: Request) -> Response:
         form = await request.form()
         offered = form.get("token")
         target = str(form.get("next") or "/")
+        throttle = board.throttle
     else:
         offered = request.query_params.get("token")
     if isinstance(offered, str) and offered:
-        if (wait := board.throttle.wait(client)) > 0:
+        if (wait := throttle.wait(client)) > 0:
             return too_many(board, request, wait)
         if auth.token_matches(board.creds, offered.strip()):
             log.info("dashboard: login from %s", client)
             return logged_in(board, target)
-        board.throttle.failed(client)
+        throttle.failed(client)
         log.warning("dashboard: wrong token from %s", client)
         return board.render(request, "login.html", 401, next=safe_next(target), wrong=True)
     return board.render(request, "login.html", next=safe_next(target), wrong=False)

@@ -16,7 +16,12 @@ throttled (:class:`Throttle`): past :data:`FAILURES_ALLOWED` wrong credentials
 from one client address in :data:`FAILURE_WINDOW` seconds, that address's
 credential checks are answered 429 until the window has room again. Sessions
 already issued keep working, so an attacker sharing a proxy's address with the
-operator can slow a new login down, never end a session.
+operator can slow a new login down, never end a session. Only what no other
+site can make the operator's browser send is throttled together: an
+``Authorization`` header and the login form (same-origin checked). A login
+link (``GET /login?token=``) can be fired by any page the operator visits, as
+an image, from the operator's own address: its wrong tokens have a throttle of
+their own, which holds up links and nothing else.
 
 **Sessions** are cookies ``<issued>.<nonce>.<mac>``: HMAC-SHA256 under a key
 derived from the credential, valid :data:`SESSION_HOURS`. ``HttpOnly``,
