@@ -176,7 +176,7 @@ async def send(
     headers = webhook_headers(endpoint, msg.idempotency_key, body, user_agent)
     if msg.ordering_key is not None:  # poller/ordering.py: a receiver can check the order
         headers[ORDERING_KEY_HEADER] = msg.ordering_key
-        headers[ORDERING_SEQ_HEADER] = str(msg.id)
+        headers[ORDERING_SEQ_HEADER] = str(msg.position or msg.id)
     reply, started_at, duration_ms = await _exchange(
         sender, "POST", endpoint.url, headers, body, timeout
     )

@@ -29,9 +29,13 @@ that failed for good on a ``block`` endpoint (the default) stays the head and
 the key is *blocked* until an operator retries or skips it
 (``poller admin blocked``).
 
-**Positions.** A key's messages are inserted while its row is locked, so
-their ids grow in the order the transactions took the key: the message id is
-its position. The next message is the waiting one with the lowest id.
+**Positions.** A message's position in its key is its event's id for a
+published event's delivery, and its own id for an enqueued message; events
+and messages draw ids from one sequence, so positions on one key compare
+whichever way its messages came. A key's messages are inserted while its row
+is locked, so their positions grow in the order the transactions took the
+key (for events: when the application serialises its changes to the key, as
+below). The next message is the waiting one with the lowest id.
 
 **Order** is the order in which transactions took the key: positions are
 given under the key's row lock, so two concurrent transactions on one key are
@@ -43,8 +47,19 @@ enqueues on several keys takes their locks in the order it enqueues; pass
 them to one ``enqueue_many`` call (which sorts them) to avoid deadlocks.
 
 **Receivers** get ``webhook-ordering-key`` and ``webhook-ordering-seq`` (the
-position: the message id, growing within a key but not by one), so a
-receiver can check that the positions it applies for a key only grow.
+position, growing within a key but not by one). What a receiver may rely on:
+
+* a higher position is a later event of the key, always — through retries,
+  reclaims, operator retries and replays;
+* live messages of a key arrive one at a time in position order;
+* a message sent again — an operator's retry, a replay — keeps its position,
+  and so does an event a replay delivers for the first time (the endpoint was
+  disabled, or subscribed later): these may arrive after higher positions.
+
+So a receiver that applies a message only when its position is higher than the
+last one it applied for the key (and ignores, or merges, a lower one) is
+correct in every case (tests/integration/test_fanout.py replays through a
+disabled spell to show it).
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ class ClaimedMessage:
     created_at: datetime
     endpoint_updated_at: datetime  # a newer one than the poller's cached endpoint: reload it
     refunds: int = 0  # attempts handed back by graceful shutdowns so far
-    ordering_key: str | None = None  # ordered delivery: the key (the id is the position)
+    ordering_key: str | None = None  # ordered delivery: the key
+    position: int | None = None  # its position in the key: the event's id, else the message's
     probe: bool = False  # sent to test an open circuit (poller/health.py)
     probe_refunds: int = 0  # attempts handed back after failed probes so far
 

@@ -146,10 +146,17 @@ endpoints = Table(
 # Published events (poller/publish.py): each kept once, however many endpoints it
 # fans out to; their outbox rows reference it and carry no payload of their own.
 # An idempotency key is unique within a tenant (and among events without one).
+# An event's id comes from the outbox's id sequence: a key's position is the event's
+# id for a published event's delivery and the message's id for an enqueued one, so
+# positions on one key compare whichever way its messages came (poller/ordering.py).
+OUTBOX_ID_SEQUENCE = "poller_outbox_id_seq"
+
 event_log = Table(
     "poller_events",
     metadata,
-    Column("id", BigInteger, Identity(), primary_key=True),
+    Column(
+        "id", BigInteger, primary_key=True, server_default=text(f"nextval('{OUTBOX_ID_SEQUENCE}')")
+    ),
     Column("event_type", Text, nullable=False),
     # json, not jsonb: the exact text the application's payload serialized to.
     Column("payload", JSON, nullable=False),

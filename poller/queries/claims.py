@@ -22,7 +22,8 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
          AS text) AS payload,
     o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
     o.claim_expires_at, o.needs_lookup, o.created_at,
-    e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key"""
+    e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key,
+    CASE WHEN o.ordering_key IS NOT NULL THEN coalesce(o.event_id, o.id) END AS position"""
 
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.
 # Each enabled endpoint gets at most its free in-flight room (its max_in_flight
