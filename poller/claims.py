@@ -141,8 +141,7 @@ class Claims:
         self.events = events or EventSink()  # poller/events.py
         self.stale_completions = 0
         self.stale_leader_claims = 0
-        # Left for the next completion because their rows were busy (see complete()).
-        self._carried_signals: dict[int, Signal] = {}
+        # Ended heads whose key row was busy: handed on by the next completion.
         self._carried_heads: set[int] = set()
 
     async def claim_batch(
@@ -262,38 +261,27 @@ class Claims:
 
         In the same transaction, and without waiting on any row someone else
         holds: the endpoints' health learns from the applied sends
-        (JUDGE_HEALTH), the keys of ended ordered heads are handed on
+        (JUDGE_HEALTH: an endpoint whose rows are busy gets them in the health
+        backlog), the keys of ended ordered heads are handed on
         (poller/ordering.py), and operational events for what changed (and for
         messages that failed for good) are enqueued; the events are returned for
-        the in-process hooks. What was busy — an endpoint's rows locked by an
-        operator, a key locked by an application's open transaction — is carried
-        to the next call (:attr:`carried`), which an idle completer makes soon.
+        the in-process hooks. A key locked by an application's open transaction
+        is carried to the next call (:attr:`carried`), which an idle completer
+        makes soon.
         """
         if not outcomes and not self.carried:
             return CompletionResult()
         params = {**outcomes_json(outcomes, self.poller_id), **self._health_params}
         async with self.engine.begin() as conn:
             rows = await fetch(conn, "COMPLETE_BATCH", params) if outcomes else []
-            signals = health_signals(outcomes, rows, self._carried_signals)
-            transitions: list[dict[str, Any]] = []
-            carried_signals: dict[int, Signal] = {}
-            if signals:
-                judged = await fetch(
-                    conn,
-                    "JUDGE_HEALTH",
-                    {"signals": signals_json(signals), **self._health_params},
-                )
-                transitions = (judged[0].events or []) if judged else []
-                carried_signals = {
-                    r.endpoint_id: signals[r.endpoint_id] for r in judged if not r.judged
-                }
+            signals = health_signals(outcomes, rows)
+            transitions = await self._judge(conn, signals) if signals else []
             heads = {r.id for r in rows if r.ordering_key is not None and r.status in ENDED}
             # No NOTIFY: a key's next message is in the same bucket, so this poller
             # claims it — the caller wakes its own claimer (``promoted``).
             handed = await hand_on(conn, sorted(heads | self._carried_heads), notify=False)
             failed = [r.id for r in rows if r.status == "failed"]
             events = await self.events.record(conn, transitions, failed)
-        self._carried_signals = carried_signals
         self._carried_heads = set(handed.busy)
         applied = {row.id for row in rows}
         result = CompletionResult(
@@ -306,11 +294,16 @@ class Claims:
         self.stale_completions += len(result.stale)
         return result
 
+    async def _judge(self, conn: Any, signals: Mapping[int, Signal]) -> list[dict[str, Any]]:
+        params = {"signals": signals_json(signals), **self._health_params}
+        (judged,) = await fetch(conn, "JUDGE_HEALTH", params)
+        return list(judged.events or [])
+
     @property
     def carried(self) -> int:
-        """Health signals and key hand-overs left for the next completion (their rows were
-        busy): the completer makes one soon even with no outcome to write."""
-        return len(self._carried_signals) + len(self._carried_heads)
+        """Key hand-overs left for the next completion (their rows were busy): the
+        completer makes one soon even with no outcome to write."""
+        return len(self._carried_heads)
 
     async def reclaim_expired(self, limit: int = 1000) -> ReclaimResult:
         """Return expired claims to pending + needs_lookup (or failed at max attempts).
@@ -328,9 +321,14 @@ class Claims:
         return result
 
     async def hand_on_ended(self) -> int:
-        """Maintenance: hand on the keys whose head ended but that nobody handed on."""
+        """Maintenance: hand on the keys whose head ended but that nobody handed on, and
+        fold the health backlog (signals of endpoints whose rows were busy) in."""
         async with self.engine.begin() as conn:
-            return await hand_on_ended(conn)
+            transitions = await self._judge(conn, {})
+            events = await self.events.record(conn, transitions)
+            handed = await hand_on_ended(conn)
+        self.events.notify(events)
+        return handed
 
 
 @dataclass(slots=True)
@@ -343,25 +341,11 @@ class Signal:
     gone: str | None = None  # a 410's disable reason
     error: str | None = None  # the last failed request's error: "HTTP 503", "ConnectError"
 
-    def add(self, other: Signal) -> None:
-        self.ok += other.ok
-        self.bad += other.bad
-        if other.pause is not None:
-            self.pause = max(self.pause or 0.0, other.pause)
-        self.gone = other.gone or self.gone
-        self.error = other.error or self.error
 
-
-def health_signals(
-    outcomes: Sequence[Outcome], applied: Sequence[Any], carried: Mapping[int, Signal]
-) -> dict[int, Signal]:
-    """Per endpoint, what the applied outcomes (COMPLETE_BATCH's rows) say, plus the
-    signals carried from earlier completions. Every failed request counts, probes and
-    last attempts included."""
-    signals = {
-        endpoint_id: Signal(s.ok, s.bad, s.pause, s.gone, s.error)
-        for endpoint_id, s in carried.items()
-    }
+def health_signals(outcomes: Sequence[Outcome], applied: Sequence[Any]) -> dict[int, Signal]:
+    """Per endpoint, what the applied outcomes (COMPLETE_BATCH's rows) say. Every failed
+    request counts, probes and last attempts included."""
+    signals: dict[int, Signal] = {}
     endpoint_of = {row.id: row.endpoint_id for row in applied}
     for o in outcomes:
         endpoint_id = endpoint_of.get(o.message_id)

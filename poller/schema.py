@@ -377,7 +377,27 @@ endpoint_health = Table(
     Column("last_error", Text),
     Column("tokens", Float, nullable=False, server_default=text("0")),
     Column("tokens_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Every failed request the breaker counted, ever (never reset): the fault hunt
+    # checks it against the attempt rows.
+    Column("failed_requests", BigInteger, nullable=False, server_default=text("0")),
     CheckConstraint("state IN ('closed', 'open', 'half_open')", name="state_valid"),
+)
+
+# What completions told an endpoint's health while its rows were busy (locked by
+# another completion or an operator): written in the completion's transaction,
+# folded into the health row by the next JUDGE_HEALTH that can lock it. So a
+# completion never waits for those rows, and no failed request goes uncounted.
+health_backlog = Table(
+    "poller_health_backlog",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("endpoint_id", BigInteger, nullable=False),
+    Column("ok", Integer, nullable=False),
+    Column("bad", Integer, nullable=False),
+    Column("pause", Float),
+    Column("gone", Text),
+    Column("error", Text),
+    Index("ix_poller_health_backlog_endpoint", "endpoint_id"),
 )
 CIRCUIT_STATES = ("closed", "open", "half_open")
 # ``paused_until`` while a circuit is not closed: far enough to mean "until a probe

@@ -179,29 +179,52 @@ COMPLETE_BATCH = _statement(
 # an enqueue's foreign-key check on the endpoint does not conflict), in
 # endpoint order, and judged from their locked (newest) version, so concurrent
 # completions neither deadlock nor lose counts, and an operator's transaction
-# on an endpoint never makes a completion wait: an endpoint whose rows were
-# busy comes back with ``judged`` false and the caller carries its signals to
-# its next completion. A healthy endpoint's row is written at most about once
-# a second. What changed comes back as ``events`` for operational events.
+# on an endpoint never makes a completion wait: the signals of an endpoint
+# whose rows are busy go to poller_health_backlog, in this transaction, and
+# whichever JUDGE_HEALTH next locks that endpoint folds them in (the
+# maintenance sweep runs it with no signals of its own for that). A healthy
+# endpoint's row is written at most about once a second. What changed comes
+# back as ``events`` (on one row) for operational events.
 JUDGE_HEALTH = _statement(
     "JUDGE_HEALTH",
     """
-    WITH signals AS (
+    WITH fresh AS (
         SELECT * FROM jsonb_to_recordset(CAST(:signals AS jsonb)) AS s(
             endpoint_id bigint, ok integer, bad integer, pause double precision,
             gone text, error text)
-    ), candidates AS (
-        SELECT s.* FROM signals s
+    ), wanted AS (
+        SELECT s.endpoint_id FROM fresh s
         JOIN poller_endpoint_health h ON h.endpoint_id = s.endpoint_id
         WHERE s.bad > 0 OR s.pause IS NOT NULL OR s.gone IS NOT NULL OR h.state <> 'closed'
            OR h.consecutive_failures > 0 OR h.last_success_at IS NULL
            OR h.last_success_at < now() - interval '1 second'
+        UNION
+        SELECT endpoint_id FROM poller_health_backlog
     ), locked AS (
         SELECT h.endpoint_id FROM poller_endpoint_health h
         JOIN poller_endpoints e ON e.id = h.endpoint_id
-        WHERE h.endpoint_id IN (SELECT endpoint_id FROM candidates)
+        WHERE h.endpoint_id IN (SELECT endpoint_id FROM wanted)
         ORDER BY h.endpoint_id
         FOR NO KEY UPDATE OF h, e SKIP LOCKED
+    ), folded AS (
+        DELETE FROM poller_health_backlog b
+        WHERE b.endpoint_id IN (SELECT endpoint_id FROM locked)
+        RETURNING b.endpoint_id, b.ok, b.bad, b.pause, b.gone, b.error
+    ), deferred AS (
+        INSERT INTO poller_health_backlog (endpoint_id, ok, bad, pause, gone, error)
+        SELECT s.endpoint_id, s.ok, s.bad, s.pause, s.gone, s.error FROM fresh s
+        WHERE s.endpoint_id IN (SELECT endpoint_id FROM wanted)
+          AND s.endpoint_id NOT IN (SELECT endpoint_id FROM locked)
+        RETURNING endpoint_id
+    ), signals AS (
+        SELECT x.endpoint_id, sum(x.ok) AS ok, sum(x.bad) AS bad, max(x.pause) AS pause,
+               max(x.gone) AS gone,
+               coalesce(max(x.error) FILTER (WHERE x.fresh), max(x.error)) AS error
+        FROM (SELECT f.*, true AS fresh FROM fresh f
+              WHERE f.endpoint_id IN (SELECT endpoint_id FROM locked)
+              UNION ALL
+              SELECT b.*, false FROM folded b) AS x
+        GROUP BY x.endpoint_id
     ), judged AS (
         SELECT s.endpoint_id, s.ok, s.bad, s.pause, s.gone, s.error, h.state AS was,
                s.ok = 0 AND s.bad > 0
@@ -222,14 +245,14 @@ JUDGE_HEALTH = _statement(
                            - make_interval(secs => CAST(:disable_after AS double precision))))
                    AS disables,
                h.failing_since
-        FROM candidates s
-        JOIN locked l ON l.endpoint_id = s.endpoint_id
+        FROM signals s
         JOIN poller_endpoint_health h ON h.endpoint_id = s.endpoint_id
         JOIN poller_endpoints e ON e.id = s.endpoint_id
     ), health AS (
         UPDATE poller_endpoint_health h
         SET consecutive_failures = CASE WHEN j.ok > 0 THEN 0
                                         ELSE h.consecutive_failures + j.bad END,
+            failed_requests = h.failed_requests + j.bad,
             last_success_at = CASE WHEN j.ok > 0 THEN now() ELSE h.last_success_at END,
             last_failure_at = CASE WHEN j.bad > 0 THEN now() ELSE h.last_failure_at END,
             failing_since = CASE WHEN j.ok > 0 THEN NULL
@@ -271,18 +294,15 @@ JUDGE_HEALTH = _statement(
                OR (j.ok > 0 AND j.was <> 'closed'))
         RETURNING e.id
     )
-    SELECT s.endpoint_id,
-           s.endpoint_id NOT IN (SELECT endpoint_id FROM candidates)
-               OR s.endpoint_id IN (SELECT endpoint_id FROM judged) AS judged,
-           (SELECT json_agg(json_build_object(
+    SELECT (SELECT json_agg(json_build_object(
                 'endpoint_id', health.endpoint_id, 'was', health.was, 'state', health.state,
                 'failures', health.consecutive_failures, 'cooldown', health.cooldown,
                 'disabled', health.disables, 'gone', health.gone IS NOT NULL,
                 'error', health.error))
             FROM health
             WHERE health.was <> health.state OR health.disables) AS events,
-           (SELECT count(*) FROM endpoint) AS endpoints_changed
-    FROM signals s
+           (SELECT count(*) FROM endpoint) AS endpoints_changed,
+           (SELECT count(*) FROM deferred) AS deferred
     """.replace("{HOLD}", CIRCUIT_HOLD),
 )
 

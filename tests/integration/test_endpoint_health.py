@@ -145,6 +145,28 @@ async def test_every_failed_send_counts_on_a_last_attempt_and_a_probe_too(
     assert "failing since" in health(engine).disabled_reason
 
 
+async def test_an_operator_holding_the_endpoint_never_makes_a_completion_wait(
+    engine: Engine, breaker: Claims
+) -> None:
+    """An operator's transaction holds the endpoint's row (an edit under way): failed
+    sends complete at once, their count waits in the backlog, and the sweep folds it
+    in once the row is free — counted once, opening the circuit."""
+    make_endpoint(engine, "billing", max_attempts=5)
+    seed(engine, 3)
+    batch = await claim(breaker)
+    with engine.begin() as operator:
+        operator.execute(text("SELECT 1 FROM poller_endpoints FOR UPDATE"))
+        async with asyncio.timeout(5):
+            result = await breaker.complete([failing(m) for m in batch])
+        assert len(result.applied) == 3
+        assert health(engine).failed_requests == 0
+    assert await breaker.hand_on_ended() == 0  # the sweep: folds the backlog in
+    folded = health(engine)
+    assert (folded.failed_requests, folded.state) == (3, "open")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM poller_health_backlog")).scalar() == 0
+
+
 async def test_a_failed_probe_hands_its_attempt_back_a_bounded_number_of_times(
     engine: Engine, breaker: Claims
 ) -> None:
