@@ -113,6 +113,7 @@ class HostileReceiver:
         self.applied: set[str] = set()
         self.badly_signed: set[str] = set()
         self.first_arrival: dict[str, int] = {}  # key -> rank of its first POST's arrival
+        self.positions: dict[str, set[int]] = {}  # key -> webhook-ordering-seq values it came with
         self.behaviours: Counter[str] = Counter()
         self.lookups = 0
         self.port = 0
@@ -120,6 +121,10 @@ class HostileReceiver:
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hostile-receiver", daemon=True)
+
+    def add_secret(self, secret: str) -> None:
+        """A rotated secret: signatures under it verify too (the old one still does)."""
+        self.keys = [*self.keys, base64.b64decode(secret.removeprefix("whsec_"))]
 
     # -- lifecycle (from the hunt's thread) -----------------------------------------
 
@@ -172,6 +177,9 @@ class HostileReceiver:
         key = headers.get("webhook-id", "")
         self.posts[key] += 1
         self.first_arrival.setdefault(key, len(self.first_arrival))
+        if "webhook-ordering-seq" in headers:
+            seq = headers["webhook-ordering-seq"]
+            self.positions.setdefault(key, set()).add(int(seq) if seq.isdigit() else -1)
         behaviour = _draw(self.rng, POST_BEHAVIOURS)
         self.behaviours[behaviour] += 1
         if behaviour == "reset_before_body":

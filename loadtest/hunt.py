@@ -9,19 +9,45 @@ answering every request in a randomly chosen bad way, and a schedule of faults
 ``poller run`` processes, PostgreSQL restarts (and Redis's, on the redis
 backend). A feeder commits messages (some transactions rolled back; one in three
 published to the endpoint's subscription rather than enqueued) while the
-faults run. When all is settled the rows and the receiver must agree with
-SPEC §10 (loadtest/hunt_check.py checks them):
+faults run, and so do the application and the operator (loadtest/hunt_actors.py):
+
+* the application holds transactions open on ordering keys whose head is in
+  flight (up to 3 claim leases) and commits or rolls them back, and commits a
+  burst;
+* the operator replays, retries failed messages, skips blocked heads,
+  disables and re-enables the endpoint, changes its URL, rotates its secret —
+  through the functions the CLI and the dashboard call — and re-enables the
+  endpoint when the pollers disabled it;
+* the configuration's extremes are drawn too: ``max_attempts`` 1, the
+  endpoint's ``max_in_flight`` 1, ``POLLER_DISABLE_AFTER`` 2 s, the breaker off
+  or after 3 failures with cool-downs of 0.2–0.8 s, and the shortest claim
+  lease the request timeout allows (3 s for 1 s).
+
+When all is settled the rows and the receiver must agree (loadtest/hunt_check.py
+checks them):
 
 * every committed message is ``delivered`` or ``failed``: none pending, none
   in flight, nothing rolled back stored;
-* ``attempts ≤ max_attempts`` and ``refunds ≤ MAX_REFUNDS`` on every row;
-* POSTs that arrived per key ≤ send attempts recorded for its message (G9:
-  every send is counted and recorded);
+* ``attempts ≤ max_attempts``, ``refunds ≤ MAX_REFUNDS`` and
+  ``probe_refunds ≤ MAX_PROBE_REFUNDS`` on every row;
+* POSTs that arrived per key ≤ send attempts recorded for its message (every
+  send is counted and recorded), and ≤ its attempt budget (operators' retries
+  included) plus its refunds;
+* no claim of a live poller expires: every ``lease_expired`` attempt names a
+  poller that was killed, frozen or stopped, or falls in a PostgreSQL restart,
+  each with a lease and a sweep of slack — whatever the application holds open;
+* the breaker counted every failed request: the health rows' ``failed_requests``
+  (plus its backlog) equal the attempt rows that record a failed send or lookup;
+* with ``POLLER_DISABLE_AFTER`` drawn, no failure streak (no delivery, enable or
+  URL change) outlasts it by more than 1.5 s without the pollers disabling the
+  endpoint;
 * every ``delivered`` message was applied by the receiver (nothing lost);
 * half the messages are ordered (16 keys): of the delivered ones, each key's
-  first POSTs arrived by position; no message is left ``waiting`` unless its
-  key is blocked behind a failed head (endpoint ``on_failed_head`` drawn per
-  seed: ``block`` or ``skip``);
+  first POSTs arrived by position (those an operator sent again aside); every
+  ordered POST carried its position (the event's id, or the message's) as
+  ``webhook-ordering-seq``; no message is left ``waiting`` unless its key is
+  blocked behind a failed head (endpoint ``on_failed_head`` drawn per seed:
+  ``block`` or ``skip``);
 * every published event (one transaction in three) has exactly one row, at the
   subscribed endpoint, and no delivery crashed in the poller (a published row
   sent without its event's payload would);
@@ -58,6 +84,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +92,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from loadtest.hostile import HostileReceiver
+from loadtest.hunt_actors import OPERATOR_ACTIONS, application, operator
 from loadtest.hunt_check import check
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Event, Message, enqueue_many, migrate, publish_many
@@ -95,6 +123,13 @@ class Plan:
     on_failed_head: str = "block"  # what the endpoint's ordering keys do on a failed head
     circuit_failures: int = 10  # failed sends in a row that open the circuit (0: never)
     processes: int = 1  # p0's `poller run --processes` (2: a supervisor and two children)
+    # The application (loadtest/hunt_actors.py): transactions held open on ordering keys
+    # (seconds after the start, seconds held, committed or rolled back), one burst.
+    lingers: list[tuple[float, float, bool]] = field(default_factory=list)
+    burst_at: float | None = None
+    operator: list[tuple[float, str]] = field(default_factory=list)  # (seconds, action)
+    max_in_flight: int | None = None  # the endpoint's; 1 is the extreme
+    disable_after: float = 0.0  # POLLER_DISABLE_AFTER (0: never)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -105,7 +140,7 @@ class Plan:
             kinds.append("redis-restart")
         count = rng.randint(2, 5)
         faults = sorted((rng.uniform(1.0, duration), rng.choice(kinds)) for _ in range(count))
-        return cls(
+        plan = cls(
             seed=seed,
             election=election,
             http_client=rng.choice(["aiohttp", "httpx"]),
@@ -115,8 +150,24 @@ class Plan:
             lookup=rng.random() < 0.8,
             on_failed_head=rng.choice(["block", "skip"]),  # drawn late: earlier draws unchanged
             circuit_failures=rng.choice([0, 3, 10]),
-            processes=rng.choice([1, 2]),  # drawn last: earlier draws unchanged
+            processes=rng.choice([1, 2]),
         )
+        # Drawn after the rest, so earlier seeds keep their receiver and faults: the
+        # application, the operator and the configuration's extremes.
+        plan.lingers = [
+            (rng.uniform(0.5, duration), rng.uniform(0.5, 3 * CLAIM_LEASE), rng.random() < 0.7)
+            for _ in range(rng.randint(1, 3))
+        ]
+        plan.burst_at = rng.uniform(0.5, duration) if rng.random() < 0.5 else None
+        plan.operator = sorted(
+            (rng.uniform(1.0, duration + 2), rng.choice(OPERATOR_ACTIONS))
+            for _ in range(rng.randint(1, 4))
+        )
+        plan.max_in_flight = rng.choice([None, None, 1])
+        plan.disable_after = rng.choice([0.0, 0.0, 2.0])
+        if rng.random() < 0.25:
+            plan.max_attempts = 1
+        return plan
 
     def describe(self) -> str:
         faults = ", ".join(f"{kind}@{at:.1f}s" for at, kind in self.faults)
@@ -125,13 +176,24 @@ class Plan:
             f"{self.http_client}, max_attempts {self.max_attempts}, "
             f"lookup {'on' if self.lookup else 'off'}, {self.on_failed_head} on a failed head, "
             f"circuit after {self.circuit_failures or 'never'}, "
-            f"p0 with {self.processes} process(es), faults: {faults}"
+            f"p0 with {self.processes} process(es), faults: {faults}; "
+            f"max_in_flight {self.max_in_flight or 'default'}, "
+            f"disable_after {self.disable_after or 'never'}; application: "
+            + ", ".join(
+                f"{'commit' if c else 'rollback'} after {h:.1f}s@{at:.1f}s"
+                for at, h, c in self.lingers
+            )
+            + (f", burst@{self.burst_at:.1f}s" if self.burst_at else "")
+            + "; operator: "
+            + ", ".join(f"{action}@{at:.1f}s" for at, action in self.operator)
         )
 
 
 @dataclass
 class Run:
     plan: Plan
+    began: float = field(default_factory=time.monotonic)
+    began_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     committed: set[str] = field(default_factory=set)
     rolled_back: set[str] = field(default_factory=set)
     injected: list[str] = field(default_factory=list)
@@ -139,6 +201,16 @@ class Run:
     errors: list[str] = field(default_factory=list)
     feeding_done: threading.Event = field(default_factory=threading.Event)
     faults_done: threading.Event = field(default_factory=threading.Event)
+    app_done: threading.Event = field(default_factory=threading.Event)
+    operator_done: threading.Event = field(default_factory=threading.Event)
+    # (fault, poller index or None, time.time() it began, and ended) for the verdict
+    fault_log: list[tuple[str, int | None, float, float]] = field(default_factory=list)
+    app_failures: list[str] = field(default_factory=list)
+    operated: list[str] = field(default_factory=list)
+    operator_ids: set[int] = field(default_factory=set)  # messages an operator sent again
+    health_resets: list[float] = field(default_factory=list)  # enables and URL changes
+    auto_disabled: list[tuple[float, str]] = field(default_factory=list)
+    url_changes: int = 0
 
 
 class Fleet:
@@ -283,6 +355,7 @@ def _inject(
                 return
             fleet.check()
         victim = rng.randrange(len(fleet.procs))
+        started = time.time()
         if kind == "kill":
             fleet.kill(victim)
         elif kind == "term":
@@ -296,6 +369,8 @@ def _inject(
             time.sleep(0.5)
             redis.start()
         run.injected.append(kind)
+        on_poller = kind in ("kill", "term", "freeze")
+        run.fault_log.append((kind, victim if on_poller else None, started, time.time()))
     run.faults_done.set()
     while not stop.wait(0.2):
         fleet.check()
@@ -344,6 +419,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 f"{url}/hook",
                 lookup_url=f"{url}/lookup/{{idempotency_key}}" if plan.lookup else None,
                 max_attempts=plan.max_attempts,
+                max_in_flight=plan.max_in_flight,
                 allow_private=True,
                 on_failed_head=plan.on_failed_head,
                 secret=secret,
@@ -370,9 +446,11 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             POLLER_CIRCUIT_FAILURES=str(plan.circuit_failures),
             POLLER_CIRCUIT_COOLDOWN="0.2",
             POLLER_CIRCUIT_COOLDOWN_MAX="0.8",
+            POLLER_DISABLE_AFTER=str(plan.disable_after),
             **({"POLLER_REDIS_URL": redis_url} if redis_url else {}),
         )
         fleet = Fleet(env, plan.pollers, tmp, run)
+        run.began, run.began_at = time.monotonic(), datetime.now(UTC)
         threads = [
             threading.Thread(
                 target=guarded(_feed, run.errors, run.feeding_done, run.faults_done),
@@ -384,12 +462,23 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 args=(run, fleet, pg, redis, stop),
                 daemon=True,
             ),
+            threading.Thread(
+                target=guarded(application, run.errors, run.app_done),
+                args=(engine, run, ORDERED_KEYS, stop),
+                daemon=True,
+            ),
+            threading.Thread(
+                target=guarded(operator, run.errors, run.operator_done),
+                args=(engine, run, receiver, url, Keyring([secrets_key]), stop),
+                daemon=True,
+            ),
         ]
         for thread in threads:
             thread.start()
         until = began + deadline
         while time.monotonic() < until:
-            if run.feeding_done.is_set() and run.faults_done.is_set() and _open_rows(engine) == 0:
+            actors = (run.feeding_done, run.faults_done, run.app_done, run.operator_done)
+            if all(done.is_set() for done in actors) and _open_rows(engine) == 0:
                 break
             time.sleep(0.3)
         else:

@@ -4,6 +4,7 @@ from the rows a seed left and what its receiver saw. One line per broken one."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,22 +13,40 @@ from sqlalchemy import text
 from loadtest.cli_check import cli_disagrees
 from loadtest.dashboard_check import dashboard_disagrees
 from loadtest.hostile import HostileReceiver
-from poller.outcomes import MAX_REFUNDS
+from poller.health import FAILED_REQUEST_OUTCOMES
+from poller.outcomes import MAX_PROBE_REFUNDS, MAX_REFUNDS
 
 if TYPE_CHECKING:
     from loadtest.hunt import Run
 
 
-def out_of_order(rows: dict[str, Any], receiver: HostileReceiver) -> list[str]:
+CLAIM_LEASE = 3.0  # loadtest/hunt.py's
+SETTLE = CLAIM_LEASE + 4.0  # after a fault: the lease runs out, then a sweep reclaims
+SUPERVISED = 35.0  # a supervisor's children stop within 30 s of it dying (--processes)
+# A failed request, as poller/health.py is_endpoint_failure says, in SQL.
+FAILED_REQUEST = (
+    "a.kind IN ('send', 'lookup') AND NOT a.stale AND a.outcome IN ("
+    + ", ".join(f"'{o}'" for o in sorted(FAILED_REQUEST_OUTCOMES))
+    + ") AND (a.status_code IS NULL OR a.status_code >= 500 OR a.status_code IN (408, 429))"
+)
+
+
+def out_of_order(
+    rows: dict[str, Any],
+    receiver: HostileReceiver,
+    resent: Collection[int] = (),
+) -> list[str]:
     """Delivered messages of one ordering key whose first POSTs did not arrive by position
-    (message n+1 is sent only after n ended, so n's first POST came first)."""
+    (message n+1 is sent only after n ended, so n's first POST came first). Messages an
+    operator sent again (a retry, a replay) come when the operator says, and are left
+    out: their positions are checked by :func:`wrong_positions`."""
     wrong = []
     by_key: dict[str, list[Any]] = {}
     for r in rows.values():
-        if r.ordering_key is not None and r.status == "delivered":
+        if r.ordering_key is not None and r.status == "delivered" and r.id not in resent:
             by_key.setdefault(r.ordering_key, []).append(r)
     for messages in by_key.values():
-        messages.sort(key=lambda r: r.id)  # the id is the position
+        messages.sort(key=lambda r: r.position)
         arrivals = [receiver.first_arrival.get(r.idempotency_key, -1) for r in messages]
         pairs = zip(messages, messages[1:], arrivals, arrivals[1:], strict=False)
         wrong += [
@@ -36,6 +55,104 @@ def out_of_order(rows: dict[str, Any], receiver: HostileReceiver) -> list[str]:
             if b < a
         ]
     return sorted(wrong)
+
+
+def wrong_positions(rows: dict[str, Any], receiver: HostileReceiver) -> list[str]:
+    """Ordered messages that arrived with a webhook-ordering-seq other than their position
+    (the event's id for a published event, else the message's: poller/ordering.py)."""
+    return sorted(
+        f"{k} ({sorted(receiver.positions.get(k, set()))} != {r.position})"
+        for k, r in rows.items()
+        if r.ordering_key is not None
+        and k in receiver.posts
+        and receiver.positions.get(k, set()) != {r.position}
+    )
+
+
+def expired_live_claims(conn: Any, run: Run) -> list[str]:
+    """Claims that expired though their poller was neither killed, frozen nor stopped, and
+    PostgreSQL was not restarting: nothing the application, the operator or the receiver
+    does may starve a live poller's heartbeat or completion."""
+    windows = []
+    for kind, victim, began, ended in run.fault_log:
+        slack = SUPERVISED if victim == 0 and run.plan.processes > 1 else 0.0
+        if victim is not None:
+            windows.append((f"p{victim}", began, ended + SETTLE + slack))
+        elif kind == "postgres-restart":
+            windows.append((None, began, ended + SETTLE))
+
+    def excused(poller: str, at: float) -> bool:
+        for who, began, until in windows:
+            mine = (
+                who is None
+                or poller == who
+                or (poller.startswith(who) and not poller[len(who)].isdigit())
+            )
+            if mine and began <= at <= until:
+                return True
+        return False
+
+    found = conn.execute(
+        text(
+            "SELECT o.idempotency_key, a.poller_id, extract(epoch FROM a.finished_at) AS at "
+            "FROM poller_delivery_attempts a JOIN poller_outbox o ON o.id = a.message_id "
+            "WHERE a.outcome = 'lease_expired'"
+        )
+    )
+    return sorted(
+        f"{r.idempotency_key} of {r.poller_id}"
+        for r in found
+        if not excused(r.poller_id or "?", float(r.at))
+    )
+
+
+def miscounted_failures(conn: Any) -> list[str]:
+    """The breaker's count of failed requests (with what still waits in its backlog)
+    against the attempt rows that record one: every failed send counts, probes and
+    last attempts included."""
+    counted = conn.execute(
+        text(
+            "SELECT coalesce(sum(h.failed_requests), 0) + (SELECT coalesce(sum(bad), 0) "
+            "FROM poller_health_backlog) FROM poller_endpoint_health h"
+        )
+    ).scalar_one()
+    recorded = conn.execute(
+        text(f"SELECT count(*) FROM poller_delivery_attempts a WHERE {FAILED_REQUEST}")
+    ).scalar_one()
+    return [] if counted == recorded else [f"breaker counted {counted}, attempts record {recorded}"]
+
+
+def missed_disables(conn: Any, run: Run) -> list[str]:
+    """A failure streak (no delivery, no enable or URL change) that outlasted
+    POLLER_DISABLE_AFTER by more than a batch's slack, with the endpoint never disabled
+    by the pollers during it."""
+    disable_after = run.plan.disable_after
+    if not disable_after:
+        return []
+    attempts = conn.execute(
+        text(
+            "SELECT extract(epoch FROM a.finished_at) AS at, "
+            f"({FAILED_REQUEST}) AS bad, a.outcome = 'delivered' AS ok "
+            "FROM poller_delivery_attempts a "
+            "WHERE a.kind IN ('send', 'lookup') AND NOT a.stale ORDER BY a.finished_at, a.id"
+        )
+    ).all()
+    resets = sorted(run.health_resets)
+    disabled = [at for at, reason in run.auto_disabled if reason.startswith("failing since")]
+    missed, since = [], None
+    for row in attempts:
+        at = float(row.at)
+        if row.ok or (since is not None and any(since < r <= at for r in resets)):
+            since = None
+        if row.ok:
+            continue
+        if row.bad and since is None:
+            since = at
+        if row.bad and at - since > disable_after + 1.5:
+            if not any(since <= d for d in disabled):
+                missed.append(f"failing {at - since:.1f}s from {since:.1f}")
+            since = None  # one report per streak
+    return missed
 
 
 def check(
@@ -48,10 +165,14 @@ def check(
             for r in conn.execute(
                 text(
                     "SELECT id, idempotency_key, status, attempts, max_attempts, refunds, "
-                    "ordering_key FROM poller_outbox"
+                    "probe_refunds, ordering_key, coalesce(event_id, id) AS position "
+                    "FROM poller_outbox"
                 )
             )
         }
+        expired = expired_live_claims(conn, run)
+        miscounted = miscounted_failures(conn)
+        missed = missed_disables(conn, run)
         sends = Counter(
             {
                 r.idempotency_key: r.n
@@ -125,13 +246,29 @@ def check(
         ),
         (
             "delivered out of order (first arrivals of an ordering key not by position)",
-            out_of_order(rows, receiver),
+            out_of_order(rows, receiver, run.operator_ids),
+        ),
+        ("sent with a position other than their event's", wrong_positions(rows, receiver)),
+        ("claims of live pollers expired", expired),
+        ("failed requests miscounted by the breaker", miscounted),
+        ("failure streaks past POLLER_DISABLE_AFTER without a disable", missed),
+        (
+            "POSTed more often than their attempts and refunds allow",
+            sorted(
+                f"{k} ({n} > {rows[k].max_attempts}+{rows[k].refunds}+{rows[k].probe_refunds})"
+                for k, n in receiver.posts.items()
+                if k in rows and n > rows[k].max_attempts + rows[k].refunds + rows[k].probe_refunds
+            ),
         ),
         (
             "over their attempt budget",
             sorted(k for k, r in rows.items() if r.attempts > r.max_attempts),
         ),
         ("refunded too often", sorted(k for k, r in rows.items() if r.refunds > MAX_REFUNDS)),
+        (
+            "refunded after probes too often",
+            sorted(k for k, r in rows.items() if r.probe_refunds > MAX_PROBE_REFUNDS),
+        ),
         (
             "POSTed more often than sends recorded",
             sorted(f"{k} ({n} > {sends[k]})" for k, n in receiver.posts.items() if n > sends[k]),

@@ -38,8 +38,10 @@ key (for events: when the application serialises its changes to the key, as
 below). The next message is the waiting one with the lowest id.
 
 **Order** is the order in which transactions took the key: positions are
-given under the key's row lock, so two concurrent transactions on one key are
-serialised by PostgreSQL and ordered by commit. What the application must do
+given under a lock on the key's name (taken before a publish numbers its
+events, and before the key's rows are locked), so two concurrent transactions
+on one key — enqueue or publish — are serialised by PostgreSQL and ordered by
+commit. Only applications take that lock: it never holds up a poller. What the application must do
 is enqueue a key's events in the order they happened — usually true already,
 since they come from changes to the same row, which the application locks
 (``SELECT … FOR UPDATE`` on the order) before changing it. A transaction that

@@ -281,6 +281,7 @@ def _place_keyed(
     keyed = [m for m in unique if m.ordering_key is not None]
     if not keyed:
         return None, [None] * len(unique)
+    yield queries.LOCK_KEY_NAMES, {"ordering_keys": [m.ordering_key for m in keyed]}
     rows = yield (
         queries.LOCK_ORDERING_KEYS,
         {

@@ -218,6 +218,9 @@ def _publish_many_steps(events: Sequence[_CheckedEvent]) -> _Steps:
     insert the rows through enqueue's batch path (poller/outbox.py)."""
     owner = _dedupe(events)
     unique = [e for i, e in enumerate(events) if owner[i] == i]
+    keys = [e.ordering_key for e in unique if e.ordering_key is not None]
+    if keys:  # before the events get their ids, which are their positions
+        yield queries.LOCK_KEY_NAMES, {"ordering_keys": keys}
     inserted = yield queries.PUBLISH_EVENTS, _columns(unique)
     new_ids = {(r.tenant, r.idempotency_key): int(r.id) for r in inserted}
     results: dict[tuple[str | None, str], Published] = {}

@@ -15,6 +15,21 @@ from __future__ import annotations
 from poller.queries._registry import statement as _statement
 from poller.schema import NOTIFY_CHANNEL
 
+# Enqueue and publish, step 0: a transaction-scoped advisory lock per ordering key
+# name (sorted by lock id), taken before a publish gives its events their ids and
+# before the key rows are locked: so positions — an event's id, a message's id —
+# are drawn in the order transactions take a key, enqueue and publish alike.
+# Only applications take these locks; no poller statement ever waits on them.
+LOCK_KEY_NAMES = _statement(
+    "LOCK_KEY_NAMES",
+    """
+    SELECT count(pg_advisory_xact_lock(s.lock_id)) AS locked
+    FROM (SELECT DISTINCT hashtextextended(k, 0) AS lock_id
+          FROM unnest(CAST(:ordering_keys AS text[])) AS k
+          ORDER BY 1 OFFSET 0) AS s
+    """,
+)
+
 # Enqueue, step 1: lock these keys' rows (sorted, distinct), creating the missing
 # ones without a head, and read each one's head (NULL: no open message). Held until
 # the application's transaction ends, so two transactions enqueueing on one key are

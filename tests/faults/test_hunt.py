@@ -19,6 +19,7 @@ from loadtest.hunt_check import check
 from tests.integration.helpers import seed as seed_messages
 
 MESSAGES = 250
+PLAN = SimpleNamespace(seed=0, disable_after=0.0, processes=1)
 
 
 def _seeds() -> list[int]:
@@ -49,7 +50,7 @@ def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
     with engine.begin() as conn:
         key = conn.execute(text("SELECT idempotency_key FROM poller_outbox")).scalar_one()
         conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 1"))
-    run = Run(SimpleNamespace(seed=0))  # type: ignore[arg-type]
+    run = Run(PLAN)  # type: ignore[arg-type]
     run.committed = {key}
     receiver = SimpleNamespace(posts={key: 2}, applied=set(), badly_signed={key})
     problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
@@ -75,6 +76,65 @@ def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
     assert any("not fanned out" in p and "lonely" in p for p in problems)
     assert any("crashed in the poller" in p for p in problems)
     assert any("do not name their endpoint" in p for p in problems)  # inserted without one
+
+
+def positions(engine):  # type: ignore[no-untyped-def]
+    """What an honest receiver saw: each ordered message's own position."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT idempotency_key, coalesce(event_id, id) AS p FROM poller_outbox "
+                "WHERE ordering_key IS NOT NULL"
+            )
+        )
+        return {r.idempotency_key: {r.p} for r in found}
+
+
+def test_the_checker_catches_what_the_application_and_operator_actors_are_for(
+    engine, endpoint, db_url
+) -> None:  # type: ignore[no-untyped-def]
+    """A live poller's claim expiring, a failed send the breaker missed, POSTs past the
+    budget, a wrong position, and a failure streak past POLLER_DISABLE_AFTER."""
+    import time
+
+    from sqlalchemy import text
+
+    (msg_id,) = seed_messages(engine, 1, ordering_key="o1")
+    with engine.begin() as conn:
+        key = conn.execute(text("SELECT idempotency_key FROM poller_outbox")).scalar_one()
+        conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 2"))
+        for outcome, status, ago in [("lease_expired", None, 9), ("retry", 503, 8),
+                                     ("retry", None, 1)]:  # fmt: skip
+            conn.execute(
+                text(
+                    "INSERT INTO poller_delivery_attempts (message_id, endpoint_id, attempt, "
+                    "kind, poller_id, outcome, status_code, finished_at) SELECT :id, "
+                    "endpoint_id, 1, 'send', 'p1', :o, :s, now() - make_interval(secs => :ago) "
+                    "FROM poller_outbox"
+                ),
+                {"id": msg_id, "o": outcome, "s": status, "ago": ago},
+            )
+    plan = SimpleNamespace(seed=0, disable_after=2.0, processes=1)
+    run = Run(plan)  # type: ignore[arg-type]
+    run.committed = {key}
+    receiver = SimpleNamespace(
+        posts={key: 50}, applied={key}, badly_signed=set(), first_arrival={key: 0},
+        positions={key: {msg_id + 1}},
+    )  # fmt: skip
+    problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
+    assert any("claims of live pollers expired" in p for p in problems)
+    assert any("miscounted by the breaker" in p and "counted 0, attempts record 2" in p
+               for p in problems)  # fmt: skip
+    assert any("more often than their attempts and refunds allow" in p for p in problems)
+    assert any("position other than their event's" in p for p in problems)
+    assert any("past POLLER_DISABLE_AFTER" in p for p in problems)
+    now = time.time()  # the same run, excused: p1 was killed; the pollers did disable it
+    run.fault_log.append(("kill", 1, now - 10, now - 10))
+    run.auto_disabled.append((now - 2, "failing since ... with no success"))
+    problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
+    assert not any("live pollers" in p or "DISABLE_AFTER" in p for p in problems)
 
 
 def test_the_checker_catches_a_dashboard_that_miscounts_or_lets_markup_through(
@@ -157,13 +217,14 @@ def test_the_checker_catches_disorder_and_a_stranded_waiting_message(
             )
         )
         keys = [r[0] for r in conn.execute(text("SELECT idempotency_key FROM poller_outbox"))]
-    run = Run(SimpleNamespace(seed=0))  # type: ignore[arg-type]
+    run = Run(PLAN)  # type: ignore[arg-type]
     run.committed = set(keys)
     receiver = SimpleNamespace(
         posts={k: 1 for k in keys},
         applied=set(keys),
         badly_signed=set(),
         first_arrival={"billing:1": 0, "billing:0": 1},  # position 2 arrived first
+        positions=positions(engine),
     )
     problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
     assert any("out of order" in p and "billing:1 before billing:0" in p for p in problems)

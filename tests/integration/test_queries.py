@@ -113,6 +113,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     },
     "RECLAIM_EXPIRED": {"limit": 10},
     "LOCK_ORDERING_KEYS": KEYS,
+    "LOCK_KEY_NAMES": {"ordering_keys": ["o", "p", "o"]},
     "SET_ORDERING_HEADS": {**KEYS, "new_heads": [None]},
     "LOCK_KEYS_OF_HEADS": {"ids": [1]},
     "TAKE_KEYS_OF_HEADS": {"ids": [1]},

@@ -1,0 +1,174 @@
+"""The fault hunt's people: the application and the operator (loadtest/hunt.py).
+
+The hunt's first actors were the receiver and process faults. These two act on
+the same database while they run, as people do, through the same functions
+the CLI and the dashboard call:
+
+* **the application** keeps a transaction open after an enqueue or a publish on
+  an ordering key whose head is in flight (up to three claim leases), then
+  commits or rolls back; and commits one burst of many messages at once;
+* **the operator** replays the endpoint's events, retries failed messages,
+  skips the failed heads of blocked keys, disables and re-enables the endpoint,
+  changes its URL and rotates its secret; and, like an operator on call,
+  re-enables an endpoint the pollers disabled (``POLLER_DISABLE_AFTER``), noting
+  when, so the verdict can check that it was disabled when it should have been.
+
+Each records what it did in the :class:`~loadtest.hunt.Run` (times in
+``time.time()``, the database's clock on this machine): the verdict excludes
+messages an operator sent again from the order check, and counts the health
+resets (enable, URL change) that start a new failure streak.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from poller import Event, Message, enqueue_many, publish_many
+from poller.admin import retry_messages
+from poller.endpoints import rotate_secret, set_enabled, update_endpoint
+from poller.errors import PollerError
+from poller.keyring import Keyring
+from poller.ordering import blocked_keys, skip_messages
+from poller.replay import replay
+
+if TYPE_CHECKING:
+    from loadtest.hostile import HostileReceiver
+    from loadtest.hunt import Run
+
+ENDPOINT = "hostile"
+OPERATOR = "hunt-operator"
+BURST = 60  # messages in the application's one big transaction
+OPERATOR_ACTIONS = ("replay", "retry", "skip", "disable_enable", "url", "rotate")
+
+
+def _wait_until(began: float, at: float, stop: threading.Event) -> bool:
+    """Sleep until ``at`` seconds after ``began``; False if the hunt stopped first."""
+    return not stop.wait(max(0.0, began + at - time.monotonic()))
+
+
+def application(engine: Any, run: Run, ordered_keys: int, stop: threading.Event) -> None:
+    """Transactions held open on ordering keys, and one burst (plan.lingers, plan.burst_at)."""
+    plan = run.plan
+    rng = random.Random(plan.seed * 101 + 7)
+    steps = sorted([(at, "linger", hold, commit) for at, hold, commit in plan.lingers]
+                   + ([(plan.burst_at, "burst", 0.0, True)] if plan.burst_at else []))  # fmt: skip
+    for n, (at, kind, hold, commit) in enumerate(steps):
+        if not _wait_until(run.began, at, stop):
+            break
+        size = BURST if kind == "burst" else rng.randint(1, 3)
+        key = f"o{rng.randrange(ordered_keys)}"  # the feeder's keys: their heads are in flight
+        batch = [
+            Message(ENDPOINT, "hunt.event", {"n": -1, "app": n}, f"app{n}-{i}",
+                    ordering_key=key if kind == "linger" or i % 2 == 0 else None)
+            for i in range(size)
+        ]  # fmt: skip
+        keys = {m.idempotency_key for m in batch}
+        try:
+            with Session(engine) as session:
+                if rng.random() < 0.5:
+                    enqueue_many(session, batch)
+                else:
+                    publish_many(
+                        session,
+                        [Event(m.event_type, m.payload, m.idempotency_key,
+                               ordering_key=m.ordering_key) for m in batch],
+                    )  # fmt: skip
+                stop.wait(hold)  # the application's slow work, its transaction open
+                if not commit:
+                    session.rollback()
+                    run.rolled_back |= keys
+                    continue
+                session.commit()
+            run.committed |= keys
+        except Exception as exc:  # PostgreSQL restarting: not committed
+            run.app_failures.append(f"{kind}: {type(exc).__name__}")
+    run.app_done.set()
+
+
+def operator(
+    engine: Any,
+    run: Run,
+    receiver: HostileReceiver,
+    base_url: str,
+    keyring: Keyring,
+    stop: threading.Event,
+) -> None:
+    """The operator's actions at the planned times (plan.operator), then on call."""
+    for at, action in run.plan.operator:
+        if not _wait_until(run.began, at, stop):
+            break
+        try:
+            _act(engine, run, receiver, base_url, keyring, action)
+            run.operated.append(action)
+        except PollerError as exc:  # e.g. replay refused while the endpoint is disabled
+            run.operated.append(f"{action} refused: {type(exc).__name__}")
+        except Exception as exc:  # PostgreSQL restarting
+            run.operated.append(f"{action} failed: {type(exc).__name__}")
+    run.operator_done.set()
+    while not stop.wait(0.3):
+        on_call(engine, run)
+
+
+def on_call(engine: Any, run: Run) -> None:
+    """An endpoint the pollers disabled is noted and enabled again (its backlog must drain)."""
+    try:
+        with engine.begin() as conn:
+            row = conn.execute(
+                text("SELECT enabled, disabled_reason FROM poller_endpoints WHERE name = :n"),
+                {"n": ENDPOINT},
+            ).one()
+            if row.enabled or row.disabled_reason == f"by {OPERATOR}":
+                return
+            run.auto_disabled.append((time.time(), row.disabled_reason or ""))
+            set_enabled(conn, ENDPOINT, True)
+            run.health_resets.append(time.time())
+    except Exception:  # PostgreSQL restarting: the next round looks again
+        return
+
+
+def _act(
+    engine: Any,
+    run: Run,
+    receiver: HostileReceiver,
+    base_url: str,
+    keyring: Keyring,
+    action: str,
+) -> None:
+    if action == "replay":
+        result = replay(engine, ENDPOINT, since=run.began_at, who=OPERATOR)
+        run.operator_ids |= set(result.message_ids)
+    elif action == "retry":
+        with engine.connect() as conn:
+            failed = [r.id for r in conn.execute(
+                text("SELECT id FROM poller_outbox WHERE status = 'failed' ORDER BY id LIMIT 20")
+            )]  # fmt: skip
+        run.operator_ids |= set(failed)
+        retry_messages(engine, failed, who=OPERATOR)
+    elif action == "skip":
+        with engine.begin() as conn:
+            heads = [k["head_id"] for k in blocked_keys(conn, endpoint=ENDPOINT)]
+            run.operator_ids |= set(skip_messages(conn, heads, who=OPERATOR))
+    elif action == "disable_enable":
+        with engine.begin() as conn:
+            set_enabled(conn, ENDPOINT, False, reason=f"by {OPERATOR}")
+        time.sleep(1.0)
+        with engine.begin() as conn:
+            set_enabled(conn, ENDPOINT, True)
+        run.health_resets.append(time.time())
+    elif action == "url":
+        run.url_changes += 1
+        path = "/hook2" if run.url_changes % 2 else "/hook"
+        with engine.begin() as conn:
+            update_endpoint(conn, ENDPOINT, url=f"{base_url}{path}", allow_private=True)
+        run.health_resets.append(time.time())
+    elif action == "rotate":
+        with engine.begin() as conn:
+            _, secret = rotate_secret(conn, ENDPOINT, timedelta(minutes=10), keyring=keyring)
+        receiver.add_secret(secret)  # the old one signs too for ten minutes
