@@ -43,6 +43,7 @@ from poller.queries._registry import PSYCOPG
 # (poller/db.py fetch): what differs between the two columns is everything around it.
 RAW_CLAIM = PSYCOPG["CLAIM_BATCH"]
 RAW_COMPLETE = PSYCOPG["COMPLETE_BATCH"]
+RAW_JUDGE = PSYCOPG["JUDGE_HEALTH"]
 HEALTH = HealthPolicy().params()
 
 
@@ -112,10 +113,15 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
         ]
         params = {"outcomes": json.dumps(outcomes), "poller_id": "bench", **HEALTH}
         n = len(rows)
-        # A correct client reads which completions the fence refused, as poller.claims does.
+        # A correct client reads which completions the fence refused, as poller.claims does,
+        # and tells the endpoint's health what the sends did (the breaker is shared).
         async with conn.cursor() as cur:
             await cur.execute(RAW_COMPLETE, params)
-            stale = n - len(await cur.fetchall())
+            applied = await cur.fetchall()
+            stale = n - len(applied)
+            if applied:
+                signals = [{"endpoint_id": applied[0][1], "ok": len(applied), "bad": 0}]
+                await cur.execute(RAW_JUDGE, {"signals": json.dumps(signals), **HEALTH})
         await conn.commit()
         if stale:
             raise SystemExit(f"raw: {stale} completions refused")
