@@ -167,6 +167,35 @@ async def test_an_operator_holding_the_endpoint_never_makes_a_completion_wait(
         assert conn.execute(text("SELECT count(*) FROM poller_health_backlog")).scalar() == 0
 
 
+async def test_a_probe_that_looks_up_first_is_a_probe_too(engine: Engine, db_url: str) -> None:
+    """The probe's message had an unknown outcome, so the probe is a lookup; the lookup
+    answers 500: the circuit opens again (cool-down doubled) and no attempt is spent."""
+    from tests.integration.servers import answer, raw_server
+
+    async with raw_server(answer(500)) as base:
+        lookup = f"{base}/w/{{idempotency_key}}"
+        make_endpoint(engine, "billing", url=f"{base}/hook", lookup_url=lookup, max_attempts=3)
+        seed(engine, 1)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE poller_outbox SET needs_lookup = true, attempts = 1"))
+            conn.execute(
+                text(
+                    "UPDATE poller_endpoint_health SET state = 'open', cooldown = 0.2, "
+                    "open_until = now(), consecutive_failures = 3"
+                )
+            )
+            conn.execute(text("UPDATE poller_endpoints SET paused_until = '9000-01-01 UTC'"))
+        settings = fast_settings(circuit_failures=3, circuit_cooldown=0.2, circuit_cooldown_max=5)
+        async with running_poller(db_url, settings):
+
+            async def reopened() -> bool:
+                return health(engine).probes >= 1 and health(engine).state == "open"
+
+            await wait_for(reopened, timeout=10)
+    assert health(engine).cooldown == 0.4 and health(engine).failed_requests >= 1
+    assert attempts_spent(engine) == 1  # the probe's lookup handed its attempt back
+
+
 async def test_a_failed_probe_hands_its_attempt_back_a_bounded_number_of_times(
     engine: Engine, breaker: Claims
 ) -> None:
