@@ -38,11 +38,12 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
 
-bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered, beside a dead endpoint, publish vs enqueue, a 1M backlog and the purge, the dashboard on 1M rows
+bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered, beside a dead endpoint, a key held open, publish vs enqueue, a 1M backlog and the purge, the dashboard on 1M rows
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.deliveries --processes 1,2
 	$(BIN)/python -m loadtest.ordered
 	$(BIN)/python -m loadtest.health
+	$(BIN)/python -m loadtest.held_key
 	$(BIN)/python -m loadtest.publish
 	$(BIN)/python -m loadtest.backlog
 	$(BIN)/python -m loadtest.dashboard

@@ -276,6 +276,24 @@ def test_a_notify_payload_that_is_not_a_bucket_is_ignored(payload: str) -> None:
     assert Claimer._wants(claimer, payload) is False  # type: ignore[arg-type]
 
 
+async def deliver(batch: Any, completer: Any, settings: Any) -> dict[int, Any]:
+    """Deliver a claim's messages (held by ``completer`` already) through a Dispatcher, as
+    the Claimer would; their outcomes by message id."""
+    from poller.dispatcher import Dispatcher, EndpointCache
+    from poller.senders import make_sender
+
+    cache = EndpointCache()
+    cache.update(batch.endpoints)
+    sender = make_sender(settings)
+    dispatcher = Dispatcher(settings, sender, cache, completer)
+    for msg in batch.messages:
+        dispatcher.start(msg)
+    await asyncio.wait(list(dispatcher.tasks))
+    await sender.aclose()
+    found = [completer._queue.get_nowait() for _ in batch.messages]
+    return {o.message_id: o for o in found}
+
+
 async def test_a_claim_past_its_lease_by_this_clock_is_handed_back_unsent(
     engine: Engine, aengine: Any
 ) -> None:
@@ -284,8 +302,6 @@ async def test_a_claim_past_its_lease_by_this_clock_is_handed_back_unsent(
     from poller import outcomes as claim_outcomes
     from poller.claims import Claims
     from poller.completer import Completer
-    from poller.dispatcher import Dispatcher, EndpointCache
-    from poller.senders import make_sender
 
     async with running_receiver() as (receiver, url):
         make_endpoint(engine, "a", url=url)
@@ -293,19 +309,10 @@ async def test_a_claim_past_its_lease_by_this_clock_is_handed_back_unsent(
         claimer = Claims(aengine, poller_id="p1", claim_lease=30)
         batch = await claimer.claim(10)
         completer = Completer(claimer)
-        cache = EndpointCache()
-        cache.update(batch.endpoints)
-        settings = fast_settings()
-        sender = make_sender(settings)
-        dispatcher = Dispatcher(settings, sender, cache, completer)
         paused, fresh = batch.messages
         completer.hold(paused, claimed_at=time.monotonic() - 31)  # "woke up" after the lease
         completer.hold(fresh)
-        dispatcher.start(paused)
-        dispatcher.start(fresh)
-        await asyncio.wait(list(dispatcher.tasks))
-        await sender.aclose()
-    outcomes = {o.message_id: o for o in [completer._queue.get_nowait() for _ in range(2)]}
+        outcomes = await deliver(batch, completer, fast_settings())
     assert outcomes[paused.id].status == claim_outcomes.released(paused).status
     assert outcomes[paused.id].kind is None  # nothing on the wire
     assert outcomes[fresh.id].status == "delivered"
@@ -321,9 +328,7 @@ async def test_no_request_starts_without_its_timeout_of_lease_to_spare(
     from poller.claims import Claims
     from poller.completer import LEASE_MARGIN, Completer
     from poller.db import poller_engine
-    from poller.dispatcher import Dispatcher, EndpointCache
     from poller.embedded import free_port
-    from poller.senders import make_sender
 
     settings = fast_settings(claim_lease=3.0, request_timeout=1.0)
     async with running_receiver() as (receiver, url):
@@ -338,16 +343,8 @@ async def test_no_request_starts_without_its_timeout_of_lease_to_spare(
         completer.hold(roomy)
         with pytest.raises(Exception):  # noqa: B017 - whatever psycopg says
             await completer.extend_leases()
-        cache = EndpointCache()
-        cache.update(batch.endpoints)
-        sender = make_sender(settings)
-        dispatcher = Dispatcher(settings, sender, cache, completer)
-        dispatcher.start(short)
-        dispatcher.start(roomy)
-        await asyncio.wait(list(dispatcher.tasks))
-        await sender.aclose()
+        outcomes = await deliver(batch, completer, settings)
         await unreachable.dispose()
-    outcomes = {o.message_id: o for o in [completer._queue.get_nowait() for _ in range(2)]}
     assert (outcomes[short.id].outcome, outcomes[short.id].kind) == ("released", None)
     assert outcomes[roomy.id].status == "delivered"
     assert receiver.stats.received == 1
@@ -361,8 +358,6 @@ async def test_a_dot_segment_key_stored_before_they_were_refused_is_never_looked
     on webhook-id); new ones are refused at enqueue (test_enqueue)."""
     from poller.claims import Claims
     from poller.completer import Completer
-    from poller.dispatcher import Dispatcher, EndpointCache
-    from poller.senders import make_sender
     from tests.integration.servers import raw_server, read_request
 
     requests: list[bytes] = []
@@ -382,16 +377,8 @@ async def test_a_dot_segment_key_stored_before_they_were_refused_is_never_looked
         claims = Claims(aengine, poller_id="p1", claim_lease=30)
         batch = await claims.claim(10)
         completer = Completer(claims)
-        cache = EndpointCache()
-        cache.update(batch.endpoints)
-        settings = fast_settings()
-        sender = make_sender(settings)
-        dispatcher = Dispatcher(settings, sender, cache, completer)
         for msg in batch.messages:
             completer.hold(msg)
-            dispatcher.start(msg)
-        await asyncio.wait(list(dispatcher.tasks))
-        await sender.aclose()
-    (outcome,) = [completer._queue.get_nowait()]
+        (outcome,) = (await deliver(batch, completer, fast_settings())).values()
     assert (outcome.status, outcome.kind) == ("delivered", "send")
     assert requests == [b"POST /hook HTTP/1.1"]
