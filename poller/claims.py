@@ -309,7 +309,7 @@ class Claims:
         """Return expired claims to pending + needs_lookup (or failed at max attempts).
 
         The keys of reclaimed heads that failed are handed on without waiting;
-        the rest (and any a stopped poller left) by :meth:`hand_on_ended`."""
+        the rest (and any a stopped poller left) by :meth:`sweep_follow_ups`."""
         async with self.engine.begin() as conn:
             rows = (await conn.execute(queries.RECLAIM_EXPIRED, {"limit": limit})).all()
             failed = [row.id for row in rows if row.status == "failed"]
@@ -320,7 +320,7 @@ class Claims:
             (result.failed if row.status == "failed" else result.pending).append(row.id)
         return result
 
-    async def hand_on_ended(self) -> int:
+    async def sweep_follow_ups(self) -> int:
         """Maintenance: hand on the keys whose head ended but that nobody handed on, and
         fold the health backlog (signals of endpoints whose rows were busy) in."""
         async with self.engine.begin() as conn:

@@ -108,7 +108,7 @@ class Reclaimer:
     async def run_once(self) -> int:
         result = await self.claims.reclaim_expired()
         self.claims.events.notify(result.events)
-        handed = await self.claims.hand_on_ended()
+        handed = await self.claims.sweep_follow_ups()
         if handed:
             log.info("handed on %d ordering keys whose head had ended", handed)
         count = len(result.pending) + len(result.failed)

@@ -132,6 +132,9 @@ async def hand_on(conn: AsyncConnection, ids: Sequence[int], *, notify: bool = T
         return HandOver()
     taken = [row.id for row in await conn.execute(queries.TAKE_KEYS_OF_HEADS, {"ids": list(ids)})]
     busy = sorted(set(ids) - set(taken))
+    if busy:  # skipped, or no key's head (any more): only the first kind is for later
+        still = await conn.execute(queries.HEADS_AMONG, {"ids": busy})
+        busy = sorted(row.id for row in still)
     if not taken:
         return HandOver(busy=busy)
     result = await conn.execute(

@@ -110,6 +110,20 @@ TAKE_KEYS_OF_HEADS = _statement(
     """,
 )
 
+# Which of these messages still head their key (no lock): of the ended messages
+# TAKE_KEYS_OF_HEADS did not return, those whose key row was busy — the rest are
+# no key's head (any more: another poller or the sweep handed the key on).
+HEADS_AMONG = _statement(
+    "HEADS_AMONG",
+    """
+    SELECT k.head_id AS id
+    FROM poller_outbox o
+    JOIN poller_ordering_keys k
+      ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key AND k.head_id = o.id
+    WHERE o.id = ANY(CAST(:ids AS bigint[]))
+    """,
+)
+
 # Maintenance: keys whose head ended but that were not handed on (their row was
 # busy at the completion, and the poller stopped before it came back to them),
 # locked with SKIP LOCKED, for ADVANCE_KEYS. Blocked keys are left alone.

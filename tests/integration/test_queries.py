@@ -117,6 +117,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "SET_ORDERING_HEADS": {**KEYS, "new_heads": [None]},
     "LOCK_KEYS_OF_HEADS": {"ids": [1]},
     "TAKE_KEYS_OF_HEADS": {"ids": [1]},
+    "HEADS_AMONG": {"ids": [1]},
     "ENDED_HEADS": {"limit": 10},
     "ADVANCE_KEYS": {"ids": [1], "skipped": [], "notify": True},
     "BLOCKED_KEYS": {"endpoint": None, "limit": 10},
