@@ -13,7 +13,6 @@ from sqlalchemy import text
 from loadtest.cli_check import cli_disagrees
 from loadtest.dashboard_check import dashboard_disagrees
 from loadtest.hostile import HostileReceiver
-from poller.health import FAILED_REQUEST_OUTCOMES
 from poller.outcomes import MAX_PROBE_REFUNDS, MAX_REFUNDS
 
 if TYPE_CHECKING:
@@ -23,11 +22,13 @@ if TYPE_CHECKING:
 CLAIM_LEASE = 3.0  # loadtest/hunt.py's
 SETTLE = CLAIM_LEASE + 4.0  # after a fault: the lease runs out, then a sweep reclaims
 SUPERVISED = 35.0  # a supervisor's children stop within 30 s of it dying (--processes)
-# A failed request, as poller/health.py is_endpoint_failure says, in SQL.
+# A failed request as the README defines it (no answer, 5xx, 408, 429 — to a send or a
+# lookup, a probe or not), in SQL over the attempt rows. Written out here rather than
+# taken from poller/health.py: a checker that shares the rule cannot catch it drifting.
 FAILED_REQUEST = (
-    "a.kind IN ('send', 'lookup') AND NOT a.stale AND a.outcome IN ("
-    + ", ".join(f"'{o}'" for o in sorted(FAILED_REQUEST_OUTCOMES))
-    + ") AND (a.status_code IS NULL OR a.status_code >= 500 OR a.status_code IN (408, 429))"
+    "a.kind IN ('send', 'lookup') AND NOT a.stale AND a.outcome IN "
+    "('retry', 'unknown', 'failed', 'probe_failed', 'lookup_retry', 'lookup_failed') "
+    "AND (a.status_code IS NULL OR a.status_code >= 500 OR a.status_code IN (408, 429))"
 )
 
 
