@@ -107,7 +107,7 @@ class OperationalEvent:
 def circuit_events(
     transitions: Iterable[dict[str, Any]], names: dict[int, str], now: datetime
 ) -> list[OperationalEvent]:
-    """Events for COMPLETE_BATCH's ``events``: circuits opened or closed, endpoints disabled.
+    """Events for JUDGE_HEALTH's ``events``: circuits opened or closed, endpoints disabled.
 
     A failed probe (half_open → open) is not an event: the circuit was open already.
     """
@@ -177,7 +177,7 @@ class EventSink:
     ) -> list[OperationalEvent]:
         """Build the events of a change in ``conn``'s transaction and enqueue them there.
 
-        ``transitions``: COMPLETE_BATCH's ``events``; ``failed``: ids of messages
+        ``transitions``: JUDGE_HEALTH's ``events``; ``failed``: ids of messages
         that just failed for good. Returns the events, for :meth:`notify` after commit.
         """
         if not self.hooks and self.operator_endpoint is None:

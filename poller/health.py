@@ -16,7 +16,7 @@ Circuit breaker
         └────────────────────── the probe (or any send) was delivered ──────────────┘
 
 * **Closed**: messages are claimed as usual. Each completion batch tells the
-  endpoint's row what its sends did (COMPLETE_BATCH): a delivery resets the
+  endpoint's row what its sends did (JUDGE_HEALTH): a delivery resets the
   count of consecutive failed sends; a failed send — no answer, a 5xx, 408 or
   429 — adds one. Another 4xx counts neither way: the receiver is up and
   refusing that message. ``circuit_failures`` in a row (the endpoint's, else
