@@ -121,14 +121,19 @@ def on_call(engine: Any, run: Run) -> None:
     try:
         with engine.begin() as conn:
             row = conn.execute(
-                text("SELECT enabled, disabled_reason FROM poller_endpoints WHERE name = :n"),
+                text(
+                    "SELECT enabled, disabled_reason, extract(epoch FROM updated_at) AS since "
+                    "FROM poller_endpoints WHERE name = :n"
+                ),
                 {"n": ENDPOINT},
             ).one()
-            if row.enabled or row.disabled_reason == f"by {OPERATOR}":
+            if row.enabled:
                 return
-            run.auto_disabled.append((time.time(), row.disabled_reason or ""))
+            if row.disabled_reason != f"by {OPERATOR}":  # the operator's own re-enable failed
+                run.auto_disabled.append((time.time(), row.disabled_reason or ""))
             set_enabled(conn, ENDPOINT, True)
             run.health_resets.append(time.time())
+            run.disabled_windows.append((float(row.since), time.time()))
     except Exception:  # PostgreSQL restarting: the next round looks again
         return
 
@@ -156,11 +161,15 @@ def _act(
             heads = [k["head_id"] for k in blocked_keys(conn, endpoint=ENDPOINT)]
             run.operator_ids |= set(skip_messages(conn, heads, who=OPERATOR))
     elif action == "disable_enable":
+        began = time.time()
         with engine.begin() as conn:
             set_enabled(conn, ENDPOINT, False, reason=f"by {OPERATOR}")
         time.sleep(1.0)
-        with engine.begin() as conn:
-            set_enabled(conn, ENDPOINT, True)
+        try:
+            with engine.begin() as conn:
+                set_enabled(conn, ENDPOINT, True)
+        finally:
+            run.disabled_windows.append((began, time.time()))
         run.health_resets.append(time.time())
     elif action == "url":
         run.url_changes += 1

@@ -36,7 +36,7 @@ def test_the_hunt_breaks_no_invariant(seed: int, tmp_path: Path) -> None:
     result = hunt(seed, MESSAGES, deadline=120, tmp=tmp_path)
     print("\n" + summary(result))
     assert result["problems"] == [], f"{summary(result)}\nreplay: {replay_command(seed, MESSAGES)}"
-    assert result["messages"] >= MESSAGES and result["posts"] > 0
+    assert result["messages"] >= result["target"] and result["posts"] > 0
     assert len(result["injected"]) == result["planned"]  # every drawn fault happened
 
 
