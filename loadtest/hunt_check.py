@@ -140,6 +140,14 @@ def missed_disables(conn: Any, run: Run) -> list[str]:
     ).all()
     resets = sorted(run.health_resets)
     disabled = [at for at, reason in run.auto_disabled if reason.startswith("failing since")]
+    # A poller frozen inside a completion holds the endpoint's health row until it wakes
+    # (or PostgreSQL ends its idle transaction): the others defer their signals to the
+    # backlog meanwhile, and the endpoint is judged when the row is free again.
+    frozen = [(began, ended) for kind, _, began, ended in run.fault_log if kind == "freeze"]
+
+    def slack(since: float, at: float) -> float:
+        return 1.5 + sum(e - b for b, e in frozen if b <= at and e >= since)
+
     missed, since = [], None
     for row in attempts:
         at = float(row.at)
@@ -149,17 +157,19 @@ def missed_disables(conn: Any, run: Run) -> list[str]:
             continue
         if row.bad and since is None:
             since = at
-        if row.bad and at - since > disable_after + 1.5:
+        if row.bad and at - since > disable_after + slack(since, at):
             if not any(since <= d for d in disabled):
                 missed.append(f"failing {at - since:.1f}s from {since:.1f}")
             since = None  # one report per streak
     return missed
 
 
-def unfanned_events(conn: Any, run: Run) -> list[str]:
+def unfanned_events(conn: Any, run: Run) -> tuple[list[str], set[str]]:
     """Fan-out: every published event has exactly the one row its subscription gives it
     (the endpoint subscribes to hunt.*), whatever the faults did — or none, when it was
-    published while the endpoint was disabled, unless a replay added that row later."""
+    published while the endpoint was disabled, unless a replay added that row later.
+    Returns the events that break this, and the keys of those that rightly reached
+    nothing (committed, yet no row)."""
     found = conn.execute(
         text(
             "SELECT ev.idempotency_key, ev.fanned_out, extract(epoch FROM ev.created_at) AS at, "
@@ -172,16 +182,19 @@ def unfanned_events(conn: Any, run: Run) -> list[str]:
     def disabled_at(at: float) -> bool:
         return any(began - 0.5 <= at <= ended + 0.5 for began, ended in run.disabled_windows)
 
-    wrong = []
+    wrong, reached_nothing = [], set()
     for r in found:
         rows = r.rows or []
         if r.fanned_out == 1 and len(rows) == 1:
             continue
         late = r.fanned_out == 0 and disabled_at(float(r.at))
-        if late and (not rows or (len(rows) == 1 and rows[0] in run.operator_ids)):
-            continue  # missed while disabled; or added by a replay since
+        if late and not rows:
+            reached_nothing.add(r.idempotency_key)  # missed while disabled
+            continue
+        if late and len(rows) == 1 and rows[0] in run.operator_ids:
+            continue  # missed while disabled, added by a replay since
         wrong.append(f"{r.idempotency_key} (reached {r.fanned_out}, {len(rows)} rows)")
-    return sorted(wrong)
+    return sorted(wrong), reached_nothing
 
 
 def check(
@@ -214,7 +227,7 @@ def check(
                 )
             }
         )
-        unfanned = unfanned_events(conn, run)
+        unfanned, reached_nothing = unfanned_events(conn, run)
         # A delivery that raised inside the poller (a published row without its event's
         # payload would): counted and recorded, but never expected from any answer.
         crashed = sorted(
@@ -252,7 +265,7 @@ def check(
         }
     problems = []
     checks: list[tuple[str, list[str]]] = [
-        ("committed but missing", sorted(run.committed - set(rows))),
+        ("committed but missing", sorted(run.committed - set(rows) - reached_nothing)),
         ("rolled back yet stored", sorted(run.rolled_back & set(rows))),
         (
             "not settled (pending or in flight, or waiting but not behind a blocked head)",
