@@ -175,7 +175,7 @@ async def test_httpx_spends_one_connect_budget_on_all_of_a_hosts_addresses() -> 
     began = time.monotonic()
     with pytest.raises(httpcore.ConnectTimeout):
         await backend.connect_tcp("blackhole.example", 80, timeout=0.4)
-    assert time.monotonic() - began < 0.6  # was 0.8: the budget once per address
+    assert time.monotonic() - began < 0.7  # was 0.8: the budget once per address
     assert len(budgets) == 2 and sum(budgets) <= 0.4 + 1e-6  # each address a share
 
 
