@@ -130,12 +130,15 @@ def missed_disables(conn: Any, run: Run) -> list[str]:
     disable_after = run.plan.disable_after
     if not disable_after:
         return []
-    attempts = conn.execute(
+    # Per completion (one transaction: its finished_at and poller), as the pollers judge:
+    # a completion with any delivery resets the streak, whatever else it held.
+    batches = conn.execute(
         text(
             "SELECT extract(epoch FROM a.finished_at) AS at, "
-            f"({FAILED_REQUEST}) AS bad, a.outcome = 'delivered' AS ok "
+            f"bool_or({FAILED_REQUEST}) AS bad, bool_or(a.outcome = 'delivered') AS ok "
             "FROM poller_delivery_attempts a "
-            "WHERE a.kind IN ('send', 'lookup') AND NOT a.stale ORDER BY a.finished_at, a.id"
+            "WHERE a.kind IN ('send', 'lookup') AND NOT a.stale "
+            "GROUP BY a.finished_at, a.poller_id ORDER BY a.finished_at"
         )
     ).all()
     resets = sorted(run.health_resets)
@@ -149,7 +152,7 @@ def missed_disables(conn: Any, run: Run) -> list[str]:
         return 1.5 + sum(e - b for b, e in frozen if b <= at and e >= since)
 
     missed, since = [], None
-    for row in attempts:
+    for row in batches:
         at = float(row.at)
         if row.ok or (since is not None and any(since < r <= at for r in resets)):
             since = None
