@@ -18,6 +18,12 @@ the queue or is retried through a database outage.
   outlives the lease of a poller that is alive; only a dead, frozen or
   partitioned poller's rows are reclaimed. A row the heartbeat finds taken
   over is dropped from the held set (its late outcome will be fenced out).
+* :meth:`Completer.can_start` says whether a lookup or send may start: only
+  with its timeout plus :data:`LEASE_MARGIN` of lease left by this process's
+  clock, so no request is on the wire while its row can be reclaimed.
+* A completion never waits on a row someone else holds (poller/claims.py); an
+  ordering key an application's open transaction holds is left for later, and
+  an idle completer comes back for it every :data:`CARRY_INTERVAL` seconds.
 """
 
 from __future__ import annotations
