@@ -195,6 +195,7 @@ class Run:
     began: float = field(default_factory=time.monotonic)
     began_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     committed: set[str] = field(default_factory=set)
+    commit_times: dict[str, float] = field(default_factory=dict)  # key -> time.time() of commit
     rolled_back: set[str] = field(default_factory=set)
     injected: list[str] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
@@ -339,6 +340,7 @@ def _feed(engine: Any, run: Run, messages: int) -> None:
                     continue
                 session.commit()
             run.committed |= keys
+            run.commit_times.update(dict.fromkeys(keys, time.time()))
         except Exception:  # PostgreSQL restarting: this transaction did not commit
             time.sleep(0.2)
         time.sleep(0.01)

@@ -87,6 +87,7 @@ def application(engine: Any, run: Run, ordered_keys: int, stop: threading.Event)
                     continue
                 session.commit()
             run.committed |= keys
+            run.commit_times.update(dict.fromkeys(keys, time.time()))
         except Exception as exc:  # PostgreSQL restarting: not committed
             run.app_failures.append(f"{kind}: {type(exc).__name__}")
     run.app_done.set()

@@ -182,15 +182,19 @@ def unfanned_events(conn: Any, run: Run) -> tuple[list[str], set[str]]:
         )
     )
 
-    def disabled_at(at: float) -> bool:
-        return any(began - 0.5 <= at <= ended + 0.5 for began, ended in run.disabled_windows)
+    def disabled_during(began: float, ended: float) -> bool:
+        """Whether the endpoint was disabled at some moment of [began, ended]."""
+        return any(b - 0.5 <= ended and began <= e + 0.5 for b, e in run.disabled_windows)
 
     wrong, reached_nothing = [], set()
     for r in found:
         rows = r.rows or []
         if r.fanned_out == 1 and len(rows) == 1:
             continue
-        late = r.fanned_out == 0 and disabled_at(float(r.at))
+        # Published some time between its transaction's start (created_at) and commit:
+        # a transaction that waited on a key's lock fans out well after it began.
+        committed = run.commit_times.get(r.idempotency_key, float(r.at))
+        late = r.fanned_out == 0 and disabled_during(float(r.at), committed)
         if late and not rows:
             reached_nothing.add(r.idempotency_key)  # missed while disabled
             continue
