@@ -320,13 +320,14 @@ class Claims:
             (result.failed if row.status == "failed" else result.pending).append(row.id)
         return result
 
-    async def sweep_follow_ups(self) -> int:
-        """Maintenance: hand on the keys whose head ended but that nobody handed on, and
-        fold the health backlog (signals of endpoints whose rows were busy) in."""
+    async def sweep_follow_ups(self, *, keys: bool = True) -> int:
+        """Maintenance: fold the health backlog (signals of endpoints whose rows were busy)
+        in, and — with ``keys`` — hand on the keys whose head ended but that nobody handed
+        on; returns how many keys."""
         async with self.engine.begin() as conn:
             transitions = await self._judge(conn, {})
             events = await self.events.record(conn, transitions)
-            handed = await hand_on_ended(conn)
+            handed = await hand_on_ended(conn) if keys else 0
         self.events.notify(events)
         return handed
 

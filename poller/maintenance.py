@@ -100,15 +100,23 @@ class Call:
         return await self._run()
 
 
+KEY_SWEEP_EVERY = 12
+"""Reclaimer runs between two scans for keys no completion could hand on (a minute at the
+default sweep interval): the scan reads every live key, and such a key exists only when
+a poller stopped while an application held it (a live poller hands it on itself)."""
+
+
 class Reclaimer:
     def __init__(self, claims: Claims) -> None:
         self.claims = claims
         self.reclaimed = 0
+        self._runs = 0
 
     async def run_once(self) -> int:
         result = await self.claims.reclaim_expired()
         self.claims.events.notify(result.events)
-        handed = await self.claims.sweep_follow_ups()
+        self._runs += 1
+        handed = await self.claims.sweep_follow_ups(keys=self._runs % KEY_SWEEP_EVERY == 1)
         if handed:
             log.info("handed on %d ordering keys whose head had ended", handed)
         count = len(result.pending) + len(result.failed)

@@ -23,7 +23,7 @@ waits for that lock: while an application's transaction holds the key (it
 enqueued on it and has not committed), the completion leaves the key, the
 poller hands it on at its next completion (within
 :data:`~poller.completer.CARRY_INTERVAL` when idle), and the maintenance
-sweep hands on any key a stopped poller left. So a transaction left open on
+sweep hands on any key a stopped poller left (within a minute). So a transaction left open on
 key K delays K's next message and nothing else. A head
 that failed for good on a ``block`` endpoint (the default) stays the head and
 the key is *blocked* until an operator retries or skips it
