@@ -20,8 +20,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from poller.endpoints import could_be_name
 from poller.errors import PollerError, UnknownEndpoint
+from poller.names import could_be_event_type
 from poller.ordering import requeue_keyed
-from poller.outbox import could_be_event_type
 from poller.schema import delivery_attempts, endpoints, event_log, outbox
 from poller.settings import default_settings
 

@@ -34,7 +34,7 @@ from poller.completer import Completer
 from poller.delivery import LookupAnswer, Verdict
 from poller.endpoints import Endpoint
 from poller.health import is_endpoint_failure
-from poller.outbox import DOT_SEGMENTS
+from poller.names import DOT_SEGMENTS
 from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import backoff
 from poller.senders import Sender

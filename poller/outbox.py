@@ -27,7 +27,6 @@ that yields ``(statement, params)`` and receives the result rows.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -42,26 +41,18 @@ from poller.errors import (
     EndpointDisabled,
     IdempotencyConflict,
     IdempotencyKeySpent,
-    InvalidEventType,
-    InvalidIdempotencyKey,
-    InvalidOrderingKey,
     NaiveDatetime,
     UnknownEndpoint,
 )
 from poller.errors import (
     EnqueueError as _EnqueueError,
 )
+from poller.names import check_event_type, check_key, check_ordering_key
 from poller.ordering import Positions
 from poller.payloads import JsonDefault, serialise_payload
 from poller.settings import default_settings
 
-MAX_KEY_LENGTH = 255
-MAX_EVENT_TYPE_LENGTH = 255
 MAX_DELAY = 100 * 365.25 * 86400.0  # seconds: deliver_after as a timedelta
-# Idempotency and ordering keys travel in HTTP headers: visible ASCII only.
-_KEY_RE = re.compile(r"[\x21-\x7e]+")
-# Event types are names like "invoice.paid", "order/created", "billing:v2.charge".
-_EVENT_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 
 DeliverAfter = datetime | timedelta | None
 SyncConn = Session | Connection
@@ -96,65 +87,6 @@ class _Checked:
 
 
 # --- validation (pure) ---------------------------------------------------------
-
-
-def _header_token(value: object, name: str, header: str, error: type[_EnqueueError]) -> str:
-    """1 to MAX_KEY_LENGTH visible ASCII characters: the value travels in ``header``."""
-    if not isinstance(value, str):
-        raise error(f"{name} must be a string, not {type(value).__name__}")
-    if not value:
-        raise error(f"{name} must not be empty")
-    if len(value) > MAX_KEY_LENGTH:
-        raise error(f"{name} is {len(value)} characters; at most {MAX_KEY_LENGTH} are allowed")
-    if not _KEY_RE.fullmatch(value):
-        raise error(
-            f"{name} may hold only visible ASCII characters (no spaces or control "
-            f"characters): it is sent in the {header} header"
-        )
-    return value
-
-
-DOT_SEGMENTS = frozenset({".", ".."})
-"""Keys refused: in a lookup URL's path they are dot segments, which URL libraries
-resolve — ``…/webhooks/..`` would ask ``…/`` whether the message was processed."""
-
-
-def _check_key(key: object) -> str:
-    checked = _header_token(
-        key, "idempotency_key", "webhook-id and Idempotency-Key", InvalidIdempotencyKey
-    )
-    if checked in DOT_SEGMENTS:
-        raise InvalidIdempotencyKey(
-            f"idempotency_key {checked!r} is a path's dot segment: a lookup URL holding it "
-            "would name another resource"
-        )
-    return checked
-
-
-def _check_ordering_key(key: object) -> str | None:
-    """None (no order), or a key like an idempotency key (poller/ordering.py)."""
-    if key is None:
-        return None
-    return _header_token(key, "ordering_key", "webhook-ordering-key", InvalidOrderingKey)
-
-
-def could_be_event_type(text: str) -> bool:
-    """Whether any message or event can have this type (a filter for one that cannot
-    matches nothing; PostgreSQL would refuse one with a NUL outright)."""
-    return len(text) <= MAX_EVENT_TYPE_LENGTH and _EVENT_TYPE_RE.fullmatch(text) is not None
-
-
-def _check_event_type(event_type: object) -> str:
-    if not isinstance(event_type, str) or not event_type.strip():
-        raise InvalidEventType("event_type must be a non-empty string")
-    if len(event_type) > MAX_EVENT_TYPE_LENGTH:
-        raise InvalidEventType(f"event_type is over {MAX_EVENT_TYPE_LENGTH} characters")
-    if not _EVENT_TYPE_RE.fullmatch(event_type):
-        raise InvalidEventType(
-            f"event_type {event_type[:80]!r} must be letters, digits and . _ : / - "
-            "(starting with a letter or digit), e.g. 'invoice.paid'"
-        )
-    return event_type
 
 
 def _check_schedule(deliver_after: object) -> tuple[datetime | None, float]:
@@ -199,13 +131,13 @@ def check_message(
     deliver_at, delay = _check_schedule(message.deliver_after)
     return _Checked(
         endpoint=_check_endpoint_name(message.endpoint),
-        event_type=_check_event_type(message.event_type),
+        event_type=check_event_type(message.event_type),
         payload=serialise_payload(message.payload, max_payload_bytes, json_default),
-        idempotency_key=_check_key(message.idempotency_key),
+        idempotency_key=check_key(message.idempotency_key),
         deliver_at=deliver_at,
         delay=delay,
         max_attempts=_check_max_attempts(message.max_attempts),
-        ordering_key=_check_ordering_key(message.ordering_key),
+        ordering_key=check_ordering_key(message.ordering_key),
     )
 
 

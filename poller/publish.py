@@ -56,13 +56,11 @@ from poller.errors import (
     IdempotencyKeySpent,
     InvalidTenant,
 )
+from poller.names import check_event_type, check_key, check_ordering_key
 from poller.outbox import (
     AsyncConn,
     DeliverAfter,
     SyncConn,
-    _check_event_type,
-    _check_key,
-    _check_ordering_key,
     _check_schedule,
     _Checked,
     _Steps,
@@ -119,13 +117,13 @@ def check_event(event: Event, json_default: JsonDefault | None = None) -> _Check
         raise EnqueueError(f"events must be poller.Event, not {type(event).__name__}")
     deliver_at, delay = _check_schedule(event.deliver_after)
     return _CheckedEvent(
-        event_type=_check_event_type(event.event_type),
+        event_type=check_event_type(event.event_type),
         payload=serialise_payload(
             event.payload, default_settings().max_payload_bytes, json_default
         ),
-        idempotency_key=_check_key(event.idempotency_key),
+        idempotency_key=check_key(event.idempotency_key),
         tenant=check_tenant(event.tenant, InvalidTenant),
-        ordering_key=_check_ordering_key(event.ordering_key),
+        ordering_key=check_ordering_key(event.ordering_key),
         deliver_at=deliver_at,
         delay=delay,
     )

@@ -36,7 +36,8 @@ from poller import queries
 from poller.admin import actor, retry_messages
 from poller.endpoints import could_be_name
 from poller.errors import EndpointDisabled, InvalidEventType, UnknownEndpoint
-from poller.outbox import could_be_event_type, drive, insert_steps
+from poller.names import could_be_event_type
+from poller.outbox import drive, insert_steps
 from poller.publish import event_row
 from poller.schema import event_log
 
