@@ -92,10 +92,10 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from loadtest.hostile import HostileReceiver
-from loadtest.hunt_actors import OPERATOR_ACTIONS, application, operator
+from loadtest.hunt_actors import OPERATOR_ACTIONS, application, operator, write
 from loadtest.hunt_check import check
 from loadtest.procs import Proc, clean_env, guarded
-from poller import Event, Message, enqueue_many, migrate, publish_many
+from poller import Message, migrate
 from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
@@ -214,6 +214,10 @@ class Run:
     disabled_windows: list[tuple[float, float]] = field(default_factory=list)  # (from, to)
     url_changes: int = 0
 
+    def committed_now(self, keys: set[str]) -> None:
+        self.committed |= keys
+        self.commit_times.update(dict.fromkeys(keys, time.time()))
+
 
 class Fleet:
     """The ``poller run`` processes; knows which exits the hunt caused."""
@@ -326,21 +330,13 @@ def _feed(engine: Any, run: Run, messages: int) -> None:
         keys = {m.idempotency_key for m in batch}
         try:
             with Session(engine) as session:
-                if tx % 3 == 0:  # published to the subscribed endpoint: the payload is the event's
-                    publish_many(
-                        session,
-                        [Event(m.event_type, m.payload, m.idempotency_key,
-                               ordering_key=m.ordering_key) for m in batch],
-                    )  # fmt: skip
-                else:
-                    enqueue_many(session, batch)
+                write(session, batch, publish=tx % 3 == 0)  # one in three published
                 if tx % 7 == 0:
                     session.rollback()
                     run.rolled_back |= keys
                     continue
                 session.commit()
-            run.committed |= keys
-            run.commit_times.update(dict.fromkeys(keys, time.time()))
+            run.committed_now(keys)
         except Exception:  # PostgreSQL restarting: this transaction did not commit
             time.sleep(0.2)
         time.sleep(0.01)

@@ -53,6 +53,17 @@ def _wait_until(began: float, at: float, stop: threading.Event) -> bool:
     return not stop.wait(max(0.0, began + at - time.monotonic()))
 
 
+def write(session: Session, batch: list[Message], *, publish: bool) -> None:
+    """Enqueue ``batch`` in the session's transaction, or publish it as events (their
+    payload then lives in the event, and fan-out gives the endpoint its rows)."""
+    if not publish:
+        enqueue_many(session, batch)
+        return
+    events = [Event(m.event_type, m.payload, m.idempotency_key, ordering_key=m.ordering_key)
+              for m in batch]  # fmt: skip
+    publish_many(session, events)
+
+
 def application(engine: Any, run: Run, ordered_keys: int, stop: threading.Event) -> None:
     """Transactions held open on ordering keys, and one burst (plan.lingers, plan.burst_at)."""
     plan = run.plan
@@ -72,22 +83,14 @@ def application(engine: Any, run: Run, ordered_keys: int, stop: threading.Event)
         keys = {m.idempotency_key for m in batch}
         try:
             with Session(engine) as session:
-                if rng.random() < 0.5:
-                    enqueue_many(session, batch)
-                else:
-                    publish_many(
-                        session,
-                        [Event(m.event_type, m.payload, m.idempotency_key,
-                               ordering_key=m.ordering_key) for m in batch],
-                    )  # fmt: skip
+                write(session, batch, publish=rng.random() < 0.5)
                 stop.wait(hold)  # the application's slow work, its transaction open
                 if not commit:
                     session.rollback()
                     run.rolled_back |= keys
                     continue
                 session.commit()
-            run.committed |= keys
-            run.commit_times.update(dict.fromkeys(keys, time.time()))
+            run.committed_now(keys)
         except Exception as exc:  # PostgreSQL restarting: not committed
             run.app_failures.append(f"{kind}: {type(exc).__name__}")
     run.app_done.set()

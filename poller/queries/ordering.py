@@ -97,14 +97,16 @@ LOCK_KEYS_OF_HEADS = _statement(
 # operator's retry — so a completion never waits on them. The heads returned are
 # the ones to hand on now (ADVANCE_KEYS); the poller hands on the rest at its next
 # completion, and ENDED_HEADS finds any it could not (it stopped meanwhile).
-TAKE_KEYS_OF_HEADS = _statement(
-    "TAKE_KEYS_OF_HEADS",
-    """
-    SELECT k.head_id AS id
+HEADED_BY = """SELECT k.head_id AS id
     FROM poller_outbox o
     JOIN poller_ordering_keys k
       ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key AND k.head_id = o.id
-    WHERE o.id = ANY(CAST(:ids AS bigint[]))
+    WHERE o.id = ANY(CAST(:ids AS bigint[]))"""  # those of :ids that head their key
+
+TAKE_KEYS_OF_HEADS = _statement(
+    "TAKE_KEYS_OF_HEADS",
+    f"""
+    {HEADED_BY}
     ORDER BY k.endpoint_id, k.ordering_key
     FOR UPDATE OF k SKIP LOCKED
     """,
@@ -115,12 +117,8 @@ TAKE_KEYS_OF_HEADS = _statement(
 # no key's head (any more: another poller or the sweep handed the key on).
 HEADS_AMONG = _statement(
     "HEADS_AMONG",
-    """
-    SELECT k.head_id AS id
-    FROM poller_outbox o
-    JOIN poller_ordering_keys k
-      ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key AND k.head_id = o.id
-    WHERE o.id = ANY(CAST(:ids AS bigint[]))
+    f"""
+    {HEADED_BY}
     """,
 )
 
