@@ -29,10 +29,11 @@ browser: ## Install Debian's Chromium for the dashboard's browser tests (idempot
 test: $(STAMP) browser ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)
 	$(BIN)/python -m pytest --durations=15
 
-lint: $(STAMP) ## ruff (lint + format check) and mypy --strict
+lint: $(STAMP) ## ruff (lint + format check), mypy --strict and the import layers
 	$(BIN)/ruff check poller tests loadtest db examples
 	$(BIN)/ruff format --check poller tests loadtest db examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples

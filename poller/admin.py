@@ -19,17 +19,13 @@ from sqlalchemy import Connection, Engine, and_, false, func, select, tuple_, up
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from poller.endpoints import could_be_name
-from poller.errors import PollerError, UnknownEndpoint
+from poller.errors import InvalidInput, MessageNotFound, UnknownEndpoint
 from poller.names import could_be_event_type
 from poller.ordering import requeue_keyed
 from poller.schema import delivery_attempts, endpoints, event_log, outbox
 from poller.settings import default_settings
 
 PURGE_BATCH = 1000
-
-
-class MessageNotFound(PollerError, LookupError):
-    """No message has this id (or key on this endpoint)."""
 
 
 def actor() -> str:
@@ -141,7 +137,7 @@ def message_detail(
             outbox.c.endpoint_id == _endpoint_id(conn, endpoint), outbox.c.idempotency_key == key
         )
     else:
-        raise MessageNotFound("give a message id, or --key with --endpoint")
+        raise InvalidInput("give a message id, or --key with --endpoint")
     row = conn.execute(query).one_or_none()
     if row is None:
         ident = message_id if message_id is not None else f"{key!r} on {endpoint!r}"

@@ -31,13 +31,21 @@ from sqlalchemy import Connection, Row, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from poller.errors import EndpointExists, InvalidEndpoint, PollerError, UnknownEndpoint
+from poller import queries
+from poller.errors import (
+    EndpointExists,
+    EndpointInUse,
+    InvalidEndpoint,
+    SecretUnreadable,
+    UnknownEndpoint,
+)
 from poller.health import DEFAULT as DEFAULT  # re-exported: update_endpoint's sentinel
 from poller.health import MAX_RATE as MAX_RATE
 from poller.health import check_health_settings
-from poller.keyring import Keyring, SecretUnreadable, default_keyring, is_sealed
+from poller.keyring import Keyring, is_sealed
 from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
 from poller.schema import BUCKETS, ON_FAILED_HEAD, endpoints, outbox
+from poller.settings import default_settings
 from poller.subscriptions import check_subscription_settings
 
 SECRET_PREFIX = "whsec_"
@@ -225,7 +233,7 @@ class Endpoint:
     def from_row(cls, row: Row[Any], keyring: Keyring | None = None) -> Endpoint:
         """An endpoint from a row of ``poller_endpoints``, its secrets opened with ``keyring``
         (default: POLLER_SECRETS_KEY's)."""
-        keyring = keyring or default_keyring()
+        keyring = keyring or default_settings().keyring
         values = {name: getattr(row, name) for name in _STORED_FIELDS}
         values["secret_sealed"] = is_sealed(row.secret)
         values["event_types"] = tuple(row.event_types or ())
@@ -290,10 +298,8 @@ def create_endpoint(
     ``event_types``, ``tenant`` and ``payload_filter`` say which published events
     reach it (poller/subscriptions.py); without ``event_types``, none does.
     """
-    keyring = keyring or default_keyring()
+    keyring = keyring or default_settings().keyring
     if allow_private is None:
-        from poller.settings import default_settings
-
         allow_private = default_settings().allow_private_targets
     values = {
         "name": _check_name(name),
@@ -339,10 +345,6 @@ def list_endpoints(conn: Conn, *, keyring: Keyring | None = None) -> list[Endpoi
     return [Endpoint.from_row(row, keyring) for row in rows]
 
 
-class EndpointInUse(PollerError):
-    """The endpoint still has messages; remove it with force to delete them too."""
-
-
 def _one(conn: Conn, name: str, statement: Any, keyring: Keyring | None = None) -> Endpoint:
     if not could_be_name(name):
         raise UnknownEndpoint(name)
@@ -381,8 +383,6 @@ def update_endpoint(
     earlier ones.
     """
     if allow_private is None:
-        from poller.settings import default_settings
-
         allow_private = default_settings().allow_private_targets
     changes: dict[str, Any] = {}
     if url is not None:
@@ -414,8 +414,6 @@ def update_endpoint(
 
 def _reset_health(conn: Conn, endpoint_id: int) -> None:
     """Close the endpoint's circuit and forget its failure streak and pause (health.py)."""
-    from poller import queries
-
     conn.execute(queries.RESET_HEALTH, {"endpoint_id": endpoint_id})
 
 
@@ -438,7 +436,7 @@ def rotate_secret(
     conn: Conn, name: str, keep_old_for: timedelta, *, keyring: Keyring | None = None
 ) -> tuple[Endpoint, str]:
     """A new signing secret; the old one keeps signing too for ``keep_old_for``."""
-    keyring = keyring or default_keyring()
+    keyring = keyring or default_settings().keyring
     secret = new_secret()
     statement = update(endpoints).values(
         previous_secret=endpoints.c.secret,
@@ -456,7 +454,7 @@ def reseal_secrets(conn: Conn, *, plain: bool = False, keyring: Keyring | None =
     All endpoints change in one transaction, or none: a secret no key opens raises
     SecretUnreadable naming its endpoint. Returns how many endpoints were rewritten.
     """
-    keyring = keyring or default_keyring()
+    keyring = keyring or default_settings().keyring
     if not plain and not keyring.seals:
         raise SecretUnreadable(
             "POLLER_SECRETS_KEY is not set: there is no key to encrypt with "

@@ -1,8 +1,14 @@
-"""Typed exceptions. Every expected failure of the public API is one of these.
+"""Typed exceptions: every failure webhook-poller expects is one of these.
 
 All derive from :class:`PollerError`; input errors also derive from
-:class:`ValueError` (or :class:`LookupError` for unknown names) so callers that
-only know the builtin hierarchy still catch them.
+:class:`ValueError`, and "no such thing" errors from :class:`NotFound` (a
+:class:`LookupError`), so callers that only know the builtin hierarchy still
+catch them.
+
+Each face maps them once: the CLI (``poller/cli/__init__.py``) exits 1 for
+:class:`NotFound`, 2 for any other :class:`PollerError` and 70 for anything
+else (a bug, never reported as "not found"); the dashboard answers 404 for
+:class:`NotFound` and 400 for :class:`InvalidInput`.
 """
 
 from __future__ import annotations
@@ -10,6 +16,14 @@ from __future__ import annotations
 
 class PollerError(Exception):
     """Base class of every error webhook-poller raises on purpose."""
+
+
+class NotFound(PollerError, LookupError):
+    """The thing asked for does not exist (or nothing matched what was asked)."""
+
+
+class InvalidInput(PollerError, ValueError):
+    """A value a person typed (a duration, a time, an id, JSON) cannot be read."""
 
 
 class ConfigurationError(PollerError, ValueError):
@@ -27,7 +41,7 @@ class EnqueueError(PollerError, ValueError):
     """The message was refused before anything was written."""
 
 
-class UnknownEndpoint(PollerError, LookupError):
+class UnknownEndpoint(NotFound):
     """No endpoint has this name."""
 
     def __init__(self, name: str) -> None:
@@ -137,3 +151,34 @@ class EndpointExists(PollerError):
     def __init__(self, name: str) -> None:
         super().__init__(f"endpoint {name!r} exists already")
         self.name = name
+
+
+class EndpointInUse(PollerError):
+    """The endpoint still has messages; remove it with force to delete them too."""
+
+
+class SecretUnreadable(PollerError):
+    """An endpoint's stored signing secret cannot be opened with the keys at hand."""
+
+
+# --- operating -----------------------------------------------------------------
+
+
+class MessageNotFound(NotFound):
+    """No message has this id (or key on this endpoint)."""
+
+
+class EventNotFound(NotFound):
+    """No published event has this id (or it was purged)."""
+
+
+class NothingMatched(NotFound):
+    """An operation found nothing to act on (no message to retry, no event to replay)."""
+
+
+class InvalidReplay(PollerError, ValueError):
+    """A replay's window or batch cannot be used (a naive time, a batch below 1)."""
+
+
+class ServiceCrashed(PollerError, RuntimeError):
+    """A loop of the poller crashed; the poller stopped gracefully and must be restarted."""

@@ -30,16 +30,12 @@ from collections.abc import Sequence
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from poller.errors import ConfigurationError, PollerError
+from poller.errors import ConfigurationError, SecretUnreadable
 
 SEALED_PREFIX = "fernet:"
 PLAIN_PREFIX = "whsec_"
 ENV_NAME = "POLLER_SECRETS_KEY"
 _KEY_RE = re.compile(r"[A-Za-z0-9_-]{43}=")  # 32 bytes, URL-safe base64, as Fernet makes them
-
-
-class SecretUnreadable(PollerError):
-    """An endpoint's stored signing secret cannot be opened with the keys at hand."""
 
 
 def new_key() -> str:
@@ -117,10 +113,3 @@ def is_sealed(stored: str | None) -> bool:
 def keyring_for(value: str | None) -> Keyring:
     """The keyring of a ``POLLER_SECRETS_KEY`` value, built once per value."""
     return Keyring.from_value(value)
-
-
-def default_keyring() -> Keyring:
-    """The keyring of the process's settings (``POLLER_SECRETS_KEY``)."""
-    from poller.settings import default_settings
-
-    return default_settings().keyring

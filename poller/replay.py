@@ -35,7 +35,13 @@ from sqlalchemy import Connection, Engine, select
 from poller import queries
 from poller.admin import actor, retry_messages
 from poller.endpoints import could_be_name
-from poller.errors import EndpointDisabled, InvalidEventType, UnknownEndpoint
+from poller.errors import (
+    EndpointDisabled,
+    EventNotFound,
+    InvalidEventType,
+    InvalidReplay,
+    UnknownEndpoint,
+)
 from poller.names import could_be_event_type
 from poller.outbox import drive, insert_steps
 from poller.publish import event_row
@@ -43,10 +49,6 @@ from poller.schema import event_log
 
 REPLAY_BATCH = 500
 OPEN = frozenset({"pending", "waiting", "in_flight"})
-
-
-class EventNotFound(LookupError):
-    """No published event has this id (or it was purged)."""
 
 
 def event_detail(conn: Connection, event_id: int) -> dict[str, Any]:
@@ -98,9 +100,9 @@ def replay(
 ) -> ReplayResult:
     """Deliver the events published in [since, until) to ``endpoint`` again (see above)."""
     if since.tzinfo is None or (until is not None and until.tzinfo is None):
-        raise ValueError("since and until must be timezone-aware")
+        raise InvalidReplay("since and until must be timezone-aware")
     if batch < 1:
-        raise ValueError("batch must be at least 1")
+        raise InvalidReplay("batch must be at least 1")
     if event_type is not None and not could_be_event_type(event_type):
         raise InvalidEventType(f"event type {event_type[:80]!r}: no event can have it")
     until = until or datetime.now(UTC)

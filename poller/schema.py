@@ -48,6 +48,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB
 
+from poller.parse import ROW_ID_MAX as ROW_ID_MAX  # ids are bigints
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -59,9 +61,6 @@ NAMING_CONVENTION = {
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 STATUSES = ("waiting", "pending", "in_flight", "delivered", "failed")
-ROW_ID_MAX = 2**63 - 1
-"""The largest id a row can have (bigint): a larger one names no row, and sent to
-PostgreSQL it is an error, not an empty answer."""
 ON_FAILED_HEAD = ("block", "skip")
 ATTEMPT_KINDS = ("send", "lookup", "manual")
 BUCKETS = 256

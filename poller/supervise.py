@@ -26,13 +26,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 from poller import metrics
-from poller.errors import PollerError
+from poller.errors import ServiceCrashed
 
 log = logging.getLogger("poller.supervise")
-
-
-class ServiceCrashed(PollerError, RuntimeError):
-    """A loop of the poller crashed; the poller stopped gracefully and must be restarted."""
 
 
 class Supervisor:

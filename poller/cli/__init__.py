@@ -1,8 +1,10 @@
 """The ``poller`` command. One module per command group; this one wires them.
 
-Exit codes: 0 ok, 1 not found / nothing matched, 2 usage, configuration or
-connection error — expected errors print one line, never a traceback
-(``--verbose`` shows it).
+Exit codes: 0 ok, 1 not found / nothing matched (:class:`~poller.errors.NotFound`),
+2 usage, configuration or connection error (any other
+:class:`~poller.errors.PollerError`), 70 for anything else: an exception nobody
+expected is a bug, said so in one line, never passed off as "not found".
+Expected errors print one line, never a traceback (``--verbose`` shows it).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any
 
 import click
 
-from poller.errors import PollerError, UnknownEndpoint
+from poller.errors import NotFound, PollerError
 
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
+EXIT_BUG = 70  # EX_SOFTWARE (sysexits.h)
+BUG_HINT = "unexpected error (a bug in webhook-poller; run again with -v for the traceback)"
 
 
 class _Group(click.Group):
@@ -60,7 +64,7 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except (UnknownEndpoint, LookupError) as exc:  # unknown name or id, nothing matched
+        except NotFound as exc:  # unknown name or id, nothing matched
             _fail(ctx, exc, EXIT_NOT_FOUND)
         except PollerError as exc:
             _fail(ctx, exc, EXIT_USAGE)
@@ -69,8 +73,8 @@ class _Group(click.Group):
 
             if isinstance(exc, OperationalError):
                 reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-                _fail(ctx, f"cannot reach the database: {reason}", EXIT_USAGE, exc)
-            raise
+                _fail(ctx, f"cannot reach the database: {reason}", EXIT_USAGE)
+            _fail(ctx, f"{BUG_HINT}: {type(exc).__name__}", EXIT_BUG)
 
 
 def _text_arg(arg: str) -> str:
@@ -85,8 +89,8 @@ def _text_arg(arg: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
-def _fail(ctx: click.Context, error: object, code: int, exc: BaseException | None = None) -> None:
-    del exc  # the traceback printed under --verbose is the current exception's
+def _fail(ctx: click.Context, error: object, code: int) -> None:
+    """One line on stderr and ``code``; under ``--verbose`` the current traceback first."""
     root = ctx.find_root()
     if root.params.get("verbose"):
         traceback.print_exc()

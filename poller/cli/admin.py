@@ -12,6 +12,7 @@ from poller import ordering, replay
 from poller import stats as stats_api
 from poller.cli.common import command_engine, settings_and_url
 from poller.cli.output import (
+    EVENT_ID,
     ROW_ID,
     Duration,
     Since,
@@ -25,11 +26,7 @@ from poller.cli.output import (
     yes_option,
 )
 from poller.db import async_engine
-from poller.errors import PollerError
-
-
-class NothingMatched(PollerError, LookupError):
-    """The command found nothing to act on (exit 1)."""
+from poller.errors import NothingMatched
 
 
 @click.group()
@@ -124,7 +121,7 @@ def failed(
 @click.argument("message_id", type=ROW_ID, required=False)
 @click.option("--key", help="Idempotency key (with --endpoint) instead of an id.")
 @click.option("--endpoint")
-@click.option("--event", "event_id", type=ROW_ID, help="A published event and its deliveries.")
+@click.option("--event", "event_id", type=EVENT_ID, help="A published event and its deliveries.")
 @click.option("--no-payload", is_flag=True, help="Leave the payload out.")
 @json_option
 def show(

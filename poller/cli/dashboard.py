@@ -16,8 +16,8 @@ def dashboard(addr: str | None) -> None:
     or POLLER_DASHBOARD_USER and POLLER_DASHBOARD_PASSWORD, or (embedded server)
     the token it keeps in the data folder and prints here."""
     from poller.dashboard import auth
-    from poller.dashboard.app import loopback
     from poller.dashboard.serve import DEFAULT_ADDR, bind, build, serve
+    from poller.dashboard.web import loopback
     from poller.settings import load_settings
 
     settings, url = settings_and_url()

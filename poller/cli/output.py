@@ -15,8 +15,6 @@ answering ``[/x]`` crashed ``admin failed``; ``[link=…]`` made a hyperlink).
 
 from __future__ import annotations
 
-import math
-import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -27,12 +25,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from poller import parse
+from poller.errors import InvalidInput
 from poller.logs import printable, printable_json
-from poller.schema import ROW_ID_MAX
 
 F = TypeVar("F", bound=Callable[..., Any])
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
 
 
 def json_option(func: F) -> F:
@@ -44,40 +41,42 @@ def yes_option(func: F) -> F:
 
 
 class Duration(click.ParamType[timedelta]):
-    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` or plain seconds → timedelta."""
+    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` or plain seconds (:func:`poller.parse.duration`)."""
 
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, timedelta):
-            return value
-        match = _DURATION.match(str(value))
-        if not match or not 0 < float(match.group(1)) < math.inf:
-            self.fail(f"{value!r} is not a duration like 90s, 15m, 1h or 7d", param, ctx)
         try:
-            return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-        except OverflowError:
-            self.fail(f"{value!r} is longer than any date can reach", param, ctx)
+            return parse.duration(value)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
 
 
 class Since(click.ParamType[datetime]):
-    """A duration ago (``1h``) or an ISO 8601 time → aware datetime."""
+    """A duration ago (``1h``) or an ISO 8601 time (:func:`poller.parse.moment`)."""
 
     name = "since"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, datetime):
-            return value
-        if _DURATION.match(str(value)):
-            try:
-                return datetime.now(UTC) - Duration().convert(value, param, ctx)
-            except OverflowError:
-                self.fail(f"{value!r} ago is before the year 1", param, ctx)
         try:
-            when = datetime.fromisoformat(str(value))
-        except ValueError:
-            self.fail(f"{value!r} is neither a duration (1h, 7d) nor an ISO 8601 time", param, ctx)
-        return when if when.tzinfo else when.replace(tzinfo=UTC)
+            return parse.moment(value)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class RowId(click.ParamType[int]):
+    """A message or event id (:func:`poller.parse.row_id`)."""
+
+    name = "id"
+
+    def __init__(self, what: str = "message") -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return parse.row_id(value, self.what)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def iso(value: datetime | None) -> str | None:
@@ -146,6 +145,6 @@ def confirm(question: str, yes: bool) -> None:
         sys.exit(1)
 
 
-ROW_ID = click.IntRange(1, ROW_ID_MAX)
-"""A message or event id: a positive bigint (larger ones are a usage error, not a
-database error)."""
+ROW_ID = RowId("message")
+"""A message id: a positive bigint (larger ones are a usage error, not a database error)."""
+EVENT_ID = RowId("event")

@@ -16,10 +16,10 @@ import click
 from poller import logs, processes
 from poller.cli.common import settings_and_url
 from poller.db import poller_engine
+from poller.errors import ServiceCrashed
 from poller.senders import make_sender
 from poller.service import Poller, serve
 from poller.settings import Settings
-from poller.supervise import ServiceCrashed
 
 T = TypeVar("T")
 EXIT_CRASHED = 70  # EX_SOFTWARE: a loop crashed; the poller stopped gracefully, restart it

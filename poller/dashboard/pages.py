@@ -7,17 +7,15 @@ import logging
 from datetime import datetime
 from typing import Any
 
-import click
 from sqlalchemy import Connection, select
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from poller import admin, stats
-from poller.cli.output import Since
-from poller.dashboard.app import action, dashboard, page, who
+from poller import admin, parse, stats
+from poller.dashboard.web import action, dashboard, page, who
 from poller.endpoints import set_enabled
-from poller.errors import PollerError, UnknownEndpoint
+from poller.errors import InvalidInput, MessageNotFound, PollerError, UnknownEndpoint
 from poller.ordering import blocked_keys
 from poller.replay import replay
 from poller.schema import ROW_ID_MAX, endpoints
@@ -28,7 +26,7 @@ PAGE_SIZE = 50
 CHART_W, CHART_H = 600, 120
 
 
-class BadInput(ValueError):
+class BadInput(InvalidInput):
     """A filter or form value the page cannot use: shown, with status 400."""
 
 
@@ -36,10 +34,9 @@ def _when(value: str, what: str) -> datetime | None:
     if not value:
         return None
     try:
-        parsed: datetime = Since().convert(value, None, None)
-    except click.BadParameter as exc:
-        raise BadInput(f"{what}: {exc.message}") from None
-    return parsed
+        return parse.moment(value)
+    except InvalidInput as exc:
+        raise BadInput(f"{what}: {exc}") from None
 
 
 def _filter(params: Any) -> admin.FailedFilter:
@@ -194,7 +191,7 @@ async def _message(request: Request) -> dict[str, Any] | Response:
         return board.error(request, 404, f"no message {request.path_params['id']}")
     try:
         return await board.read(lambda conn: admin.message_detail(conn, message_id))
-    except admin.MessageNotFound as exc:
+    except MessageNotFound as exc:
         return board.error(request, 404, str(exc))
 
 

@@ -375,3 +375,20 @@ def test_a_disable_reason_is_stored_whatever_it_holds(run, engine: Engine) -> No
     with engine.connect() as conn:
         said = conn.execute(text("SELECT disabled_reason FROM poller_endpoints")).scalar_one()
     assert said == "a\ufffdb\ufffd\ufffd\ufffd"  # the lone surrogate: its 3 bytes, replaced
+
+
+def test_an_unexpected_exception_is_a_bug_not_a_not_found(
+    run, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A KeyError from a bug is a LookupError; it used to pass as "not found", exit 1."""
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("state")
+
+    monkeypatch.setattr("poller.admin.message_detail", broken)
+    got, out, err = run("admin", "show", "1")
+    assert got == 70, out + err
+    assert err.startswith("error: unexpected error (a bug") and "KeyError" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in out + err
+    got, _, err = run("-v", "admin", "show", "1")
+    assert got == 70 and "Traceback" in err and "KeyError: 'state'" in err

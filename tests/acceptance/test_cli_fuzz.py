@@ -4,14 +4,16 @@ The commands are read from the click tree (a new command or option is fuzzed
 without touching this file); each parameter is left out or given a nasty value
 (NULs, bidi controls, numbers past bigint, dates past year 9999, 5,000-character
 strings, shell and SQL metacharacters). Whatever the command, the answer is exit
-0, 1 (nothing matched) or 2 (one line, ``error: …``, click's usage errors too) —
-never a traceback, never an exception escaping the CLI. Commands that serve, start
+0, 1 (one line saying what was not found or matched) or 2 (one line, ``error: …``,
+click's usage errors too) — never a traceback, never an exception escaping the
+CLI, never 70 (an unexpected exception: a bug). Commands that serve, start
 servers or run until stopped are left out; they have their own tests.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import click
@@ -20,10 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from poller.cli import cli
+from poller.cli import BUG_HINT, cli
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed
 
+NOT_FOUND = re.compile(r"error: (unknown |no |nothing )[^\n]*\n|aborted\n")
 LONG_RUNNING = {"run", "demo", "dashboard", "receiver", "embedded"}
 NASTY_TEXT = [
     "",
@@ -129,6 +132,9 @@ def test_nasty_command_lines_get_one_line_never_a_traceback(
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"{args!r} raised {result.exception!r}") from result.exception
     assert result.exit_code in (0, 1, 2), (args, result.exit_code, output[-500:])
+    assert BUG_HINT not in result.stderr, (args, result.stderr[-500:])
     if result.exit_code == 2:  # usage, configuration, bad input: one line
         assert result.stderr.startswith("error: "), (args, result.stderr[-500:])
         assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr[-500:])
+    if result.exit_code == 1:  # not found or nothing matched: one line saying so
+        assert NOT_FOUND.fullmatch(result.stderr), (args, result.stderr[-500:])

@@ -181,7 +181,7 @@ def test_another_sites_page_cannot_lock_the_operator_out(engine: Engine) -> None
 def test_served_on_loopback_it_answers_loopback_hosts_only(engine: Engine) -> None:
     """DNS rebinding: a page on evil.example re-pointed to 127.0.0.1 reaches the port as
     its own origin (its Origin matches its Host). On loopback, only loopback Hosts pass."""
-    from poller.dashboard.app import host_of
+    from poller.dashboard.web import host_of
 
     assert [host_of(h) for h in ("[::1]:8188", "[::1]", "a.example:80", "a", "::1")] == [
         "[::1]", "[::1]", "a.example", "a", "::1",

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from poller import enqueue, metrics, queries
 from poller.embedded import free_port
+from poller.errors import ServiceCrashed
 from poller.service import Poller
-from poller.supervise import ServiceCrashed
 from tests.conftest import make_endpoint
 from tests.integration import servers
 from tests.integration.helpers import attempts_of, row, seed, wait_for

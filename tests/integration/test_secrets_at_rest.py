@@ -13,8 +13,8 @@ from sqlalchemy import Engine, text
 
 from poller import endpoints as api
 from poller.cli import cli
-from poller.errors import ConfigurationError
-from poller.keyring import Keyring, SecretUnreadable, new_key
+from poller.errors import ConfigurationError, SecretUnreadable
+from poller.keyring import Keyring, new_key
 from poller.settings import default_settings, load_settings
 from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, row, seed, wait_for

@@ -1,0 +1,92 @@
+"""What people type, read once for every face: the CLI, the dashboard, the API.
+
+Each reader takes text (or the already-parsed value, so a face can pass its
+defaults through) and returns the value, or raises
+:class:`~poller.errors.InvalidInput` with a message that names what was
+expected. No face parses these itself: the CLI wraps them in click types
+(``poller/cli/output.py``), the dashboard turns the error into a 400 page.
+
+- a **duration** is ``90s``, ``15m``, ``1h``, ``7d``, ``2w`` or plain seconds,
+  more than zero;
+- a **time** (``since``/``until``) is a duration ago or an ISO 8601 time; a time
+  without a zone is UTC;
+- a **row id** (a message's or an event's) is a positive bigint, so an id past
+  the column's range is a usage error, never a database error;
+- a **JSON payload** is any JSON text, kept exactly as written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import UTC, datetime, timedelta
+
+from poller.errors import InvalidInput, InvalidPayload
+from poller.payloads import RawJSON
+
+ROW_ID_MAX = 2**63 - 1
+"""The largest id a row can have (bigint): a larger one names no row, and sent to
+PostgreSQL it is an error, not an empty answer."""
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
+
+
+def duration(value: str | timedelta) -> timedelta:
+    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` or plain seconds → timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    match = _DURATION.match(str(value))
+    if not match or not 0 < float(match.group(1)) < math.inf:
+        raise InvalidInput(f"{value!r} is not a duration like 90s, 15m, 1h or 7d")
+    try:
+        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    except OverflowError:
+        raise InvalidInput(f"{value!r} is longer than any date can reach") from None
+
+
+def is_duration(value: str) -> bool:
+    """Whether ``value`` is written as a duration (it may still be out of range)."""
+    return bool(_DURATION.match(value))
+
+
+def moment(value: str | datetime, now: datetime | None = None) -> datetime:
+    """A duration ago (``1h``) or an ISO 8601 time → an aware datetime."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if is_duration(str(value)):
+        try:
+            return (now or datetime.now(UTC)) - duration(value)
+        except OverflowError:
+            raise InvalidInput(f"{value!r} ago is before the year 1") from None
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError:
+        raise InvalidInput(
+            f"{value!r} is neither a duration (1h, 7d) nor an ISO 8601 time"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def row_id(value: str | int, what: str = "message") -> int:
+    """A message or event id: a whole number from 1 to 2**63-1."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        text = str(value).strip()
+        if not text.isascii() or not text.isdigit():
+            raise InvalidInput(f"{value!r} is not a {what} id (a whole number from 1)")
+        number = int(text)
+    if not 0 < number <= ROW_ID_MAX:
+        raise InvalidInput(f"{value!r} is not a {what} id (from 1 to {ROW_ID_MAX})")
+    return number
+
+
+def json_payload(text: str, what: str = "the payload") -> RawJSON:
+    """JSON text, checked and kept exactly as written (it is sent as written);
+    :class:`~poller.errors.InvalidPayload` if it is not JSON."""
+    try:
+        json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidPayload(f"{what} is not JSON: {exc}") from None
+    return RawJSON(text)
