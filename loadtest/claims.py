@@ -37,13 +37,12 @@ from poller.db import async_engine, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
 from poller.health import HealthPolicy
 from poller.outcomes import delivered
-from poller.queries._registry import PSYCOPG
 
 # The same text poller.claims sends to the driver since it skips SQLAlchemy there
 # (poller/db.py fetch): what differs between the two columns is everything around it.
-RAW_CLAIM = PSYCOPG["CLAIM_BATCH"]
-RAW_COMPLETE = PSYCOPG["COMPLETE_BATCH"]
-RAW_JUDGE = PSYCOPG["JUDGE_HEALTH"]
+RAW_CLAIM = queries.CLAIM_BATCH.psycopg
+RAW_COMPLETE = queries.COMPLETE_BATCH.psycopg
+RAW_JUDGE = queries.JUDGE_HEALTH.psycopg
 HEALTH = HealthPolicy().params()
 
 

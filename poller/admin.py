@@ -25,7 +25,7 @@ from poller.ordering import requeue_keyed
 from poller.schema import delivery_attempts, endpoints, event_log, outbox
 from poller.settings import default_settings
 
-PURGE_BATCH = 1000
+RETRY_BATCH = 1000  # ids per statement of a retry
 
 
 def actor() -> str:
@@ -211,8 +211,8 @@ def retry_messages(
     who = who or actor()
     default = default_settings().max_attempts
     done = 0
-    for start in range(0, len(ids), PURGE_BATCH):
-        chunk = ids[start : start + PURGE_BATCH]
+    for start in range(0, len(ids), RETRY_BATCH):
+        chunk = ids[start : start + RETRY_BATCH]
         with engine.begin() as conn:
             budget = func.coalesce(
                 select(endpoints.c.max_attempts)
@@ -282,27 +282,3 @@ def purge_counts(
                 )
             ).scalar_one()
     return counts
-
-
-def purge(
-    engine: Engine, delivered_older: timedelta | None, failed_older: timedelta | None
-) -> dict[str, int]:
-    """Delete old delivered/failed rows (and their attempts) in batches of PURGE_BATCH."""
-    from poller import queries
-
-    deleted: dict[str, int] = {}
-    for status, statement, older in (
-        ("delivered", queries.PURGE_DELIVERED, delivered_older),
-        ("failed", queries.PURGE_FAILED, failed_older),
-    ):
-        if older is None:
-            continue
-        deleted[status] = 0
-        while True:
-            with engine.begin() as conn:
-                params = {"age": older.total_seconds(), "limit": PURGE_BATCH}
-                n = int(conn.execute(statement, params).scalar_one())
-            deleted[status] += n
-            if n < PURGE_BATCH:
-                break
-    return deleted

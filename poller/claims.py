@@ -202,7 +202,7 @@ class Claims:
                 accepted = {
                     row.shard
                     for row in await fetch(
-                        conn, "FENCE_SHARDS", {"fences": offered, "holder": self.poller_id}
+                        conn, queries.FENCE_SHARDS, {"fences": offered, "holder": self.poller_id}
                     )
                 }
                 refused = sorted(set(fences) - accepted)
@@ -217,12 +217,12 @@ class Claims:
             messages: list[ClaimedMessage] = []
             governed_count = None
             if governed:
-                found = await fetch(conn, "CLAIM_GOVERNED", params, columns=_GOVERNED_FIELDS)
+                found = await fetch(conn, queries.CLAIM_GOVERNED, params, columns=_GOVERNED_FIELDS)
                 governed_count = int(found[0][-1])
                 messages = [ClaimedMessage(*row[:-1]) for row in found if row[0] is not None]
                 params["limit"] = limit - len(messages)
             if limit > len(messages):
-                claimed = await fetch(conn, "CLAIM_BATCH", params, columns=_CLAIMED_FIELDS)
+                claimed = await fetch(conn, queries.CLAIM_BATCH, params, columns=_CLAIMED_FIELDS)
                 messages += [ClaimedMessage(*row) for row in claimed]
             versions = endpoint_versions or {}
             stale = sorted(
@@ -253,7 +253,7 @@ class Claims:
             "claim_lease": self.claim_lease,
         }
         async with self.engine.begin() as conn:
-            rows = await fetch(conn, "EXTEND_CLAIMS", params)
+            rows = await fetch(conn, queries.EXTEND_CLAIMS, params)
         return {row.id for row in rows}
 
     async def complete(self, outcomes: Sequence[Outcome]) -> CompletionResult:
@@ -273,7 +273,7 @@ class Claims:
             return CompletionResult()
         params = {**outcomes_json(outcomes, self.poller_id), **self._health_params}
         async with self.engine.begin() as conn:
-            rows = await fetch(conn, "COMPLETE_BATCH", params) if outcomes else []
+            rows = await fetch(conn, queries.COMPLETE_BATCH, params) if outcomes else []
             signals = health_signals(outcomes, rows)
             transitions = await self._judge(conn, signals) if signals else []
             heads = {r.id for r in rows if r.ordering_key is not None and r.status in ENDED}
@@ -296,7 +296,7 @@ class Claims:
 
     async def _judge(self, conn: Any, signals: Mapping[int, Signal]) -> list[dict[str, Any]]:
         params = {"signals": signals_json(signals), **self._health_params}
-        (judged,) = await fetch(conn, "JUDGE_HEALTH", params)
+        (judged,) = await fetch(conn, queries.JUDGE_HEALTH, params)
         return list(judged.events or [])
 
     @property

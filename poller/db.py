@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from poller import metrics
 from poller.errors import ConfigurationError
-from poller.queries._registry import PSYCOPG
+from poller.queries import Statement
 from poller.settings import Settings
 
 log = logging.getLogger("poller.db")
@@ -154,12 +154,12 @@ _CHECKED: set[str] = set()  # statements whose columns fetch() has checked
 
 async def fetch(
     conn: AsyncConnection,
-    name: str,
+    statement: Statement,
     params: Mapping[str, Any],
     *,
     columns: tuple[str, ...] | None = None,
 ) -> list[Any]:
-    """Run registered statement ``name`` on ``conn``'s psycopg connection itself, in the
+    """Run ``statement`` (one of poller/queries/) on ``conn``'s psycopg connection itself, in the
     transaction ``conn`` has open; rows as named tuples — or, given the ``columns`` the
     statement must return (checked against what it did return), as plain tuples, which
     cost less per row.
@@ -175,15 +175,15 @@ async def fetch(
     factory: Any = namedtuple_row if columns is None else tuple_row
     try:
         async with driver.cursor(row_factory=factory) as cursor:
-            await cursor.execute(PSYCOPG[name], params)
+            await cursor.execute(statement.psycopg, params)
             result = cursor.pgresult
             if result is None or result.status != pq.ExecStatus.TUPLES_OK:
                 return []
-            if columns is not None and name not in _CHECKED:  # once: description costs
+            if columns is not None and statement.name not in _CHECKED:  # once: it costs
                 got = tuple(c.name for c in cursor.description or ())
                 if got != columns:  # pragma: no cover - a schema slip
-                    raise RuntimeError(f"{name} returns {got}, expected {columns}")
-                _CHECKED.add(name)
+                    raise RuntimeError(f"{statement.name} returns {got}, expected {columns}")
+                _CHECKED.add(statement.name)
             return await cursor.fetchall()
     except (psycopg.OperationalError, psycopg.InterfaceError):
         if driver.broken or driver.closed:  # not for a deadlock or a timeout: the link is fine

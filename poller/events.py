@@ -49,9 +49,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from poller import queries
 from poller.errors import PollerError
 
 log = logging.getLogger("poller.events")
@@ -63,21 +63,6 @@ MESSAGE_FAILED = "message.failed"
 EVENT_TYPES = (CIRCUIT_OPENED, CIRCUIT_CLOSED, ENDPOINT_DISABLED, MESSAGE_FAILED)
 
 EventHook = Callable[["OperationalEvent"], object]
-
-_ENDPOINT_NAMES = text(
-    "SELECT id, name FROM poller_endpoints WHERE id = ANY(CAST(:ids AS bigint[]))"
-)
-_FAILED_MESSAGES = text(
-    """
-    SELECT o.id, o.endpoint_id, e.name AS endpoint, o.event_type, o.idempotency_key,
-           o.attempts, o.last_status_code,
-           (SELECT a.error_class FROM poller_delivery_attempts a
-            WHERE a.message_id = o.id ORDER BY a.id DESC LIMIT 1) AS error_class
-    FROM poller_outbox o JOIN poller_endpoints e ON e.id = o.endpoint_id
-    WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.status = 'failed'
-    ORDER BY o.id
-    """
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +173,10 @@ class EventSink:
         events: list[OperationalEvent] = []
         if transitions:
             ids = sorted({int(t["endpoint_id"]) for t in transitions})
-            rows = (await conn.execute(_ENDPOINT_NAMES, {"ids": ids})).all()
+            rows = (await conn.execute(queries.EVENT_ENDPOINT_NAMES, {"ids": ids})).all()
             events += circuit_events(transitions, {r.id: r.name for r in rows}, now)
         if failed:
-            rows = (await conn.execute(_FAILED_MESSAGES, {"ids": list(failed)})).all()
+            rows = (await conn.execute(queries.FAILED_MESSAGES, {"ids": list(failed)})).all()
             events += [
                 OperationalEvent(
                     MESSAGE_FAILED,

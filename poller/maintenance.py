@@ -20,7 +20,9 @@ with SKIP LOCKED and touches only rows nobody holds, so that is safe):
   is held for long) until it has caught up or spent :data:`PURGE_BUDGET`
   seconds of the run — one batch per run could not keep up with a poller that
   delivers thousands a second; their keys stay *spent* for
-  ``POLLER_RETENTION_KEYS`` (re-enqueueing one is refused).
+  ``POLLER_RETENTION_KEYS`` (re-enqueueing one is refused), and events whose
+  rows are all gone go after ``POLLER_RETENTION_EVENTS``. ``poller admin purge``
+  runs the same plan (:func:`retention_plan`) at once, through :func:`purge`.
 * :class:`GaugeRefresher` — the cluster-wide gauges (due messages and the
   oldest one's age per endpoint, messages by status).
 
@@ -37,6 +39,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import metrics, queries
@@ -129,7 +132,44 @@ class Reclaimer:
         return count
 
 
+def retention_plan(
+    *,
+    delivered_age: float | None,
+    failed_age: float | None,
+    keys_age: float | None = 90 * 86400.0,
+    events_age: float | None = 7 * 86400.0,
+) -> list[tuple[str, queries.Statement, float]]:
+    """What a purge deletes, in order, as (kind, statement, age in seconds); an age of
+    None keeps that kind. Events come after the rows: an event goes with its last row."""
+    plan = (
+        ("delivered", queries.PURGE_DELIVERED, delivered_age),
+        ("failed", queries.PURGE_FAILED, failed_age),
+        ("spent_keys", queries.PURGE_SPENT_KEYS, keys_age),
+        ("events", queries.PURGE_EVENTS, events_age),
+    )
+    return [(kind, statement, age) for kind, statement, age in plan if age is not None]
+
+
+def purge(engine: Engine, plan: list[tuple[str, queries.Statement, float]]) -> dict[str, int]:
+    """Run ``plan`` to the end now, in batches of :data:`PURGE_BATCH` (one transaction
+    each); rows deleted by kind. The operator's purge (``poller admin purge``)."""
+    deleted: dict[str, int] = {}
+    for kind, statement, age in plan:
+        deleted[kind] = 0
+        while True:
+            with engine.begin() as conn:
+                params = {"age": age, "limit": PURGE_BATCH}
+                purged = int(conn.execute(statement, params).scalar_one())
+            deleted[kind] += purged
+            if purged < PURGE_BATCH:
+                break
+    return deleted
+
+
 class Purger:
+    """The leader's purge: :func:`retention_plan` with the retention settings, a budget
+    of :data:`PURGE_BUDGET` seconds per run."""
+
     def __init__(
         self,
         engine: AsyncEngine,
@@ -140,11 +180,11 @@ class Purger:
         events_age: float = 7 * 86400.0,
     ) -> None:
         self.engine = engine
-        self.ages = (
-            (queries.PURGE_DELIVERED, delivered_age),
-            (queries.PURGE_FAILED, failed_age),
-            (queries.PURGE_SPENT_KEYS, keys_age),
-            (queries.PURGE_EVENTS, events_age),  # after the rows: an event goes with its last
+        self.plan = retention_plan(
+            delivered_age=delivered_age,
+            failed_age=failed_age,
+            keys_age=keys_age,
+            events_age=events_age,
         )
         self.purged = 0
 
@@ -153,7 +193,7 @@ class Purger:
         the next run goes on where this one stopped."""
         count = 0
         deadline = asyncio.get_running_loop().time() + PURGE_BUDGET
-        for statement, age in self.ages:
+        for _kind, statement, age in self.plan:
             while True:
                 async with self.engine.begin() as conn:
                     result = await conn.execute(statement, {"age": age, "limit": PURGE_BATCH})

@@ -20,44 +20,42 @@ ordering key returns the existing message's id; with a different one it raises
 savepoint, so a conflict leaves none of its rows behind even if the caller
 goes on to commit.
 
-The sync and async functions share one sans-I/O implementation: a generator
-that yields ``(statement, params)`` and receives the result rows.
+The rows are written by the kernel every write path shares (poller/insert.py).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, TextClause
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy import Row
 
 from poller import queries
 from poller.errors import (
     EndpointDisabled,
     IdempotencyConflict,
     IdempotencyKeySpent,
-    NaiveDatetime,
     UnknownEndpoint,
 )
 from poller.errors import (
     EnqueueError as _EnqueueError,
 )
+from poller.insert import (
+    AsyncConn,
+    DeliverAfter,
+    NewRow,
+    Steps,
+    SyncConn,
+    check_max_attempts,
+    check_schedule,
+    drive,
+    drive_async,
+    insert_rows,
+)
 from poller.names import check_event_type, check_key, check_ordering_key
-from poller.ordering import Positions
 from poller.payloads import JsonDefault, serialise_payload
 from poller.settings import default_settings
-
-MAX_DELAY = 100 * 365.25 * 86400.0  # seconds: deliver_after as a timedelta
-
-DeliverAfter = datetime | timedelta | None
-SyncConn = Session | Connection
-AsyncConn = AsyncSession | AsyncConnection
-_Steps = Generator[tuple[TextClause, Mapping[str, Any]], list[Row[Any]], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,49 +71,7 @@ class Message:
     ordering_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
-    endpoint: str
-    event_type: str
-    payload: str | None  # serialised JSON; None for a published event's row
-    idempotency_key: str
-    deliver_at: datetime | None
-    delay: float
-    max_attempts: int | None
-    ordering_key: str | None = None
-    event_id: int | None = None  # a published event's row (poller/publish.py): payload is None
-
-
 # --- validation (pure) ---------------------------------------------------------
-
-
-def _check_schedule(deliver_after: object) -> tuple[datetime | None, float]:
-    if deliver_after is None:
-        return None, 0.0
-    if isinstance(deliver_after, datetime):
-        if deliver_after.tzinfo is None or deliver_after.utcoffset() is None:
-            raise NaiveDatetime(
-                "deliver_after must be timezone-aware (e.g. datetime.now(timezone.utc)); "
-                "a naive datetime is ambiguous"
-            )
-        return deliver_after, 0.0
-    if isinstance(deliver_after, timedelta):
-        seconds = deliver_after.total_seconds()
-        if seconds < 0 or not math.isfinite(seconds):
-            raise _EnqueueError("deliver_after must not be a negative timedelta")
-        if seconds > MAX_DELAY:  # past it, now() + the delay overflows in PostgreSQL
-            raise _EnqueueError("deliver_after must be at most 100 years away")
-        return None, seconds
-    kind = type(deliver_after).__name__
-    raise _EnqueueError(f"deliver_after must be an aware datetime or a timedelta, not {kind}")
-
-
-def _check_max_attempts(max_attempts: object) -> int | None:
-    if max_attempts is None:
-        return None
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise _EnqueueError(f"max_attempts must be a positive integer, not {max_attempts!r}")
-    return max_attempts
 
 
 def _check_endpoint_name(endpoint: object) -> str:
@@ -126,17 +82,17 @@ def _check_endpoint_name(endpoint: object) -> str:
 
 def check_message(
     message: Message, max_payload_bytes: int, json_default: JsonDefault | None = None
-) -> _Checked:
+) -> NewRow:
     """Validate one message completely, writing nothing; raise the specific error."""
-    deliver_at, delay = _check_schedule(message.deliver_after)
-    return _Checked(
+    deliver_at, delay = check_schedule(message.deliver_after)
+    return NewRow(
         endpoint=_check_endpoint_name(message.endpoint),
         event_type=check_event_type(message.event_type),
         payload=serialise_payload(message.payload, max_payload_bytes, json_default),
         idempotency_key=check_key(message.idempotency_key),
         deliver_at=deliver_at,
         delay=delay,
-        max_attempts=_check_max_attempts(message.max_attempts),
+        max_attempts=check_max_attempts(message.max_attempts),
         ordering_key=check_ordering_key(message.ordering_key),
     )
 
@@ -144,7 +100,7 @@ def check_message(
 # --- the steps (sans I/O) ------------------------------------------------------
 
 
-def _enqueue_one_steps(message: _Checked) -> _Steps:
+def _enqueue_one_steps(message: NewRow) -> Steps:
     if message.ordering_key is not None:  # the key's lock and position: the batch path
         return (yield from _enqueue_many_steps([message]))[0]
     settings = default_settings()
@@ -175,7 +131,7 @@ def _enqueue_one_steps(message: _Checked) -> _Steps:
     return int(row.existing_id)
 
 
-def _dedupe_batch(checked: Sequence[_Checked]) -> list[int]:
+def _dedupe_batch(checked: Sequence[NewRow]) -> list[int]:
     """Index of the first occurrence of each (endpoint, key); conflicts raise."""
     first: dict[tuple[str, str], int] = {}
     owner: list[int] = []
@@ -205,107 +161,13 @@ def _usable_endpoints(names: Sequence[str], rows: Sequence[Row[Any]]) -> dict[st
     return endpoints
 
 
-def _place_keyed(
-    unique: Sequence[_Checked], endpoint_ids: Mapping[str, int]
-) -> Generator[tuple[TextClause, Mapping[str, Any]], list[Row[Any]], Any]:
-    """Lock the batch's ordering keys (sorted) and give each keyed message its status
-    (poller/ordering.py); (None, [None…]) when none has a key."""
-    keyed = [m for m in unique if m.ordering_key is not None]
-    if not keyed:
-        return None, [None] * len(unique)
-    yield queries.LOCK_KEY_NAMES, {"ordering_keys": [m.ordering_key for m in keyed]}
-    rows = yield (
-        queries.LOCK_ORDERING_KEYS,
-        {
-            "endpoint_ids": [endpoint_ids[m.endpoint] for m in keyed],
-            "ordering_keys": [m.ordering_key for m in keyed],
-        },
-    )
-    positions = Positions(rows)
-    statuses = [
-        None
-        if m.ordering_key is None
-        else positions.place(endpoint_ids[m.endpoint], m.ordering_key)
-        for m in unique
-    ]
-    return positions, statuses
-
-
-def _enqueue_many_steps(checked: Sequence[_Checked]) -> _Steps:
+def _enqueue_many_steps(checked: Sequence[NewRow]) -> Steps:
     owner = _dedupe_batch(checked)
     unique = [m for i, m in enumerate(checked) if owner[i] == i]
     names = sorted({m.endpoint for m in unique})
     endpoints = _usable_endpoints(names, (yield queries.ENDPOINTS_BY_NAME, {"names": names}))
-    ids = yield from insert_steps(unique, endpoints)
+    ids = yield from insert_rows(unique, endpoints)
     return [ids[owner[i]] for i in range(len(checked))]
-
-
-def insert_steps(unique: Sequence[_Checked], endpoints: Mapping[str, Row[Any]]) -> _Steps:
-    """Insert these messages (no two with one (endpoint, key)) to these usable endpoints
-    (rows like ENDPOINTS_BY_NAME's, by name); return their ids by index, an existing
-    message's id for an idempotent repeat. Ordered ones are placed behind their keys'
-    heads; a conflict or a spent key raises (the caller's savepoint undoes the rest)."""
-    settings = default_settings()
-
-    def budget(m: _Checked) -> int:
-        endpoint_max = endpoints[m.endpoint].max_attempts
-        return m.max_attempts or endpoint_max or settings.max_attempts
-
-    positions, statuses = yield from _place_keyed(unique, {n: e.id for n, e in endpoints.items()})
-    columns = {
-        "endpoint_ids": [endpoints[m.endpoint].id for m in unique],
-        "buckets": [endpoints[m.endpoint].bucket for m in unique],
-        "event_types": [m.event_type for m in unique],
-        "payloads": [m.payload for m in unique],
-        "idempotency_keys": [m.idempotency_key for m in unique],
-        "max_attempts": [budget(m) for m in unique],
-        "deliver_ats": [m.deliver_at for m in unique],
-        "delays": [m.delay for m in unique],
-        "ordering_keys": [m.ordering_key for m in unique],
-        "statuses": statuses,
-        "event_ids": [m.event_id for m in unique],
-    }
-    inserted = yield queries.ENQUEUE_MANY, columns
-    heads = positions.finish(inserted) if positions is not None else None
-    if heads is not None:
-        yield queries.SET_ORDERING_HEADS, heads
-    ids = {(row.endpoint_id, row.idempotency_key): int(row.id) for row in inserted}
-    if len(ids) < len(unique):
-        existing = yield queries.ENQUEUE_MANY_EXISTING, columns
-        for row in existing:
-            if (row.endpoint_id, row.idempotency_key) in ids:
-                continue
-            if not row.same_content:
-                name = next(n for n, e in endpoints.items() if e.id == row.endpoint_id)
-                raise IdempotencyConflict(name, row.idempotency_key, row.id)
-            ids[(row.endpoint_id, row.idempotency_key)] = int(row.id)
-        for m in unique:
-            if (endpoints[m.endpoint].id, m.idempotency_key) not in ids:
-                raise IdempotencyKeySpent(m.endpoint, m.idempotency_key)
-    if inserted and settings.notify:
-        buckets = sorted({endpoints[m.endpoint].bucket for m in unique})
-        yield queries.NOTIFY_BUCKETS, {"buckets": buckets}
-    return [ids[(endpoints[m.endpoint].id, m.idempotency_key)] for m in unique]
-
-
-def drive(conn: SyncConn, steps: _Steps) -> Any:
-    result: list[Row[Any]] | None = None
-    try:
-        while True:
-            statement, params = steps.send(result)  # type: ignore[arg-type]
-            result = list(conn.execute(statement, params).all())
-    except StopIteration as done:
-        return done.value
-
-
-async def drive_async(conn: AsyncConn, steps: _Steps) -> Any:
-    result: list[Row[Any]] | None = None
-    try:
-        while True:
-            statement, params = steps.send(result)  # type: ignore[arg-type]
-            result = list((await conn.execute(statement, params)).all())
-    except StopIteration as done:
-        return done.value
 
 
 def _message(
@@ -317,7 +179,7 @@ def _message(
     max_attempts: int | None,
     json_default: JsonDefault | None,
     ordering_key: str | None,
-) -> _Checked:
+) -> NewRow:
     return check_message(
         Message(
             endpoint,
@@ -333,7 +195,7 @@ def _message(
     )
 
 
-def _check_all(messages: Iterable[Message], json_default: JsonDefault | None) -> list[_Checked]:
+def _check_all(messages: Iterable[Message], json_default: JsonDefault | None) -> list[NewRow]:
     limit = default_settings().max_payload_bytes
     checked = []
     for index, message in enumerate(messages):

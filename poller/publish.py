@@ -56,18 +56,18 @@ from poller.errors import (
     IdempotencyKeySpent,
     InvalidTenant,
 )
-from poller.names import check_event_type, check_key, check_ordering_key
-from poller.outbox import (
+from poller.insert import (
     AsyncConn,
     DeliverAfter,
+    NewRow,
+    Steps,
     SyncConn,
-    _check_schedule,
-    _Checked,
-    _Steps,
+    check_schedule,
     drive,
     drive_async,
-    insert_steps,
+    insert_rows,
 )
+from poller.names import check_event_type, check_key, check_ordering_key
 from poller.payloads import JsonDefault, serialise_payload
 from poller.settings import default_settings
 from poller.subscriptions import check_tenant
@@ -115,7 +115,7 @@ def check_event(event: Event, json_default: JsonDefault | None = None) -> _Check
     """Validate one event completely, writing nothing; raise the specific error."""
     if not isinstance(event, Event):
         raise EnqueueError(f"events must be poller.Event, not {type(event).__name__}")
-    deliver_at, delay = _check_schedule(event.deliver_after)
+    deliver_at, delay = check_schedule(event.deliver_after)
     return _CheckedEvent(
         event_type=check_event_type(event.event_type),
         payload=serialise_payload(
@@ -132,7 +132,7 @@ def check_event(event: Event, json_default: JsonDefault | None = None) -> _Check
 # --- the steps (sans I/O, driven like enqueue's) --------------------------------
 
 
-def _publish_one_steps(event: _CheckedEvent) -> _Steps:
+def _publish_one_steps(event: _CheckedEvent) -> Steps:
     """An event without an ordering key: one statement (PUBLISH)."""
     settings = default_settings()
     params = {
@@ -179,7 +179,7 @@ def _columns(events: Sequence[_CheckedEvent]) -> dict[str, list[Any]]:
     }
 
 
-def _existing_steps(events: Sequence[_CheckedEvent]) -> _Steps:
+def _existing_steps(events: Sequence[_CheckedEvent]) -> Steps:
     """Events published before: their first publish's result, or EventConflict."""
     rows = {int(r.ord) - 1: r for r in (yield queries.PUBLISH_EXISTING, _columns(events))}
     results = []
@@ -211,9 +211,9 @@ def _dedupe(events: Sequence[_CheckedEvent]) -> list[int]:
     return owner
 
 
-def _publish_many_steps(events: Sequence[_CheckedEvent]) -> _Steps:
+def _publish_many_steps(events: Sequence[_CheckedEvent]) -> Steps:
     """Any batch (ordered events included): keep the new events, find their endpoints,
-    insert the rows through enqueue's batch path (poller/outbox.py)."""
+    insert the rows through the kernel every write path shares (poller/insert.py)."""
     owner = _dedupe(events)
     unique = [e for i, e in enumerate(events) if owner[i] == i]
     keys = [e.ordering_key for e in unique if e.ordering_key is not None]
@@ -230,7 +230,7 @@ def _publish_many_steps(events: Sequence[_CheckedEvent]) -> _Steps:
         by_id = {new_ids[e.ident]: e for e in unique if e.ident in new_ids}
         targets = yield queries.FAN_OUT_TARGETS, {"event_ids": sorted(by_id)}
         rows = [_row(by_id[t.event_id], t) for t in targets]
-        ids = (yield from insert_steps(rows, {t.name: t for t in targets})) if rows else []
+        ids = (yield from insert_rows(rows, {t.name: t for t in targets})) if rows else []
         deliveries: dict[int, dict[str, int]] = {event_id: {} for event_id in by_id}
         for target, message_id in zip(targets, ids, strict=True):
             deliveries[target.event_id][target.name] = message_id
@@ -239,7 +239,7 @@ def _publish_many_steps(events: Sequence[_CheckedEvent]) -> _Steps:
     return [results[events[owner[i]].ident] for i in range(len(events))]
 
 
-def _row(event: _CheckedEvent, target: Row[Any]) -> _Checked:
+def _row(event: _CheckedEvent, target: Row[Any]) -> NewRow:
     return event_row(
         target.name,
         event.event_type,
@@ -259,10 +259,10 @@ def event_row(
     event_id: int,
     deliver_at: datetime | None = None,
     delay: float = 0.0,
-) -> _Checked:
-    """A published event's row for one endpoint (for ``insert_steps``): the event's key and
+) -> NewRow:
+    """A published event's row for one endpoint (for ``insert_rows``): the event's key and
     ordering key, no payload of its own (the claim reads the event's), the endpoint's budget."""
-    return _Checked(
+    return NewRow(
         endpoint=endpoint,
         event_type=event_type,
         payload=None,

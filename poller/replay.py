@@ -42,8 +42,8 @@ from poller.errors import (
     InvalidReplay,
     UnknownEndpoint,
 )
+from poller.insert import drive, insert_rows
 from poller.names import could_be_event_type
-from poller.outbox import drive, insert_steps
 from poller.publish import event_row
 from poller.schema import event_log
 
@@ -147,7 +147,7 @@ def replay(
                 ).all()
                 result.message_ids += drive(
                     conn,
-                    insert_steps(
+                    insert_rows(
                         [
                             event_row(
                                 endpoint, r.event_type, r.idempotency_key, r.ordering_key, r.id

@@ -11,27 +11,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, func, select, text
+from sqlalchemy import Connection, func, select
 
+from poller import queries
 from poller.endpoints import could_be_name
 from poller.errors import UnknownEndpoint
 from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
 from poller.schema import endpoint_health as health_table
 
-# Open rows per endpoint and status, each status from its own partial index (small,
-# whatever the history); delivered rows — the history — only when asked (a full scan).
-_OPEN_COUNTS = text(
-    " UNION ALL ".join(
-        f"SELECT endpoint_id, '{status}' AS status, count(*) AS n FROM poller_outbox "
-        f"WHERE status = '{status}' GROUP BY endpoint_id"
-        for status in ("pending", "in_flight", "waiting", "failed")
-    )
-)
-_DELIVERED_COUNTS = text(
-    "SELECT endpoint_id, 'delivered' AS status, count(*) AS n FROM poller_outbox "
-    "WHERE status = 'delivered' GROUP BY endpoint_id"
-)
-_ROWS_ESTIMATE = text("SELECT reltuples FROM pg_class WHERE oid = 'poller_outbox'::regclass")
 EXACT_BELOW = 200_000
 """``queue_stats(delivered=False)`` still counts delivered rows exactly below this many rows."""
 
@@ -44,13 +31,13 @@ def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
     estimated in total from the planner's row count (``delivered_estimated``), so
     the answer costs the same with a million rows of history as with none."""
     names = dict(conn.execute(select(endpoints.c.id, endpoints.c.name)).all())
-    rows = list(conn.execute(_OPEN_COUNTS))
+    rows = list(conn.execute(queries.OPEN_COUNTS))
     estimated = False
     if not delivered:
-        total = conn.execute(_ROWS_ESTIMATE).scalar()
+        total = conn.execute(queries.OUTBOX_ROWS_ESTIMATE).scalar()
         estimated = total is not None and total >= EXACT_BELOW
     if not estimated:
-        rows += conn.execute(_DELIVERED_COUNTS).all()
+        rows += conn.execute(queries.DELIVERED_COUNTS).all()
     per_endpoint: dict[str, dict[str, int]] = {}
     totals: dict[str, int] = {s: 0 for s in STATUSES}  # waiting: behind an ordering key's head
     for endpoint_id, status, count in rows:
@@ -125,21 +112,8 @@ def _endpoint_state(row: Any) -> str:
 def activity(conn: Connection, minutes: int = 60) -> list[dict[str, Any]]:
     """Attempts per minute over the last ``minutes`` (delivered, and not), oldest first,
     minutes without any included as zeros. The BRIN index on finished_at finds them."""
-    rows = conn.execute(
-        text(
-            """
-            SELECT date_trunc('minute', finished_at) AS minute,
-                   count(*) FILTER (WHERE outcome = 'delivered') AS delivered,
-                   count(*) FILTER (WHERE outcome <> 'delivered') AS failed
-            FROM poller_delivery_attempts
-            WHERE finished_at >= date_trunc('minute', now()) - make_interval(mins => :n - 1)
-              AND kind IN ('send', 'lookup')
-            GROUP BY 1
-            """
-        ),
-        {"n": minutes},
-    ).all()
-    now = conn.execute(text("SELECT date_trunc('minute', now())")).scalar_one()
+    rows = conn.execute(queries.ACTIVITY, {"n": minutes}).all()
+    now = conn.execute(queries.THIS_MINUTE).scalar_one()
     found = {r.minute: r for r in rows}
     series = []
     for back in range(minutes - 1, -1, -1):
@@ -189,8 +163,6 @@ def endpoint_health(conn: Connection, endpoint_id: int) -> dict[str, Any]:
 def health_report(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
     """Each endpoint's health (poller/health.py), or ``name``'s: circuit, failure streak,
     last success, send success ratio over 1 h and 24 h, rate limit and its use now."""
-    from poller import queries
-
     if name is not None and not could_be_name(name):  # a NUL would reach PostgreSQL
         raise UnknownEndpoint(name)
     rows = conn.execute(queries.HEALTH_REPORT, {"name": name}).all()

@@ -27,6 +27,7 @@ from poller.cli.output import (
 )
 from poller.db import async_engine
 from poller.errors import NothingMatched
+from poller.settings import default_settings
 
 
 @click.group()
@@ -397,7 +398,10 @@ def purge(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Delete old delivered/failed messages and their attempts, in small batches."""
+    """Delete old delivered/failed messages and their attempts, in small batches.
+
+    As the maintenance leader's purge does, it then deletes spent keys past
+    POLLER_RETENTION_KEYS and events past POLLER_RETENTION_EVENTS whose rows are gone."""
     if delivered_older_than is None and failed_older_than is None:
         raise click.UsageError("give --delivered-older-than and/or --failed-older-than")
     engine = command_engine()
@@ -406,7 +410,16 @@ def purge(
     total = sum(counts.values())
     if not dry_run and total:
         confirm(f"delete {total} messages and their attempts?", yes)
-        counts = api.purge(engine, delivered_older_than, failed_older_than)
+        from poller import maintenance
+
+        settings = default_settings()
+        plan = maintenance.retention_plan(
+            delivered_age=delivered_older_than.total_seconds() if delivered_older_than else None,
+            failed_age=failed_older_than.total_seconds() if failed_older_than else None,
+            keys_age=settings.retention_keys,
+            events_age=settings.retention_events,
+        )
+        counts = maintenance.purge(engine, plan)
     if as_json:
         emit_json({"dry_run": dry_run, "deleted" if not dry_run else "would_delete": counts})
     else:

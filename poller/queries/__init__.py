@@ -6,18 +6,21 @@ through plain psycopg (see loadtest/claims.py, which measures the difference).
 Batches travel as arrays or one JSON document and are unnested server-side:
 one statement per batch, never one per row.
 
-``STATEMENTS`` maps each name to its SQL; tests/integration/test_queries.py
-runs every one against the migrated schema.
+Each is a :class:`Statement` (SQLAlchemy ``text()`` with its name and its
+psycopg text), passed by object: ``conn.execute(queries.ENQUEUE_ONE, …)``,
+``db.fetch(conn, queries.CLAIM_BATCH, …)``. ``STATEMENTS`` maps each name to
+its SQL; tests/integration/test_queries.py runs every one against the
+migrated schema.
 
 The statements live in one module per part of the flow — ``enqueue``,
 ``claims``, ``health``, ``cluster`` (election, shards), ``maintenance``, ``ordering``,
-``publish`` (fan-out, replay) — and are all
+``publish`` (fan-out, replay), ``reports`` (operational events, stats) — and are all
 reachable here as ``queries.NAME``.
 """
 
 from __future__ import annotations
 
-from poller.queries._registry import STATEMENTS
+from poller.queries._registry import STATEMENTS, Statement
 from poller.queries.claims import *  # noqa: F403
 from poller.queries.cluster import *  # noqa: F403
 from poller.queries.enqueue import *  # noqa: F403
@@ -25,5 +28,6 @@ from poller.queries.health import *  # noqa: F403
 from poller.queries.maintenance import *  # noqa: F403
 from poller.queries.ordering import *  # noqa: F403
 from poller.queries.publish import *  # noqa: F403
+from poller.queries.reports import *  # noqa: F403
 
-__all__ = ["STATEMENTS"]
+__all__ = ["STATEMENTS", "Statement"]

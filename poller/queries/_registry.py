@@ -1,15 +1,18 @@
-"""The registry every statement module adds to (``STATEMENTS``: name → SQL), and each
-statement's text for psycopg (``PSYCOPG``: ``:name`` → ``%(name)s``), which the claim
-path sends to the driver directly (poller/db.py ``fetch``)."""
+"""The registry every statement module adds to (``STATEMENTS``: name → SQL).
+
+Each statement is a :class:`Statement`: SQLAlchemy ``text()`` for
+``conn.execute``, carrying its name and its text for psycopg (``:name`` →
+``%(name)s``), which the claim path sends to the driver directly
+(poller/db.py ``fetch``). Code passes the object (``queries.CLAIM_BATCH``),
+never its name, so a typo is an error mypy and the import see."""
 
 from __future__ import annotations
 
 import re
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import TextClause
 
 STATEMENTS: dict[str, str] = {}
-PSYCOPG: dict[str, str] = {}
 _PARAM = re.compile(r"(?<![:\w]):(\w+)")
 
 
@@ -20,10 +23,21 @@ def psycopg_sql(sql: str) -> str:
     return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
 
 
-def statement(name: str, sql: str) -> TextClause:
-    """Register ``sql`` under ``name`` (tests run each one) and return it as text()."""
+class Statement(TextClause):
+    """A named, registered statement: ``text(sql)`` with its ``name`` and its ``psycopg``
+    text."""
+
+    inherit_cache = True
+
+    def __init__(self, name: str, sql: str) -> None:
+        super().__init__(sql)
+        self.name = name
+        self.psycopg = psycopg_sql(sql)
+
+
+def statement(name: str, sql: str) -> Statement:
+    """Register ``sql`` under ``name`` (tests run each one) and return it."""
     if name in STATEMENTS:
         raise ValueError(f"two statements are called {name}")
     STATEMENTS[name] = sql
-    PSYCOPG[name] = psycopg_sql(sql)
-    return text(sql)
+    return Statement(name, sql)

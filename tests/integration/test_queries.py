@@ -131,6 +131,13 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "FAN_OUT_TARGETS": {"event_ids": [1, 2]},
     "PUBLISH_EXISTING": EVENTS,
     "EVENT_DELIVERIES": {"event_id": 1},
+    "EVENT_ENDPOINT_NAMES": {"ids": [1]},
+    "FAILED_MESSAGES": {"ids": [1]},
+    "OPEN_COUNTS": {},
+    "DELIVERED_COUNTS": {},
+    "OUTBOX_ROWS_ESTIMATE": {},
+    "ACTIVITY": {"n": 60},
+    "THIS_MINUTE": {},
     "REPLAY_BATCH": {
         "endpoint_id": 1,
         "after_at": NOW,
@@ -210,13 +217,13 @@ def test_claim_and_reclaim_use_their_partial_indexes_over_large_history(
 
 
 def test_the_psycopg_text_of_every_statement_takes_the_same_parameters() -> None:
-    """The claim path sends PSYCOPG[name] to the driver (poller/db.py fetch): a colon in a
-    literal or a stray % would change the statement silently; this would see it."""
+    """The claim path sends a statement's psycopg text to the driver (poller/db.py fetch): a
+    colon in a literal or a stray % would change the statement silently; this would see it."""
     import re
 
-    from poller.queries._registry import PSYCOPG
-
+    objects = {s.name: s for s in vars(queries).values() if isinstance(s, queries.Statement)}
+    assert objects.keys() == queries.STATEMENTS.keys()  # every one reachable as queries.NAME
     for name, sql in queries.STATEMENTS.items():
         expected = set(text(sql)._bindparams)
-        found = set(re.findall(r"%\((\w+)\)s", PSYCOPG[name]))
+        found = set(re.findall(r"%\((\w+)\)s", objects[name].psycopg))
         assert found == expected, name
