@@ -3,6 +3,11 @@
 The public API: enqueue (to one named endpoint) or publish (to every subscribed
 endpoint) inside your transaction, and the settings and errors.
 
+The errors are imported at once; every other name when first used (PEP 562),
+so ``import poller`` costs next to nothing and the ``poller`` command starts at once; an application
+that enqueues pulls in SQLAlchemy and the payload encoder, never the web,
+HTTP or metrics stacks.
+
     from poller import enqueue
     enqueue(session, endpoint="billing", event_type="invoice.paid",
             payload={"invoice": 42}, idempotency_key="invoice:42:paid")
@@ -10,7 +15,8 @@ endpoint) inside your transaction, and the settings and errors.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from poller.errors import (
     ConfigurationError,
@@ -32,28 +38,63 @@ from poller.errors import (
     PollerError,
     UnknownEndpoint,
 )
-from poller.outbox import (
-    Message,
-    enqueue,
-    enqueue_async,
-    enqueue_many,
-    enqueue_many_async,
-)
-from poller.payloads import RawJSON
-from poller.publish import (
-    Event,
-    Published,
-    publish,
-    publish_async,
-    publish_many,
-    publish_many_async,
-)
-from poller.settings import Settings, load_settings
 
-try:
-    __version__ = version("webhook-poller")
-except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
-    __version__ = "0.0.0"
+if TYPE_CHECKING:
+    from poller.fanout import (
+        Event,
+        Published,
+        publish,
+        publish_async,
+        publish_many,
+        publish_many_async,
+    )
+    from poller.outbox import (
+        Message,
+        enqueue,
+        enqueue_async,
+        enqueue_many,
+        enqueue_many_async,
+    )
+    from poller.payloads import RawJSON
+    from poller.settings import Settings, load_settings
+
+_LAZY = {
+    "Event": "poller.fanout",
+    "Message": "poller.outbox",
+    "Published": "poller.fanout",
+    "RawJSON": "poller.payloads",
+    "Settings": "poller.settings",
+    "enqueue": "poller.outbox",
+    "enqueue_async": "poller.outbox",
+    "enqueue_many": "poller.outbox",
+    "enqueue_many_async": "poller.outbox",
+    "load_settings": "poller.settings",
+    "publish": "poller.fanout",
+    "publish_async": "poller.fanout",
+    "publish_many": "poller.fanout",
+    "publish_many_async": "poller.fanout",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("webhook-poller")
+        except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+            found = "0.0.0"
+    elif name in _LAZY:
+        found = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'poller' has no attribute {name!r}")
+    globals()[name] = found  # once: later lookups do not come here
+    return found
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ConfigurationError",

@@ -1,7 +1,7 @@
 """How outbox rows are written: the kernel under enqueue, publish and replay.
 
-:func:`poller.enqueue` (poller/outbox.py), :func:`poller.publish`
-(poller/publish.py) and replay (poller/replay.py) each check their input
+:func:`poller.enqueue` (poller/outbox.py), :func:`poller.fanout`
+(poller/fanout.py) and replay (poller/replay.py) each check their input
 into :class:`NewRow` values and hand them to :func:`insert_rows`, which
 places ordered rows behind their keys' heads, inserts them in one statement,
 resolves idempotent repeats and conflicts, and wakes the pollers.
@@ -49,7 +49,7 @@ class NewRow:
     delay: float
     max_attempts: int | None
     ordering_key: str | None = None
-    event_id: int | None = None  # a published event's row (poller/publish.py): payload is None
+    event_id: int | None = None  # a published event's row (poller/fanout.py): payload is None
 
 
 def check_schedule(deliver_after: object) -> tuple[datetime | None, float]:

@@ -4,7 +4,7 @@ Keys travel in HTTP headers (``webhook-id``, ``Idempotency-Key``,
 ``webhook-ordering-key``) and an idempotency key in a lookup URL's path, so
 they are 1 to :data:`MAX_KEY_LENGTH` visible ASCII characters, and an
 idempotency key is never ``.`` or ``..``. Enqueue (poller/outbox.py), publish
-(poller/publish.py), replay and the operators' filters check with these.
+(poller/fanout.py), replay and the operators' filters check with these.
 """
 
 from __future__ import annotations

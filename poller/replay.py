@@ -42,9 +42,9 @@ from poller.errors import (
     InvalidReplay,
     UnknownEndpoint,
 )
+from poller.fanout import event_row
 from poller.insert import drive, insert_rows
 from poller.names import could_be_event_type
-from poller.publish import event_row
 from poller.schema import event_log
 
 REPLAY_BATCH = 500

@@ -101,7 +101,7 @@ endpoints = Table(
     Column("paused_until", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    # Fan-out (poller/publish.py): the event types published events reach it by (names
+    # Fan-out (poller/fanout.py): the event types published events reach it by (names
     # and ``prefix*`` patterns; none: only ``enqueue`` reaches it), its tenant (a
     # tenant's events reach only its endpoints; events without one only endpoints
     # without one), and a JSON object the payload must contain (``@>``).
@@ -142,7 +142,7 @@ endpoints = Table(
     ),
 )
 
-# Published events (poller/publish.py): each kept once, however many endpoints it
+# Published events (poller/fanout.py): each kept once, however many endpoints it
 # fans out to; their outbox rows reference it and carry no payload of their own.
 # An idempotency key is unique within a tenant (and among events without one).
 # An event's id comes from the outbox's id sequence: a key's position is the event's
@@ -213,7 +213,7 @@ outbox = Table(
     # poller_ordering_keys, so their ids grow in the order transactions took the key:
     # the id is the message's position in its key.
     Column("ordering_key", Text),
-    # The published event this row delivers (poller/publish.py); NULL for enqueue's rows.
+    # The published event this row delivers (poller/fanout.py); NULL for enqueue's rows.
     Column("event_id", BigInteger, ForeignKey("poller_events.id", ondelete="RESTRICT")),
     UniqueConstraint("endpoint_id", "idempotency_key", name="uq_poller_outbox_endpoint_key"),
     CheckConstraint("payload IS NOT NULL OR event_id IS NOT NULL", name="payload_or_event"),

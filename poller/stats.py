@@ -91,7 +91,7 @@ def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
         "in_flight": totals["in_flight"],
         "failed_last_hour": failed_hour,
         "failed_last_day": failed_day,
-        # Published events (poller/publish.py), and those that reached no endpoint.
+        # Published events (poller/fanout.py), and those that reached no endpoint.
         "events_last_day": published_day,
         "events_unrouted_last_day": unrouted_day,
         "attempts_per_second_last_minute": recent / 60,

@@ -5,10 +5,15 @@ Exit codes: 0 ok, 1 not found / nothing matched (:class:`~poller.errors.NotFound
 :class:`~poller.errors.PollerError`), 70 for anything else: an exception nobody
 expected is a bug, said so in one line, never passed off as "not found".
 Expected errors print one line, never a traceback (``--verbose`` shows it).
+
+Commands are loaded when they run (:class:`_Group` reads :data:`COMMANDS`), so
+``poller --version`` or ``poller admin --help`` imports neither SQLAlchemy nor
+the HTTP stack; each command module imports what its commands use inside them.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -24,8 +29,58 @@ EXIT_BUG = 70  # EX_SOFTWARE (sysexits.h)
 BUG_HINT = "unexpected error (a bug in webhook-poller; run again with -v for the traceback)"
 
 
+COMMANDS: dict[str, tuple[str, str]] = {
+    "admin": ("admin", "Inspect and repair: stats, failed messages, retry, purge, leases."),
+    "dashboard": (
+        "dashboard",
+        "Serve the dashboard: queue, failures, endpoints, leases; retry and replay.",
+    ),
+    "db": ("db", "Database schema migrations."),
+    "demo": (
+        "demo",
+        "Deliver messages end to end on embedded PostgreSQL + Redis in a temporary folder.",
+    ),
+    "embedded": (
+        "embedded",
+        "Embedded PostgreSQL and Redis under POLLER_DATA_DIR (the default without URLs).",
+    ),
+    "endpoints": (
+        "endpoints",
+        "Webhook destinations: add, inspect, enable/disable, rotate secrets, remove.",
+    ),
+    "enqueue": ("enqueue", "Enqueue one message (committed at once)."),
+    "publish": ("enqueue", "Publish one event to every subscribed endpoint (committed at once)."),
+    "receiver": ("receiver", "Serve the reference receiver until SIGTERM/SIGINT."),
+    "run": (
+        "run",
+        "Deliver messages until SIGTERM/SIGINT (graceful), a second signal exits at once.",
+    ),
+}
+"""Each command: the module of poller/cli/ that defines it, and its one-line help
+(shown by ``poller --help`` without importing the module; a test checks it is the
+command's own)."""
+
+
 class _Group(click.Group):
-    """Turns expected errors into one line on stderr and the right exit code."""
+    """Loads commands when they run; turns expected errors into one line on stderr and
+    the right exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"poller.cli.{COMMANDS[cmd_name][0]}")
+        command: click.Command = getattr(module, cmd_name)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``poller --help``, from :data:`COMMANDS` (no import)."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, _shorten(help_, limit)) for name, (_, help_) in sorted(COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def main(
         self,
@@ -107,22 +162,11 @@ def cli(verbose: bool) -> None:
     """webhook-poller: transactional outbox delivered as signed webhooks."""
 
 
-def _register() -> None:
-    from poller.cli import admin, dashboard, db, demo, embedded, endpoints, enqueue, receiver, run
+def _shorten(text: str, limit: int) -> str:
+    """``text`` cut at a word to ``limit`` characters, as click shortens a short help."""
+    import textwrap
 
-    cli.add_command(admin.admin)
-    cli.add_command(endpoints.endpoints)
-    cli.add_command(enqueue.enqueue)
-    cli.add_command(enqueue.publish)
-    cli.add_command(db.db)
-    cli.add_command(embedded.embedded)
-    cli.add_command(demo.demo)
-    cli.add_command(run.run)
-    cli.add_command(receiver.receiver)
-    cli.add_command(dashboard.dashboard)
-
-
-_register()
+    return textwrap.shorten(text, max(limit, 45), placeholder="...")
 
 
 VERBOSE_FLAGS = ("--verbose", "-v")

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from poller import admin as api
-from poller import ordering, replay
-from poller import stats as stats_api
 from poller.cli.common import command_engine, settings_and_url
+from poller.cli.lazy import lazy
 from poller.cli.output import (
     EVENT_ID,
     ROW_ID,
@@ -25,9 +23,20 @@ from poller.cli.output import (
     table,
     yes_option,
 )
-from poller.db import async_engine
 from poller.errors import NothingMatched
-from poller.settings import default_settings
+
+if TYPE_CHECKING:
+    from poller import admin as api
+    from poller import db, ordering, replay
+    from poller import settings as config
+    from poller import stats as stats_api
+else:
+    api = lazy("poller.admin")
+    ordering = lazy("poller.ordering")
+    replay = lazy("poller.replay")
+    stats_api = lazy("poller.stats")
+    db = lazy("poller.db")
+    config = lazy("poller.settings")
 
 
 @click.group()
@@ -215,7 +224,12 @@ def _show_event(event_id: int, no_payload: bool, as_json: bool) -> None:
 @click.option("--since", required=True, type=Since(), help="Published since (2h, 7d, ISO time).")
 @click.option("--until", type=Since(), help="Published before (a duration ago, or ISO time).")
 @click.option("--event-type", help="Only events of this type.")
-@click.option("--batch", type=click.IntRange(1, 10_000), default=replay.REPLAY_BATCH)
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 10_000),
+    default=lambda: replay.REPLAY_BATCH,  # read when the command runs (poller/cli/lazy.py)
+    help="Events per transaction (default 500).",
+)
 @click.option("--dry-run", is_flag=True, help="Count what would be sent; change nothing.")
 @yes_option
 @json_option
@@ -412,7 +426,7 @@ def purge(
         confirm(f"delete {total} messages and their attempts?", yes)
         from poller import maintenance
 
-        settings = default_settings()
+        settings = config.default_settings()
         plan = maintenance.retention_plan(
             delivered_age=delivered_older_than.total_seconds() if delivered_older_than else None,
             failed_age=failed_older_than.total_seconds() if failed_older_than else None,
@@ -440,7 +454,7 @@ def leases(as_json: bool) -> None:
     command_engine()  # the schema check, and a clear error if the database is away
 
     async def read() -> list[Any]:
-        engine = async_engine(url)
+        engine = db.async_engine(url)
         elector = make_elector(
             settings.election_backend, owner="admin", engine=engine, redis_url=settings.redis_url
         )

@@ -1,18 +1,23 @@
-"""Helpers shared by the command modules."""
+"""Helpers shared by the command modules (light to import: poller/cli/lazy.py)."""
 
 from __future__ import annotations
 
-import click
-from sqlalchemy import Engine
+from typing import TYPE_CHECKING
 
-from poller.db import database_url, sync_engine
-from poller.migrate import require_schema
-from poller.settings import Settings, load_settings
+import click
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from poller.settings import Settings
 
 
 def settings_and_url(*, create: bool = False) -> tuple[Settings, str]:
     """Validated settings and the database URL (the embedded server's when none is set;
     ``create``: make one if there is none)."""
+    from poller.db import database_url
+    from poller.settings import load_settings
+
     settings = load_settings()
     return settings, database_url(settings, create=create)
 
@@ -37,6 +42,9 @@ def command_engine() -> Engine:
     The schema must be at the newest revision: a command on an unmigrated
     database says so in one line instead of failing on a missing table.
     """
+    from poller.db import sync_engine
+    from poller.migrate import require_schema
+
     _, url = settings_and_url()
     engine = sync_engine(url)
     click.get_current_context().call_on_close(engine.dispose)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from poller import migrate
 from poller.cli.common import settings_and_url, where
+from poller.cli.lazy import lazy
+
+if TYPE_CHECKING:
+    from poller import migrate
+else:
+    migrate = lazy("poller.migrate")
 
 
 @click.group()

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis, default_data_dir
-from poller.settings import load_settings
+from poller.cli.lazy import lazy
+
+if TYPE_CHECKING:
+    from poller import embedded as servers
+    from poller import settings as config
+else:
+    servers = lazy("poller.embedded")
+    config = lazy("poller.settings")
 
 
 @click.group()
@@ -17,25 +25,25 @@ def embedded() -> None:
 @click.option("--redis/--no-redis", default=True, show_default=True)
 def start(redis: bool) -> None:
     """Start them (or find them running) and print their URLs."""
-    data_dir = default_data_dir(load_settings().data_dir)
-    click.echo(f"POLLER_DATABASE_URL={EmbeddedPostgres(data_dir).start()}")
+    data_dir = servers.default_data_dir(config.load_settings().data_dir)
+    click.echo(f"POLLER_DATABASE_URL={servers.EmbeddedPostgres(data_dir).start()}")
     if redis:
-        click.echo(f"POLLER_REDIS_URL={EmbeddedRedis(data_dir).start()}")
+        click.echo(f"POLLER_REDIS_URL={servers.EmbeddedRedis(data_dir).start()}")
 
 
 @embedded.command()
 def stop() -> None:
     """Stop both servers; their data stays in POLLER_DATA_DIR."""
-    data_dir = default_data_dir(load_settings().data_dir)
-    EmbeddedPostgres(data_dir).stop()
-    EmbeddedRedis(data_dir).stop()
+    data_dir = servers.default_data_dir(config.load_settings().data_dir)
+    servers.EmbeddedPostgres(data_dir).stop()
+    servers.EmbeddedRedis(data_dir).stop()
     click.echo("stopped")
 
 
 @embedded.command()
 def status() -> None:
     """Say whether each server runs, and where."""
-    data_dir = default_data_dir(load_settings().data_dir)
-    pg, redis = EmbeddedPostgres(data_dir), EmbeddedRedis(data_dir)
+    data_dir = servers.default_data_dir(config.load_settings().data_dir)
+    pg, redis = servers.EmbeddedPostgres(data_dir), servers.EmbeddedRedis(data_dir)
     click.echo(f"postgresql: {pg.url() if pg.port else 'stopped'} ({pg.pgdata})")
     click.echo(f"redis:      {redis.url() if redis.port else 'stopped'} ({redis.dir})")

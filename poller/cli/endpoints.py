@@ -7,13 +7,13 @@ import json
 import logging
 import socket
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from poller import endpoints as api
-from poller import logs, stats
+from poller import logs
 from poller.cli.common import command_engine
+from poller.cli.lazy import lazy
 from poller.cli.output import (
     Duration,
     age,
@@ -25,13 +25,22 @@ from poller.cli.output import (
     table,
     yes_option,
 )
-from poller.keyring import ENV_NAME, new_key
-from poller.settings import default_settings
+from poller.health import DEFAULT, MAX_RATE
+
+if TYPE_CHECKING:
+    from poller import endpoints as api
+    from poller import keyring, stats
+    from poller import settings as config
+else:
+    api = lazy("poller.endpoints")
+    stats = lazy("poller.stats")
+    keyring = lazy("poller.keyring")
+    config = lazy("poller.settings")
 
 audit = logging.getLogger("poller.audit")
 PLAIN_TEXT_NOTE = (
-    f"signing secrets stored in plain text; set {ENV_NAME} and run "
-    "'poller endpoints rotate-key' to encrypt them (see README, Secrets at rest)"
+    "signing secrets stored in plain text; set {key} and run "
+    "'poller endpoints rotate-key' to encrypt them (see the docs, Secrets at rest)"
 )
 
 
@@ -69,8 +78,8 @@ class OrDefault(click.ParamType[Any]):
         self.name = "number|default"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if value is api.DEFAULT or str(value).strip().lower() == "default":
-            return api.DEFAULT
+        if value is DEFAULT or str(value).strip().lower() == "default":
+            return DEFAULT
         try:
             number = self.kind(str(value))
         except ValueError:
@@ -101,7 +110,7 @@ def _limits(func: Any) -> Any:
             ),
             click.option(
                 "--rate-limit",
-                type=OrDefault(float, 0, api.MAX_RATE, low_open=True),
+                type=OrDefault(float, 0, MAX_RATE, low_open=True),
                 help="Requests per second across all pollers ('default': unlimited).",
             ),
             click.option(
@@ -157,8 +166,8 @@ def _subscription_changes(
     """The options as update_endpoint's arguments: '' clears (no subscriptions, tenant, filter)."""
     return {
         "event_types": event_types,
-        "tenant": api.DEFAULT if tenant == "" else tenant,
-        "payload_filter": api.DEFAULT if payload_filter == "" else payload_filter,
+        "tenant": DEFAULT if tenant == "" else tenant,
+        "payload_filter": DEFAULT if payload_filter == "" else payload_filter,
     }
 
 
@@ -189,9 +198,9 @@ def add(
 ) -> None:
     """Create an endpoint; its signing secret is printed once, here."""
     engine = command_engine()
-    health = {k: (None if v is api.DEFAULT else v) for k, v in health.items()}
+    health = {k: (None if v is DEFAULT else v) for k, v in health.items()}
     subscription = {
-        k: None if v is api.DEFAULT else v
+        k: None if v is DEFAULT else v
         for k, v in _subscription_changes(event_types, tenant, payload_filter).items()
     }
     with engine.begin() as conn:
@@ -284,7 +293,10 @@ def list_(as_json: bool) -> None:
     )
     plain = sum(1 for e in found if not e.secret_sealed)
     if plain:
-        click.echo(f"note: {plain} of {len(found)} {PLAIN_TEXT_NOTE}", err=True)
+        click.echo(
+            f"note: {plain} of {len(found)} {PLAIN_TEXT_NOTE.format(key=keyring.ENV_NAME)}",
+            err=True,
+        )
 
 
 @endpoints.command()
@@ -433,7 +445,7 @@ def secret(name: str, as_json: bool) -> None:
     with command_engine().connect() as conn:
         endpoint = api.get_endpoint(conn, name)
     active = endpoint.signing_secrets(datetime.now(UTC))  # raises when it cannot be opened
-    logs.configure(default_settings().log_format)
+    logs.configure(config.default_settings().log_format)
     audit.warning(
         "signing secret of endpoint %s shown to %s on %s",
         name,
@@ -459,7 +471,7 @@ def secret(name: str, as_json: bool) -> None:
 @endpoints.command(name="new-key")
 def new_key_() -> None:
     """Print a new key for POLLER_SECRETS_KEY (nothing is stored)."""
-    click.echo(new_key())
+    click.echo(keyring.new_key())
 
 
 @endpoints.command(name="rotate-key")
@@ -475,7 +487,7 @@ def rotate_key(plain: bool, yes: bool) -> None:
     confirm(f"{what}?", yes)
     with command_engine().begin() as conn:
         count = api.reseal_secrets(conn, plain=plain)
-    how = "in plain text" if plain else f"encrypted with the first key of {ENV_NAME}"
+    how = "in plain text" if plain else f"encrypted with the first key of {keyring.ENV_NAME}"
     click.echo(f"{count} endpoints' secrets stored {how}")
 
 

@@ -9,14 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy.orm import Session
 
-from poller import enqueue as api_enqueue
-from poller import publish as api_publish
 from poller.cli.common import command_engine
 from poller.cli.output import Duration, emit_json, json_option
 from poller.errors import InvalidPayload, PayloadTooLarge
-from poller.payloads import RawJSON
 
 
 def _read(data: str) -> Any:
@@ -49,6 +45,8 @@ def _payload(data: str) -> Any:
         json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidPayload(f"--data is not JSON: {exc}") from None
+    from poller.payloads import RawJSON
+
     return RawJSON(text)
 
 
@@ -70,6 +68,10 @@ def enqueue(
     """Enqueue one message (committed at once)."""
     payload = _read(data)
     engine = command_engine()
+    from sqlalchemy.orm import Session
+
+    from poller import enqueue as api_enqueue
+
     with Session(engine) as session, session.begin():
         msg_id = api_enqueue(
             session,
@@ -103,6 +105,10 @@ def publish(
     """Publish one event to every subscribed endpoint (committed at once)."""
     payload = _read(data)
     engine = command_engine()
+    from sqlalchemy.orm import Session
+
+    from poller import publish as api_publish
+
     with Session(engine) as session, session.begin():
         published = api_publish(
             session,

@@ -21,9 +21,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from poller import parse
 from poller.errors import InvalidInput
@@ -125,6 +122,10 @@ def emit_json(document: Any) -> None:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    from rich.console import Console  # here: `poller … --help` need not load rich
+    from rich.table import Table
+    from rich.text import Text
+
     view = Table(title=title, show_lines=False)
     for column in columns:
         view.add_column(column, overflow="fold")

@@ -68,7 +68,7 @@ ENDPOINTS_BY_NAME = _statement(
 # Ordered messages come with their status (pending for a key's head, waiting
 # behind it) from poller/ordering.py, under their keys' locks; rows are inserted
 # in the order given, so a key's ids grow in that order. A published event's rows
-# (poller/publish.py) come with its id and no payload of their own.
+# (poller/fanout.py) come with its id and no payload of their own.
 ENQUEUE_MANY = _statement(
     "ENQUEUE_MANY",
     """

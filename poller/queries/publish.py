@@ -1,4 +1,4 @@
-"""Statements of fan-out (poller/publish.py): publish, and replay to one endpoint."""
+"""Statements of fan-out (poller/fanout.py): publish, and replay to one endpoint."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def reaches(e: str, matching: str, payload: str, tenant: str) -> str:
 # is stable per endpoint) and the endpoint's attempt budget. An event whose
 # (tenant, key) exists inserts nothing (PUBLISH_EXISTING says what it was). An
 # endpoint that got no row (its key spent, or taken by an enqueued message) is
-# listed in ``skipped``, and poller/publish.py undoes the event and raises.
+# listed in ``skipped``, and poller/fanout.py undoes the event and raises.
 PUBLISH = _statement(
     "PUBLISH",
     f"""

@@ -1,5 +1,5 @@
 """Fan-out end to end: published events delivered by running pollers, replay, the CLI,
-retention and the migration (poller/publish.py, poller/replay.py)."""
+retention and the migration (poller/fanout.py, poller/replay.py)."""
 
 from __future__ import annotations
 

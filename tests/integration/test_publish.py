@@ -1,4 +1,4 @@
-"""Fan-out (poller/publish.py): publish once, a delivery per subscribed endpoint."""
+"""Fan-out (poller/fanout.py): publish once, a delivery per subscribed endpoint."""
 
 from __future__ import annotations
 

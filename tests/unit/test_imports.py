@@ -1,0 +1,77 @@
+"""What `import poller` and the CLI's start pull in (modules, not seconds: a count that
+cannot flake). The budget itself (≤ 0.3 s for `poller --version`) is measured in the docs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+
+from poller.cli import COMMANDS, cli
+
+HEAVY_FOR_AN_APPLICATION = ("aiohttp", "starlette", "uvicorn", "prometheus_client", "httpx")
+HEAVY_FOR_HELP = (*HEAVY_FOR_AN_APPLICATION, "sqlalchemy", "pydantic", "cryptography", "rich")
+SERVING = {"run", "demo", "receiver"}  # they start servers; their modules load the stack
+
+
+def _modules_after(code: str) -> set[str]:
+    """Top-level packages loaded by a fresh interpreter after running ``code``."""
+    report = "import sys, json\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    probe = f"{code}\n{report}"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_an_application_importing_poller_loads_no_web_http_or_metrics_stack() -> None:
+    loaded = _modules_after("import poller\nfrom poller import enqueue, publish, Settings")
+    assert not loaded & set(HEAVY_FOR_AN_APPLICATION), loaded & set(HEAVY_FOR_AN_APPLICATION)
+    assert "sqlalchemy" in loaded  # enqueue itself was imported, not a stand-in
+
+
+def test_import_poller_alone_loads_nothing_heavy() -> None:
+    loaded = _modules_after("import poller")
+    assert not loaded & set(HEAVY_FOR_HELP), loaded & set(HEAVY_FOR_HELP)
+
+
+def test_version_and_every_group_help_load_no_core() -> None:
+    helps = [["--version"], ["--help"]]
+    for name in sorted(set(COMMANDS) - SERVING):
+        helps.append([name, "--help"])
+        command = cli.get_command(click.Context(cli), name)
+        if isinstance(command, click.Group):
+            helps += [[name, sub, "--help"] for sub in command.list_commands(click.Context(cli))]
+    code = (
+        "from click.testing import CliRunner\nfrom poller.cli import cli\n"
+        f"for args in {helps!r}:\n"
+        "    result = CliRunner().invoke(cli, args)\n"
+        "    assert result.exit_code == 0, (args, result.output)\n"
+    )
+    loaded = _modules_after(code)
+    assert not loaded & set(HEAVY_FOR_HELP), loaded & set(HEAVY_FOR_HELP)
+
+
+def test_the_command_list_shows_each_commands_own_help() -> None:
+    ctx = click.Context(cli)
+    for name, (_, short) in COMMANDS.items():
+        command = cli.get_command(ctx, name)
+        assert command is not None and command.name in (name, f"{name}_"), name
+        assert command.get_short_help_str(limit=500) == short, name
+
+
+def test_no_public_name_of_poller_is_shadowed_by_a_submodule() -> None:
+    """`from poller import publish` must be the function even after `import poller.fanout`
+    (a submodule called publish would replace it once imported)."""
+    code = (
+        "import pkgutil, importlib, poller\n"
+        "for m in pkgutil.walk_packages(poller.__path__, 'poller.'):\n"
+        "    if m.name != 'poller.__main__':  # that one runs the CLI\n"
+        "        importlib.import_module(m.name)\n"
+        "import types\n"
+        "bad = [n for n in poller.__all__ if isinstance(getattr(poller, n), types.ModuleType)]\n"
+        "assert not bad, bad\n"
+    )
+    _modules_after(code)
