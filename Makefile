@@ -12,10 +12,9 @@ STAMP  := $(VENV)/.installed
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/install-venv
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	tools/install-venv $(VENV)
 	touch $(STAMP)
 
 venv: $(STAMP) ## Create the virtualenv and install the project with dev extras
@@ -26,8 +25,11 @@ demo: $(STAMP) ## Run `poller demo` on embedded PostgreSQL + Redis
 browser: ## Install Debian's Chromium for the dashboard's browser tests (idempotent)
 	@tools/install-browser
 
+# Three workers on two cores: most tests wait on servers, leases and timers, not the CPU.
+TEST_WORKERS ?= 3
+
 test: $(STAMP) browser ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)
-	$(BIN)/python -m pytest --durations=15
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 lint: $(STAMP) ## ruff (lint + format check), mypy --strict and the import layers
 	$(BIN)/ruff check poller tests loadtest db examples

@@ -75,6 +75,8 @@ class Settings(BaseSettings):
     election_fail: Literal["open", "closed"] = "open"
     """Backend down: ``open`` claims from every shard (rows stay safe), ``closed`` stops."""
     shards: int = Field(default=8, ge=1, le=256)
+    """Shards the 256 buckets are split into; each is led by one poller at a time. Fixed
+    for a database once pollers have run (recorded with the fences)."""
     lease_ttl: float = Field(default=10.0, ge=0.5, le=3600)
     """Election lease per shard (0.5 s or more); renewed every TTL/3, and a leader stops
     claiming a shard TTL/5 before its lease could expire."""
@@ -84,7 +86,9 @@ class Settings(BaseSettings):
     sweep_interval: PositiveSeconds = 5.0
     """How often the maintenance leader reclaims expired claims."""
     batch_size: int = Field(default=100, ge=1, le=10_000)
+    """Most rows one claim statement takes."""
     concurrency: int = Field(default=64, ge=1, le=10_000)
+    """Deliveries in flight per ``poller run`` process, across all endpoints."""
     poll_interval: PositiveSeconds = 1.0
     """Fallback poll when no NOTIFY wake-up comes."""
     request_timeout: PositiveSeconds = 10.0
@@ -101,6 +105,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=10, ge=1, le=1000)
     """Default attempt budget of a message (endpoint and enqueue can override)."""
     max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=64 * 1024 * 1024)
+    """Largest payload (serialised JSON, in bytes) enqueue and publish accept."""
     max_in_flight: int = Field(default=16, ge=1, le=10_000)
     """Default per-endpoint limit of deliveries in flight (an endpoint can override it)."""
     http_client: Literal["aiohttp", "httpx"] = "aiohttp"
@@ -113,6 +118,8 @@ class Settings(BaseSettings):
     """``host:port`` for /metrics, /healthz, /readyz (port 0: one the kernel picks, logged);
     unset: not served."""
     log_format: Literal["auto", "json", "console"] = "auto"
+    """``json`` (one object per line), ``console`` (a readable line) or ``auto``: console
+    on a terminal, JSON otherwise."""
     dashboard_addr: str | None = "127.0.0.1:8188"
     """``host:port`` ``poller dashboard`` serves on. It shows payloads: keep it on loopback,
     or behind a TLS proxy, unless you mean it."""
@@ -122,10 +129,13 @@ class Settings(BaseSettings):
     dashboard_user: str | None = None
     """HTTP basic user for the dashboard (with POLLER_DASHBOARD_PASSWORD)."""
     dashboard_password: SecretStr | None = None
+    """HTTP basic password for the dashboard (with POLLER_DASHBOARD_USER)."""
     dashboard_read_only: bool = False
     """Show everything, change nothing: no retry, replay, enable or disable."""
     retention_delivered: PositiveSeconds = 7 * 86400.0
+    """How long a delivered message (and its attempts) is kept before the purge."""
     retention_failed: PositiveSeconds = 30 * 86400.0
+    """How long a failed message (and its attempts) is kept: time to look and retry."""
     retention_events: PositiveSeconds = 7 * 86400.0
     """How long a published event is kept (and can be replayed) once no row references it."""
     retention_keys: PositiveSeconds = 90 * 86400.0

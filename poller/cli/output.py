@@ -121,16 +121,22 @@ def emit_json(document: Any) -> None:
     click.echo(safe_json(_plain(document), indent=2))
 
 
+def cell(value: object) -> Any:
+    """A table cell: the value's text, escaped (:func:`safe_text`), never read as markup."""
+    from rich.text import Text  # here, as below: `poller … --help` need not load rich
+
+    return Text("-" if value is None else safe_text(str(value)))
+
+
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    from rich.console import Console  # here: `poller … --help` need not load rich
+    from rich.console import Console
     from rich.table import Table
-    from rich.text import Text
 
     view = Table(title=title, show_lines=False)
     for column in columns:
         view.add_column(column, overflow="fold")
     for row in rows:
-        view.add_row(*(Text("-" if v is None else safe_text(str(v))) for v in row))
+        view.add_row(*(cell(v) for v in row))
     Console(width=max(100, Console().width)).print(view)
 
 

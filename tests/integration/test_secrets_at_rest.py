@@ -14,7 +14,7 @@ from sqlalchemy import Engine, text
 from poller import endpoints as api
 from poller.cli import cli
 from poller.errors import ConfigurationError, SecretUnreadable
-from poller.keyring import Keyring, new_key
+from poller.keyring import Keyring
 from poller.settings import default_settings, load_settings
 from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, row, seed, wait_for
@@ -25,7 +25,10 @@ from tests.integration.service_helpers import (
     running_receiver,
 )
 
-K1, K2 = new_key(), new_key()
+# Fixed keys (32 bytes, URL-safe base64, as Fernet makes them): parametrized test ids must be
+# the same in every pytest-xdist worker.
+K1 = "S0VZLW9uZS0tLS0tLS0tLS0tLS0tLS0tLS0tLS0tLTE="
+K2 = "S0VZLXR3by0tLS0tLS0tLS0tLS0tLS0tLS0tLS0tLTI="
 
 
 def stored(engine: Engine, name: str) -> tuple[str, str | None]:
