@@ -66,9 +66,10 @@ class OutageLog:
         if self.failures == 1 or now - self._last >= self.every:
             self._last = now
             log.warning(
-                "%s: database unavailable (%d failures so far), retrying: %s",
+                "%s: database unavailable (%d %s so far), retrying: %s",
                 self.what,
                 self.failures,
+                "failure" if self.failures == 1 else "failures",
                 exc,
             )
 

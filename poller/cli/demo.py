@@ -98,12 +98,35 @@ def demo(messages: int, timeout: float, with_dashboard: bool) -> None:
             if with_dashboard:
                 _dashboard(console, Path(tmp), url, redis.url())
             else:
-                console.print("look at this run in a browser: [bold]poller demo --dashboard[/]")
+                console.print(
+                    "to look at a run like this one in a browser: "
+                    f"[bold]{_this_command()} demo --dashboard[/] (it keeps the servers "
+                    "and serves the dashboard on them until Ctrl-C)"
+                )
         finally:
             redis.stop()
             pg.stop()
     if not ok:
         raise SystemExit(1)
+
+
+def _this_command() -> str:
+    """How to run this ``poller`` again from here: its name if the shell finds this one,
+    else its path (``.venv/bin/poller`` after ``make demo``, which puts nothing on PATH)."""
+    import os
+    import shutil
+    import sys
+
+    program = Path(sys.argv[0]).resolve()
+    if program.name != "poller":  # python -m poller
+        return f"{Path(sys.executable).name} -m poller"
+    found = shutil.which("poller")
+    if found and Path(found).resolve() == program:
+        return "poller"
+    try:
+        return os.path.relpath(program)
+    except ValueError:  # another drive
+        return str(program)
 
 
 def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 import click
@@ -24,11 +25,15 @@ def embedded() -> None:
 @embedded.command()
 @click.option("--redis/--no-redis", default=True, show_default=True)
 def start(redis: bool) -> None:
-    """Start them (or find them running) and print their URLs."""
+    """Start them (or find them running) and print their URLs as shell exports:
+    ``eval "$(poller embedded start)"`` sets them in this shell."""
     data_dir = servers.default_data_dir(config.load_settings().data_dir)
-    click.echo(f"POLLER_DATABASE_URL={servers.EmbeddedPostgres(data_dir).start()}")
+    database = servers.EmbeddedPostgres(data_dir).start()
+    click.echo(f"export POLLER_DATABASE_URL={shlex.quote(database)}")
     if redis:
-        click.echo(f"POLLER_REDIS_URL={servers.EmbeddedRedis(data_dir).start()}")
+        click.echo(
+            f"export POLLER_REDIS_URL={shlex.quote(servers.EmbeddedRedis(data_dir).start())}"
+        )
 
 
 @embedded.command()

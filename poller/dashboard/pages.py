@@ -24,6 +24,7 @@ log = logging.getLogger("poller.dashboard")
 
 PAGE_SIZE = 50
 CHART_W, CHART_H = 600, 120
+RECENT_MINUTES = 5  # the overview's "now" rates: attempts over the last 5 minutes
 
 
 class BadInput(InvalidInput):
@@ -96,7 +97,8 @@ def _chart(series: list[dict[str, Any]]) -> dict[str, Any]:
         )
     total_ok = sum(p["delivered"] for p in series)
     total_bad = sum(p["failed"] for p in series)
-    span = max(len(series), 1) * 60
+    recent = series[-RECENT_MINUTES:]  # "now": the last minutes, not the hour's average
+    span = max(len(recent), 1) * 60
     return {
         "bars": bars,
         "top": top,
@@ -105,8 +107,8 @@ def _chart(series: list[dict[str, Any]]) -> dict[str, Any]:
         "total": total_ok + total_bad,
         "delivered": total_ok,
         "failed": total_bad,
-        "delivered_per_s": total_ok / span,
-        "failed_per_s": total_bad / span,
+        "delivered_now": sum(p["delivered"] for p in recent) / span,
+        "failed_now": sum(p["failed"] for p in recent) / span,
     }
 
 

@@ -6,9 +6,12 @@ import importlib.util
 from datetime import UTC, datetime
 from types import ModuleType
 
+import pytest
+from sqlalchemy import Engine, text
+
 from poller.delivery import webhook_headers
 from poller.endpoints import Endpoint
-from tests.conftest import repo_root
+from tests.conftest import make_endpoint, repo_root
 
 SECRET = "whsec_" + "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"
 
@@ -38,3 +41,24 @@ def test_the_flask_receiver_verifies_applies_once_and_answers_lookups() -> None:
     assert client.get("/webhooks/order:7").status_code == 200
     forged = {**headers, "webhook-signature": "v1,AAAA"}
     assert client.post("/webhooks", data=body, headers=forged).status_code == 401
+
+
+def test_the_first_webhook_tutorial_runs_as_written(
+    db_url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/tutorials/first-webhook.md includes examples/first_webhook.py: run it, with the
+    URL as `poller embedded start` prints it, twice."""
+    make_endpoint(engine, "shop")
+    monkeypatch.setenv("POLLER_DATABASE_URL", db_url)  # postgresql://…, as printed
+    example = _example("first_webhook")
+    example.main()
+    example.main()  # the same invoice: the same message, nothing new
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT endpoint_id, event_type, idempotency_key FROM poller_outbox")
+        ).all()
+        paid = conn.execute(text("SELECT id, paid FROM invoices")).all()
+    assert [(r.event_type, r.idempotency_key) for r in rows] == [
+        ("invoice.paid", "invoice:42:paid")
+    ]
+    assert paid == [(42, True)]
