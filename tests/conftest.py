@@ -12,7 +12,9 @@ import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import _pytest._code.code as _pytest_code
 import psycopg
 import pytest
 from sqlalchemy import Engine
@@ -25,6 +27,21 @@ from poller.endpoints import CreatedEndpoint, create_endpoint
 from poller.settings import default_settings
 
 TEMPLATE = f"poller_template_{os.getpid()}"
+
+
+def _statement_range_or_line(*args: Any, **kwargs: Any) -> Any:
+    """pytest's source lookup for a failure's traceback, where CPython 3.11.7's parser can
+    raise ``SystemError: AST constructor recursion depth mismatch`` (seen in a worker after
+    a hypothesis test): then the failure is reported with one line of source, instead of
+    the worker dying with an INTERNALERROR that hides every result."""
+    try:
+        return _getstatementrange_ast(*args, **kwargs)
+    except SystemError as exc:
+        raise SyntaxError(str(exc)) from exc  # pytest falls back to the failing line
+
+
+_getstatementrange_ast = _pytest_code.getstatementrange_ast
+_pytest_code.getstatementrange_ast = _statement_range_or_line
 _counter = itertools.count()
 
 
