@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv browser demo test lint format bench loadtest loadtest-ramp chaos clean
+.PHONY: help venv browser demo test lint docs format bench loadtest loadtest-ramp chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ lint: $(STAMP) ## ruff (lint + format check), mypy --strict and the import layer
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
+docs: $(STAMP) ## Build the documentation site into site/ (mkdocs build --strict)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
 format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
@@ -62,4 +65,4 @@ chaos: $(STAMP) ## Full chaos run (20,000 messages, every fault at once) + a lon
 	$(BIN)/python -m loadtest.hunt --seeds $(or $(SEEDS),30) --messages 1000
 
 clean: ## Remove the virtualenv and local data
-	rm -rf $(VENV) .poller .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .poller .pytest_cache .mypy_cache .ruff_cache site

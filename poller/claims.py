@@ -1,4 +1,4 @@
-"""Claims: the fenced row writes that carry the at-least-once contract (SPEC §5).
+"""Claims: the fenced row writes that carry the at-least-once contract (docs/explanation/design.md).
 
 A poller claims due rows in one statement (``FOR UPDATE SKIP LOCKED``), which
 counts the attempt and stamps a new ``claim_token``. Every later write for that

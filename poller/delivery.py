@@ -1,4 +1,4 @@
-"""One delivery attempt over HTTP: sign, send, classify (SPEC §4), and result lookup.
+"""One delivery attempt over HTTP: sign, send, classify, and result lookup.
 
 Requests follow Standard Webhooks: ``webhook-id`` (the idempotency key, the
 same on every attempt), ``webhook-timestamp`` and ``webhook-signature``

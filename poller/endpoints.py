@@ -11,7 +11,7 @@
 
 An endpoint's ``bucket`` (0–255) is a stable hash of its name: every message of
 the endpoint lands in that bucket, and shard ``s`` of ``S`` owns the buckets
-with ``bucket % S == s`` (SPEC §6).
+with ``bucket % S == s`` (docs/explanation/election.md).
 """
 
 from __future__ import annotations

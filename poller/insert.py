@@ -1,6 +1,6 @@
 """How outbox rows are written: the kernel under enqueue, publish and replay.
 
-:func:`poller.enqueue` (poller/outbox.py), :func:`poller.fanout`
+:func:`poller.enqueue` (poller/outbox.py), :func:`poller.publish`
 (poller/fanout.py) and replay (poller/replay.py) each check their input
 into :class:`NewRow` values and hand them to :func:`insert_rows`, which
 places ordered rows behind their keys' heads, inserts them in one statement,

@@ -404,7 +404,7 @@ CIRCUIT_STATES = ("closed", "open", "half_open")
 CIRCUIT_HOLD = "9000-01-01 UTC"  # no colon: raw-psycopg rewrites (loadtest) would see a parameter
 
 
-# --- election (SPEC §6) ---------------------------------------------------------
+# --- election (docs/explanation/election.md) -------------------------------------
 
 # The last fence PostgreSQL accepted for each shard. A claim under a smaller
 # fence comes from a superseded leader and is refused (poller/claims.py).

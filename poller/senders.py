@@ -3,7 +3,8 @@
 ``Sender.request(method, url, headers, body, timeout)`` returns a
 :class:`Reply` (status, Retry-After, up to :data:`READ_CAP` bytes of body) or
 raises :class:`SendError`, whose ``sent`` flag says whether the receiver may
-have seen the request — the distinction SPEC §4 is built on:
+have seen the request — the distinction the delivery contract is built on
+(docs/reference/delivery-contract.md):
 
 * ``sent=False`` (*not sent*): DNS failure, connection refused, TLS failure,
   connect or pool timeout, an invalid URL, a private target refused. Known

@@ -29,7 +29,7 @@ The ``maintenance`` lease elects one poller to reclaim expired claims and
 purge by retention. With election ``none`` every poller does everything; with
 the backend down and fail-open, every poller claims everything and sweeps —
 both correct, because rows are claimed with SKIP LOCKED and fenced by claim
-tokens (SPEC §5).
+tokens (docs/explanation/design.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What an endpoint receives from :func:`poller.fanout`: event types, tenant, payload filter.
+"""What an endpoint receives from :func:`poller.publish`: event types, tenant, payload filter.
 
 An endpoint is **subscribed** to event types by name (``invoice.paid``) or by
 pattern: a prefix ending in ``*`` (``invoice.*`` matches ``invoice.paid`` and

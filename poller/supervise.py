@@ -1,4 +1,4 @@
-"""Crash-only supervision of the service's long-lived loops (SPEC §10 G11).
+"""Crash-only supervision of the service's long-lived loops (G11, docs/explanation/guarantees.md).
 
 Every loop of a poller — claimer, completer, lease keeper, listener,
 maintenance services, shard manager — runs under one :class:`Supervisor`.

@@ -17,7 +17,7 @@ overriding ``poller_db`` in your ``conftest.py``::
 
 ``outbox.messages()`` lists what was enqueued since the test began (each with
 its endpoint, event type, parsed payload and key); ``assert_nothing_enqueued()``
-checks the opposite. An event the code published (:func:`poller.fanout`) shows as
+checks the opposite. An event the code published (:func:`poller.publish`) shows as
 one message per endpoint it reached, with the event's payload. Async tests pass
 ``AsyncSession.sync_session`` or use ``await conn.run_sync(...)`` around the asserts.
 """

@@ -1,4 +1,4 @@
-"""Statements of the claim path (SPEC §5): claim, heartbeat, complete, reclaim."""
+"""Statements of the claim path: claim, heartbeat, complete, reclaim."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Statements of election and shards (SPEC §6), and the schema revision."""
+"""Statements of election and shards, and the schema revision."""
 
 from __future__ import annotations
 
 from poller.queries._registry import statement as _statement
 
-# --- election and shards (SPEC §6) ------------------------------------------------
+# --- election and shards ---------------------------------------------------------
 
 # A setting every poller must agree on (shard count, election backend): the
 # first poller records it; the recorded value comes back either way.

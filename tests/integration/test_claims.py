@@ -1,4 +1,4 @@
-"""Claim core (SPEC §5): batch claims, fenced completions, reclaim, release."""
+"""Claim core: batch claims, fenced completions, reclaim, release."""
 
 from __future__ import annotations
 

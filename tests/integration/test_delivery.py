@@ -248,7 +248,7 @@ def _never_accepts() -> tuple[socket.socket, int, list[socket.socket]]:
 
 @pytest.mark.parametrize("kind", ["aiohttp", "httpx"])
 async def test_a_host_that_never_accepts_is_a_connect_timeout_not_unknown(kind: str) -> None:
-    """A blackholed host was never sent anything: retry, no lookup (SPEC §4)."""
+    """A blackholed host was never sent anything: retry, no lookup (the delivery contract)."""
     server, port, fillers = _never_accepts()
     sender: Sender = (
         AiohttpSender(allow_private=True, connect_timeout=0.3)

@@ -1,4 +1,4 @@
-"""Enqueue API (SPEC §3) against a real database."""
+"""Enqueue API against a real database."""
 
 from __future__ import annotations
 

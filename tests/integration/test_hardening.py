@@ -1,4 +1,4 @@
-"""The holes an attacker or a pessimist found (SPEC §10 G9, G11), each closed and kept closed.
+"""The holes an attacker or a pessimist found (guarantees G9, G11), each closed and kept closed.
 
 * whatever a delivery raises is a counted, recorded attempt — never a loop;
 * a failure between a claim and its sends spends no attempt and drops nothing;
