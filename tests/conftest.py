@@ -76,6 +76,33 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
+# Tests that run fleets of processes or measure rates and timing windows: under
+# pytest-xdist they run one after another in one worker (`--dist loadgroup`), while
+# the other workers take the rest. Two of them at once on two cores starve each
+# other (a rate limit measured at 151/s for 200/s; a load test too slow to lose
+# the message it was told to lose).
+SERIAL = (
+    "tests/faults/",
+    "tests/acceptance/test_demo.py",
+    "tests/acceptance/test_failover.py",
+    "tests/acceptance/test_loadtest.py",
+    "tests/acceptance/test_processes.py",
+    "tests/acceptance/test_run.py",
+    "tests/integration/test_concurrency.py",
+    "tests/integration/test_election.py",
+    "tests/integration/test_election_redis.py",
+    "tests/integration/test_endpoint_health.py",
+    "tests/integration/test_service_faults.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    root = repo_root()
+    for item in items:
+        if item.path.relative_to(root).as_posix().startswith(SERIAL):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
 def create_database(admin_url: str, template: str | None) -> str:
     """A new database (cloned from ``template`` if given); returns its URL."""
     name = f"poller_test_{os.getpid()}_{next(_counter)}"
