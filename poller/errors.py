@@ -3,7 +3,36 @@
 All derive from :class:`PollerError`; input errors also derive from
 :class:`ValueError`, and "no such thing" errors from :class:`NotFound` (a
 :class:`LookupError`), so callers that only know the builtin hierarchy still
-catch them.
+catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
+
+    PollerError
+    ├── ConfigurationError             (ValueError) a setting, named by its variable
+    ├── EmbeddedServerError            (RuntimeError)
+    ├── EndpointExists
+    ├── EndpointInUse
+    ├── EnqueueError                   (ValueError) refused before anything was written
+    │   ├── EndpointDisabled
+    │   ├── InvalidEventType
+    │   ├── InvalidIdempotencyKey
+    │   ├── InvalidOrderingKey
+    │   ├── InvalidPayload
+    │   │   └── PayloadTooLarge
+    │   ├── InvalidTenant
+    │   └── NaiveDatetime
+    ├── IdempotencyConflict
+    │   └── EventConflict
+    ├── IdempotencyKeySpent
+    ├── InvalidEndpoint                (ValueError)
+    │   └── InvalidSubscription
+    ├── InvalidInput                   (ValueError) what a person typed
+    ├── InvalidReplay                  (ValueError)
+    ├── NotFound                       (LookupError)
+    │   ├── EventNotFound
+    │   ├── MessageNotFound
+    │   ├── NothingMatched
+    │   └── UnknownEndpoint
+    ├── SecretUnreadable
+    └── ServiceCrashed                 (RuntimeError)
 
 Each face maps them once: the CLI (``poller/cli/__init__.py``) exits 1 for
 :class:`NotFound`, 2 for any other :class:`PollerError` and 70 for anything

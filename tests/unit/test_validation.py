@@ -149,3 +149,28 @@ def test_public_hosts_pass() -> None:
     assert check_url("https://hooks.example.com/in?x=1")
     assert check_url("https://bücher.example/in")
     assert check_url("https://_dmarc.example.com/in")
+
+
+def test_the_error_tree_drawn_in_errors_py_is_the_classes() -> None:
+    """poller/errors.py draws its tree in its docstring; it must stay the real one."""
+    import inspect
+    import re
+
+    from poller import errors
+
+    classes = [
+        c
+        for c in vars(errors).values()
+        if isinstance(c, type) and issubclass(c, errors.PollerError)
+    ]
+    drawn = []
+    for line in (errors.__doc__ or "").splitlines():
+        found = re.match(r"    ([│├└─ ]*)([A-Za-z]+)", line)
+        if found and found.group(2)[0].isupper() and found.group(2) in vars(errors):
+            drawn.append((len(found.group(1)) // 4, found.group(2)))
+
+    def walk(node: type, depth: int) -> list[tuple[int, str]]:
+        children = sorted((c for c in classes if c.__bases__[0] is node), key=lambda c: c.__name__)
+        return [(depth, node.__name__)] + [x for c in children for x in walk(c, depth + 1)]
+
+    assert drawn == walk(errors.PollerError, 0), inspect.getdoc(errors)
