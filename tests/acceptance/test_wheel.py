@@ -71,3 +71,55 @@ def test_installed_wheel_upgrades_an_empty_database(
         installed_wheel, tmp_path, "-m", "poller", "db", "current", POLLER_DATABASE_URL=empty_db_url
     )
     assert " (head) — " in current.stdout, current.stdout + current.stderr
+
+
+@pytest.mark.slow
+def test_the_release_builds_and_its_wheel_runs_the_demo_in_a_clean_venv(tmp_path: Path) -> None:
+    """`python -m build` makes an sdist and a wheel; a wheel built from the sdist alone
+    installs into a new virtualenv, whose `poller` runs the demo. The dependencies come
+    from the test's own environment (a path, not its site: no editable install leaks in),
+    so nothing is downloaded."""
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(repo_root())],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (sdist,) = dist.glob("webhook_poller-*.tar.gz")
+    assert len(list(dist.glob("webhook_poller-*.whl"))) == 1
+    from_sdist = tmp_path / "from-sdist"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(from_sdist), str(sdist)],
+        check=True, timeout=180,
+    )  # fmt: skip
+    (wheel,) = from_sdist.glob("webhook_poller-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [python, "-m", "pip", "--disable-pip-version-check", "--quiet", "install", "--no-deps",
+         str(wheel)],
+        check=True, timeout=180,
+    )  # fmt: skip
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    deps = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "_test_dependencies.pth").write_text(deps + "\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("POLLER_", "VIRTUAL_ENV"))}
+    where = subprocess.run(
+        [python, "-c", "import poller; print(poller.__file__, poller.__version__)"],
+        cwd=tmp_path, capture_output=True, text=True, env=environ, check=False,
+    )  # fmt: skip
+    assert where.stdout.startswith(site), where.stdout + where.stderr  # the wheel's, not ours
+    demo = subprocess.run(
+        [venv / "bin" / "poller", "demo", "--messages", "200", "--timeout", "60"],
+        cwd=tmp_path, capture_output=True, text=True, env=environ, timeout=120, check=False,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "delivered" in demo.stdout
