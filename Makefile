@@ -26,12 +26,12 @@ browser: ## Install Debian's Chromium for the dashboard's browser tests (idempot
 	@tools/install-browser
 
 # Three workers on two cores: most tests wait on servers, leases and timers, not the
-# CPU. Tests that run fleets or measure rates go one at a time in one of them
-# (tests/conftest.py SERIAL; --dist loadgroup).
+# CPU. Tests that run fleets or measure rates go one at a time (tests/conftest.py
+# SERIAL: a lock the workers share), the others around them.
 TEST_WORKERS ?= 3
 
 test: $(STAMP) browser ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 lint: $(STAMP) ## ruff (lint + format check), mypy --strict and the import layers
 	$(BIN)/ruff check poller tests loadtest db examples

@@ -8,8 +8,10 @@ cloned from it (CREATE DATABASE … TEMPLATE …): fast and isolated.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,11 +78,11 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
-# Tests that run fleets of processes or measure rates and timing windows: under
-# pytest-xdist they run one after another in one worker (`--dist loadgroup`), while
-# the other workers take the rest. Two of them at once on two cores starve each
-# other (a rate limit measured at 151/s for 200/s; a load test too slow to lose
-# the message it was told to lose).
+# Tests that run fleets of processes or measure rates and timing windows run one at a
+# time, whichever pytest-xdist worker has them; the other workers go on with the rest.
+# Two of them at once on two cores starve each other (a rate limit measured at 151/s
+# for 200/s; a load test too slow to lose the message it was told to lose).
+# (xdist's own `--dist loadgroup` does not group with pytest 9's node ids.)
 SERIAL = (
     "tests/faults/",
     "tests/acceptance/test_demo.py",
@@ -100,7 +102,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     root = repo_root()
     for item in items:
         if item.path.relative_to(root).as_posix().startswith(SERIAL):
-            item.add_marker(pytest.mark.xdist_group("serial"))
+            item.add_marker(pytest.mark.serial)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout: waiting is free
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """A ``serial`` test holds a lock shared by the run's xdist workers while it runs."""
+    run = getattr(item.config, "workerinput", {}).get("testrunuid")
+    if run is None or item.get_closest_marker("serial") is None:
+        return (yield)
+    path = Path(tempfile.gettempdir()) / f"webhook-poller-tests-{run}.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return (yield)
 
 
 def create_database(admin_url: str, template: str | None) -> str:

@@ -19,12 +19,14 @@ from poller.dashboard.web import (
     Dashboard,
     SecurityHeaders,
     database_away,
+    expected_failure,
     host_of,
     login,
     logout,
     loopback,
 )
 from poller.db import TRANSIENT
+from poller.errors import PollerError
 from poller.settings import Settings
 
 
@@ -52,7 +54,10 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan or default_lifespan,
-        exception_handlers=dict.fromkeys(TRANSIENT, database_away),
+        exception_handlers={
+            **dict.fromkeys(TRANSIENT, database_away),
+            PollerError: expected_failure,
+        },
     )
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
     bound = host_of(settings.dashboard_addr or "127.0.0.1:8188")

@@ -25,6 +25,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from poller.dashboard import auth
+from poller.errors import NotFound
 from poller.settings import Settings
 
 log = logging.getLogger("poller.dashboard")
@@ -279,6 +280,13 @@ async def logout(request: Request) -> Response:
     response = RedirectResponse("/login", 303)
     response.delete_cookie(auth.COOKIE, path="/")
     return response
+
+
+async def expected_failure(request: Request, exc: Exception) -> Response:
+    """An expected failure no page handled itself (poller/errors.py): a status page, 404
+    for :class:`~poller.errors.NotFound`, 400 for any other; never a traceback."""
+    status = 404 if isinstance(exc, NotFound) else 400
+    return dashboard(request).error(request, status, str(exc))
 
 
 async def database_away(request: Request, exc: Exception) -> Response:

@@ -464,3 +464,25 @@ def test_a_database_that_is_away_is_a_503_page(
     assert page.status_code == 503 and "not answering" in page.text
     assert "Traceback" not in page.text and "secret-password" not in page.text + caplog.text
     assert any("database unavailable" in r.getMessage() for r in caplog.records)
+
+
+def test_an_expected_failure_no_page_handles_is_a_status_page(
+    web: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every face maps the error tree once: a NotFound escaping a page is a 404 page, any
+    other PollerError a 400, never a 500 with a traceback."""
+    from poller import admin
+    from poller.errors import InvalidInput, NothingMatched
+
+    def raises(exc: Exception) -> Any:
+        def detail(*args: object, **kwargs: object) -> None:
+            raise exc
+
+        return detail
+
+    monkeypatch.setattr(admin, "message_detail", raises(NothingMatched("nothing matched: x")))
+    page = web.get("/messages/1")
+    assert page.status_code == 404 and "nothing matched: x" in page.text
+    monkeypatch.setattr(admin, "message_detail", raises(InvalidInput("'x' is not a message id")))
+    page = web.get("/messages/1")
+    assert page.status_code == 400 and "is not a message id" in page.text
