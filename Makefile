@@ -26,8 +26,8 @@ browser: ## Install Debian's Chromium for the dashboard's browser tests (idempot
 	@tools/install-browser
 
 # Three workers on two cores: most tests wait on servers, leases and timers, not the
-# CPU. Tests that run fleets or measure rates go one at a time (tests/conftest.py
-# SERIAL: a lock the workers share), the others around them.
+# CPU. A test that measures a rate never runs beside one that runs a fleet
+# (tests/conftest.py: a lock the workers share).
 TEST_WORKERS ?= 3
 
 test: $(STAMP) browser ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)

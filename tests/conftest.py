@@ -78,42 +78,50 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
 
 
-# Tests that run fleets of processes or measure rates and timing windows run one at a
-# time, whichever pytest-xdist worker has them; the other workers go on with the rest.
-# Two of them at once on two cores starve each other (a rate limit measured at 151/s
-# for 200/s; a load test too slow to lose the message it was told to lose).
-# (xdist's own `--dist loadgroup` does not group with pytest 9's node ids.)
-SERIAL = (
-    "tests/faults/",
+# Under pytest-xdist, tests that run fleets of processes take a shared lock, and tests
+# that measure a rate or a timing window an exclusive one: they run beside light tests
+# and beside each other, but never a measuring test beside a fleet. Three fleets at once
+# on two cores starved each other (a 200/s rate limit measured at 151/s; a load test too
+# slow to lose the message it was told to lose). (xdist's `--dist loadgroup` does not
+# group under pytest 9's node ids.)
+FLEETS = (
+    "tests/faults/test_scenarios.py",
     "tests/acceptance/test_demo.py",
     "tests/acceptance/test_failover.py",
-    "tests/acceptance/test_loadtest.py",
     "tests/acceptance/test_processes.py",
     "tests/acceptance/test_run.py",
     "tests/integration/test_concurrency.py",
     "tests/integration/test_election.py",
     "tests/integration/test_election_redis.py",
-    "tests/integration/test_endpoint_health.py",
     "tests/integration/test_service_faults.py",
+)
+MEASURING = (
+    "tests/faults/test_hunt.py",  # no live poller's claim may expire: its heartbeats must run
+    "tests/acceptance/test_loadtest.py",
+    "tests/integration/test_endpoint_health.py",
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     root = repo_root()
     for item in items:
-        if item.path.relative_to(root).as_posix().startswith(SERIAL):
-            item.add_marker(pytest.mark.serial)
+        where = item.path.relative_to(root).as_posix()
+        if where.startswith(MEASURING):
+            item.add_marker(pytest.mark.serial(exclusive=True))
+        elif where.startswith(FLEETS):
+            item.add_marker(pytest.mark.serial(exclusive=False))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout: waiting is free
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """A ``serial`` test holds a lock shared by the run's xdist workers while it runs."""
+    """A ``serial`` test holds the lock the run's xdist workers share while it runs."""
     run = getattr(item.config, "workerinput", {}).get("testrunuid")
-    if run is None or item.get_closest_marker("serial") is None:
+    mark = item.get_closest_marker("serial")
+    if run is None or mark is None:
         return (yield)
     path = Path(tempfile.gettempdir()) / f"webhook-poller-tests-{run}.lock"
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with open(path, "a") as lock:  # released when the file closes
+        fcntl.flock(lock, fcntl.LOCK_EX if mark.kwargs["exclusive"] else fcntl.LOCK_SH)
         return (yield)
 
 
