@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 CLAIM_LEASE = 3.0  # loadtest/hunt.py's
 SETTLE = CLAIM_LEASE + 4.0  # after a fault: the lease runs out, then a sweep reclaims
 SUPERVISED = 35.0  # a supervisor's children stop within 30 s of it dying (--processes)
-# A failed request as the README defines it (no answer, 5xx, 408, 429 — to a send or a
-# lookup, a probe or not), in SQL over the attempt rows. Written out here rather than
-# taken from poller/health.py: a checker that shares the rule cannot catch it drifting.
+# A failed request as docs/explanation/health.md defines it (no answer, 5xx, 408, 429 —
+# to a send or a lookup, a probe or not), in SQL over the attempt rows. Written out here
+# rather than taken from poller/health.py: a checker that shares the rule cannot catch
+# it drifting.
 FAILED_REQUEST = (
     "a.kind IN ('send', 'lookup') AND NOT a.stale AND a.outcome IN "
     "('retry', 'unknown', 'failed', 'probe_failed', 'lookup_retry', 'lookup_failed') "

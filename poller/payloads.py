@@ -4,7 +4,7 @@ The text :func:`serialise_payload` returns is stored (a ``json`` column) and
 sent as the body byte for byte: key order, number spellings and UTF-8 text
 arrive as produced. A payload is a JSON object — a ``dict``, a pydantic
 model, a dataclass — or :class:`RawJSON` text kept exactly as given; values
-JSON has no type for are encoded by :func:`encode_value` (README "Payloads").
+JSON has no type for are encoded by :func:`encode_value` (docs/how-to/enqueue.md).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _raw_json(raw: RawJSON) -> str:
 
 
 def encode_value(value: Any) -> Any:
-    """How values JSON has no type for are sent — stable, documented (README "Payloads"):
+    """How values JSON has no type for are sent — stable, documented (docs/how-to/enqueue.md):
 
     ====================================  ==========================================
     value                                 JSON

@@ -241,7 +241,7 @@ async def test_a_receiver_down_for_an_hour_then_retried_from_the_cli(
     db_url: str,
     engine: Engine,  # type: ignore[no-untyped-def]
 ) -> None:
-    """The README's worked example: failures found, endpoint fixed, retried, delivered."""
+    """The worked example in docs/how-to/operate.md: failures found, fixed, retried, delivered."""
     import asyncio
 
     from poller.receiver import Faults

@@ -2,7 +2,7 @@
 
 Real processes all the way: ``poller dashboard`` and ``poller receiver`` as
 subprocesses, a ``poller run`` that delivers what the page retries, PostgreSQL.
-Screenshots of every page go to ``.pytest-output/dashboard/`` (README's comes
+Screenshots of every page go to ``.pytest-output/dashboard/`` (the docs' comes
 from here). ``make browser`` installs Chromium; without it these tests skip,
 saying why.
 """
