@@ -3,7 +3,6 @@ event to its subscribers, from the command line (tests, replays, demos)."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,14 +39,9 @@ def _file(path: str) -> str:
 
 def _payload(data: str) -> Any:
     """The --data text, sent exactly as written (a JSON object)."""
-    text = _file(data[1:]) if data.startswith("@") else data
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidPayload(f"--data is not JSON: {exc}") from None
-    from poller.payloads import RawJSON
+    from poller import parse
 
-    return RawJSON(text)
+    return parse.json_payload(_file(data[1:]) if data.startswith("@") else data, "--data")
 
 
 @click.command()

@@ -174,3 +174,45 @@ def test_the_error_tree_drawn_in_errors_py_is_the_classes() -> None:
         return [(depth, node.__name__)] + [x for c in children for x in walk(c, depth + 1)]
 
     assert drawn == walk(errors.PollerError, 0), inspect.getdoc(errors)
+
+
+@pytest.mark.parametrize(
+    ("reader", "value", "message"),
+    [
+        ("duration", "0s", "not a duration"),
+        ("duration", "7 fortnights", "not a duration"),
+        ("duration", "1e400", "not a duration"),
+        ("duration", "99999999999d", "longer than any date"),
+        ("moment", "yesterday", "neither a duration"),
+        ("moment", "99999999999d", "longer than any date"),
+        ("row_id", "abc", "is not a message id"),
+        ("row_id", "-1", "is not a message id"),
+        ("row_id", "٣", "is not a message id"),  # a digit, but not an ASCII one
+        ("row_id", str(2**63), "from 1 to"),
+        ("row_id", "0", "from 1 to"),
+        ("json_payload", "{", "is not JSON"),
+        ("json_payload", "[" * 100_000, "is not JSON"),  # too deep: refused, not a crash
+    ],
+)  # fmt: skip
+def test_what_people_type_is_refused_with_what_was_expected(
+    reader: str, value: str, message: str
+) -> None:
+    """poller/parse.py reads for every face: the nastiest values are a typed error."""
+    from poller import parse
+    from poller.errors import PollerError
+
+    with pytest.raises(PollerError, match=message):
+        getattr(parse, reader)(value)
+
+
+def test_what_people_type_is_read() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from poller import parse
+
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    assert parse.duration("90s") == timedelta(seconds=90) == parse.duration(" 1.5m ")
+    assert parse.moment("1h", now) == now - timedelta(hours=1)
+    assert parse.moment("2026-11-30T09:00:00") == datetime(2026, 11, 30, 9, tzinfo=UTC)
+    assert parse.row_id(" 42 ") == 42 == parse.row_id(42)
+    assert parse.json_payload('{"a": 1}').text == '{"a": 1}'
