@@ -15,9 +15,7 @@ def dashboard(addr: str | None) -> None:
     It shows payloads, so it always asks for credentials: POLLER_DASHBOARD_TOKEN,
     or POLLER_DASHBOARD_USER and POLLER_DASHBOARD_PASSWORD, or (embedded server)
     the token it keeps in the data folder and prints here."""
-    from poller.dashboard import auth
-    from poller.dashboard.serve import DEFAULT_ADDR, bind, build, serve
-    from poller.dashboard.web import loopback
+    from poller.dashboard.serve import DEFAULT_ADDR, bind, build, credentials, loopback, serve
     from poller.settings import load_settings
 
     settings, url = settings_and_url()
@@ -25,7 +23,7 @@ def dashboard(addr: str | None) -> None:
         settings = load_settings(dashboard_addr=addr)  # the setting's own check
     address = addr or settings.dashboard_addr or DEFAULT_ADDR
     engine = command_engine()
-    creds = auth.credentials(settings)
+    creds = credentials(settings)
     sock = bind(address)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

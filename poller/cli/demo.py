@@ -131,15 +131,14 @@ def _this_command() -> str:
 
 def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None:
     """Serve the dashboard on the demo's database until SIGINT/SIGTERM (poller/dashboard)."""
-    from poller.dashboard import auth
-    from poller.dashboard.serve import DEFAULT_ADDR, bind, build, serve
+    from poller.dashboard import serve as board
     from poller.settings import load_settings
 
-    addr = load_settings().dashboard_addr or DEFAULT_ADDR
+    addr = load_settings().dashboard_addr or board.DEFAULT_ADDR
     settings = load_settings(database_url=url, redis_url=redis_url, election="redis")
-    path = folder / auth.TOKEN_FILE
-    creds = auth.Credentials(auth.token_from_file(path), token_file=path)
-    sock = bind(addr)
+    path = folder / board.TOKEN_FILE
+    creds = board.Credentials(board.token_from_file(path), token_file=path)
+    sock = board.bind(addr)
     host, port = sock.getsockname()[:2]
     console.print(
         f"dashboard on http://{host}:{port}/ — open "
@@ -148,7 +147,7 @@ def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None
     )
     engine = sync_engine(url)
     try:
-        serve(build(settings, url, engine, creds), sock)
+        board.serve(board.build(settings, url, engine, creds), sock)
     finally:
         engine.dispose()
 

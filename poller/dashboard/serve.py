@@ -1,4 +1,9 @@
-"""Serving the dashboard: the app wired to a database and an elector, and a socket."""
+"""Serving the dashboard: the app wired to a database and an elector, and a socket.
+
+This is the dashboard's entry point: the CLI (``poller dashboard``, ``poller demo
+--dashboard``) imports this module and nothing else of the dashboard's (an
+import-linter contract in pyproject.toml), so the faces share no code.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,11 @@ from starlette.types import ASGIApp
 
 from poller.dashboard import auth
 from poller.dashboard.app import create_app
+from poller.dashboard.auth import TOKEN_FILE as TOKEN_FILE
+from poller.dashboard.auth import Credentials as Credentials
+from poller.dashboard.auth import credentials as credentials
+from poller.dashboard.auth import token_from_file as token_from_file
+from poller.dashboard.web import loopback as loopback
 from poller.db import async_engine
 from poller.errors import ConfigurationError
 from poller.settings import Settings
