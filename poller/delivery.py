@@ -114,6 +114,7 @@ def webhook_headers(
     now = datetime.now(UTC)
     timestamp = int(now.timestamp())
     return {
+        **dict(endpoint.headers),  # the endpoint's own (poller/headers.py): never ours
         "webhook-id": idempotency_key,
         "webhook-timestamp": str(timestamp),
         "webhook-signature": sign(endpoint.signing_secrets(now), idempotency_key, timestamp, body),

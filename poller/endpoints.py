@@ -21,6 +21,7 @@ import hashlib
 import math
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +32,7 @@ from sqlalchemy import Connection, Row, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from poller import headers as header_codec
 from poller import queries
 from poller.errors import (
     EndpointExists,
@@ -39,6 +41,8 @@ from poller.errors import (
     SecretUnreadable,
     UnknownEndpoint,
 )
+from poller.headers import PLAIN_PREFIX as HEADERS_PLAIN
+from poller.headers import Headers, check_headers
 from poller.health import DEFAULT as DEFAULT  # re-exported: update_endpoint's sentinel
 from poller.health import MAX_RATE as MAX_RATE
 from poller.health import check_health_settings
@@ -225,9 +229,16 @@ class Endpoint:
     """Only events published for this tenant reach it; None: only events without one."""
     payload_filter: dict[str, Any] | None = None
     """A JSON object a published event's payload must contain to reach it."""
+    headers: Headers = field(repr=False, default=())
+    """Sent with every delivery and lookup (poller/headers.py); the values are credentials."""
     secret_sealed: bool = False
     """True when the stored secret is encrypted (POLLER_SECRETS_KEY)."""
     secret_error: str | None = None
+
+    @property
+    def header_names(self) -> tuple[str, ...]:
+        """What may be shown of :attr:`headers`: their names."""
+        return tuple(name for name, _ in self.headers)
 
     @classmethod
     def from_row(cls, row: Row[Any], keyring: Keyring | None = None) -> Endpoint:
@@ -241,8 +252,10 @@ class Endpoint:
             values["secret"] = keyring.open(row.secret)
             if row.previous_secret is not None:
                 values["previous_secret"] = keyring.open(row.previous_secret)
+            if row.headers is not None:
+                values["headers"] = header_codec.loads(keyring.open(row.headers, HEADERS_PLAIN))
         except SecretUnreadable as exc:
-            values.update(secret="", previous_secret=None, secret_error=str(exc))
+            values.update(secret="", previous_secret=None, headers=(), secret_error=str(exc))
         return cls(**values)
 
     def signing_secrets(self, now: datetime) -> list[str]:
@@ -260,7 +273,9 @@ class Endpoint:
 
 
 _STORED_FIELDS = tuple(
-    name for name in Endpoint.__dataclass_fields__ if name not in ("secret_sealed", "secret_error")
+    name
+    for name in Endpoint.__dataclass_fields__
+    if name not in ("secret_sealed", "secret_error", "headers")
 )
 
 
@@ -290,6 +305,7 @@ def create_endpoint(
     event_types: Any = None,
     tenant: str | None = None,
     payload_filter: Any = None,
+    headers: Mapping[str, str] | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -297,6 +313,8 @@ def create_endpoint(
     stored sealed with ``keyring`` (default: POLLER_SECRETS_KEY's), if it has a key.
     ``event_types``, ``tenant`` and ``payload_filter`` say which published events
     reach it (poller/subscriptions.py); without ``event_types``, none does.
+    ``headers`` go with every delivery and lookup, sealed like the secret
+    (poller/headers.py).
     """
     keyring = keyring or default_settings().keyring
     if allow_private is None:
@@ -319,6 +337,7 @@ def create_endpoint(
     plain = values["secret"]
     _check_secret(plain)
     values["secret"] = keyring.seal(plain)
+    values["headers"] = _sealed_headers(check_headers(headers), keyring)
     try:
         with conn.begin_nested():
             row = conn.execute(insert(endpoints).values(**values).returning(endpoints)).one()
@@ -327,6 +346,11 @@ def create_endpoint(
             raise EndpointExists(name) from None
         raise
     return CreatedEndpoint(Endpoint.from_row(row, keyring), plain)
+
+
+def _sealed_headers(headers: Headers, keyring: Keyring) -> str | None:
+    stored = header_codec.dumps(headers)
+    return None if stored is None else keyring.seal(stored)
 
 
 def get_endpoint(conn: Conn, name: str, *, keyring: Keyring | None = None) -> Endpoint:
@@ -372,6 +396,9 @@ def update_endpoint(
     event_types: Any = None,
     tenant: Any = None,
     payload_filter: Any = None,
+    headers: Mapping[str, str | None] | None = None,
+    clear_headers: bool = False,
+    keyring: Keyring | None = None,
 ) -> Endpoint:
     """Change the given fields (None leaves a field as it is); checked like create.
     A new ``url`` closes the endpoint's circuit (poller/health.py).
@@ -380,11 +407,19 @@ def update_endpoint(
     limit, the global breaker settings); so do ``tenant`` and ``payload_filter``
     (none). ``event_types=[]`` ends every subscription. A changed subscription
     applies to events published from then on; ``poller admin replay`` sends
-    earlier ones.
+    earlier ones. ``headers`` are merged into the endpoint's (a value of None
+    removes that one); ``clear_headers`` drops them all first.
     """
     if allow_private is None:
         allow_private = default_settings().allow_private_targets
     changes: dict[str, Any] = {}
+    if headers or clear_headers:
+        keyring = keyring or default_settings().keyring
+        current = get_endpoint(conn, name, keyring=keyring)
+        if current.secret_error is not None:  # its headers could not be opened: keep them
+            raise SecretUnreadable(f"endpoint {name!r}: {current.secret_error}")
+        new = header_codec.merged(current.headers, headers or {}, clear=clear_headers)
+        changes["headers"] = _sealed_headers(new, keyring)
     if url is not None:
         changes["url"] = check_url(url, allow_private=allow_private)
     if lookup_url is not None:
@@ -406,7 +441,7 @@ def update_endpoint(
     changes.update(check_subscription_settings(event_types, tenant, payload_filter))
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
-    endpoint = _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()))
+    endpoint = _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()), keyring)
     if "url" in changes:  # a new destination: what the old one did says nothing of it
         _reset_health(conn, endpoint.id)
     return endpoint
@@ -461,7 +496,13 @@ def reseal_secrets(conn: Conn, *, plain: bool = False, keyring: Keyring | None =
             "(make one with 'poller endpoints new-key')"
         )
     rows = conn.execute(
-        select(endpoints.c.id, endpoints.c.name, endpoints.c.secret, endpoints.c.previous_secret)
+        select(
+            endpoints.c.id,
+            endpoints.c.name,
+            endpoints.c.secret,
+            endpoints.c.previous_secret,
+            endpoints.c.headers,
+        )
         .order_by(endpoints.c.id)
         .with_for_update()
     ).all()
@@ -473,12 +514,17 @@ def reseal_secrets(conn: Conn, *, plain: bool = False, keyring: Keyring | None =
                 if row.previous_secret is None
                 else keyring.reseal(row.previous_secret, plain=plain)
             )
+            stored_headers = (
+                None
+                if row.headers is None
+                else keyring.reseal(row.headers, plain=plain, plain_prefix=HEADERS_PLAIN)
+            )
         except SecretUnreadable as exc:
             raise SecretUnreadable(f"endpoint {row.name!r}: {exc}") from None
         conn.execute(
             update(endpoints)
             .where(endpoints.c.id == row.id)
-            .values(secret=secret, previous_secret=previous)
+            .values(secret=secret, previous_secret=previous, headers=stored_headers)
         )
     return len(rows)
 

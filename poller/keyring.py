@@ -83,9 +83,10 @@ class Keyring:
             return secret
         return SEALED_PREFIX + self._fernet.encrypt(secret.encode("utf-8")).decode("ascii")
 
-    def open(self, stored: str) -> str:
-        """The plain secret of a stored one, or SecretUnreadable saying why."""
-        if stored.startswith(PLAIN_PREFIX):
+    def open(self, stored: str, plain_prefix: str = PLAIN_PREFIX) -> str:
+        """The plain secret of a stored one, or SecretUnreadable saying why. A plain one
+        starts with ``plain_prefix`` (``whsec_`` for a signing secret)."""
+        if stored.startswith(plain_prefix):
             return stored
         if not stored.startswith(SEALED_PREFIX):
             raise SecretUnreadable("the stored secret is neither whsec_… nor fernet:…")
@@ -99,9 +100,9 @@ class Keyring:
             ) from None
         return plain.decode("utf-8")
 
-    def reseal(self, stored: str, *, plain: bool = False) -> str:
+    def reseal(self, stored: str, *, plain: bool = False, plain_prefix: str = PLAIN_PREFIX) -> str:
         """A stored secret sealed again with the first key (or in plain text with ``plain``)."""
-        secret = self.open(stored)
+        secret = self.open(stored, plain_prefix)
         return secret if plain else self.seal(secret)
 
 

@@ -81,6 +81,8 @@ endpoints = Table(
     # During rotation the previous secret keeps signing until it expires.
     Column("previous_secret", Text),
     Column("previous_secret_expires_at", DateTime(timezone=True)),
+    # Headers sent with every request (poller/headers.py): credentials, sealed like secrets.
+    Column("headers", Text),
     Column("lookup_url", Text),
     Column("enabled", Boolean, nullable=False, server_default=text("true")),
     Column("disabled_reason", Text),

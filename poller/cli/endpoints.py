@@ -67,6 +67,7 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "created_at": endpoint.created_at,
         "previous_secret_expires_at": endpoint.previous_secret_expires_at,
         "secret_encrypted": endpoint.secret_sealed,
+        "headers": list(endpoint.header_names),  # names only: the values are credentials
     }
 
 
@@ -171,6 +172,33 @@ def _subscription_changes(
     }
 
 
+def _headers_option(func: Any) -> Any:
+    return click.option(
+        "--header",
+        "header",
+        multiple=True,
+        metavar="'NAME: VALUE'",
+        help="A header sent with every delivery and lookup, e.g. 'Authorization: Bearer …' "
+        "(repeatable; stored encrypted like the secret, never shown; on update 'NAME:' "
+        "removes one).",
+    )(func)
+
+
+def _header_changes(given: tuple[str, ...], *, removals: bool) -> dict[str, str | None]:
+    """``--header`` values as names → values (None: remove). An error never repeats what
+    was typed after the name: it may be a credential."""
+    changes: dict[str, str | None] = {}
+    for item in given:
+        name, colon, value = item.partition(":")
+        if not colon or not name.strip():
+            raise click.UsageError("--header takes 'NAME: VALUE' (a name, a colon, the value)")
+        value = value.strip()
+        if not value and not removals:
+            raise click.UsageError(f"--header {name.strip()!r}: give a value after the colon")
+        changes[name.strip()] = value or None
+    return changes
+
+
 @click.group()
 def endpoints() -> None:
     """Webhook destinations: add, inspect, enable/disable, rotate secrets, remove."""
@@ -181,6 +209,7 @@ def endpoints() -> None:
 @click.argument("url")
 @_limits
 @_subscriptions
+@_headers_option
 @json_option
 def add(
     name: str,
@@ -193,6 +222,7 @@ def add(
     event_types: str | None,
     tenant: str | None,
     payload_filter: str | None,
+    header: tuple[str, ...],
     as_json: bool,
     **health: Any,
 ) -> None:
@@ -213,6 +243,9 @@ def add(
             timeout=timeout,
             max_in_flight=max_in_flight,
             on_failed_head=on_failed_head or "block",
+            headers={
+                k: v for k, v in _header_changes(header, removals=False).items() if v is not None
+            },
             **health,
             **subscription,
         )
@@ -228,6 +261,8 @@ def add(
 @click.option("--url")
 @_limits
 @_subscriptions
+@_headers_option
+@click.option("--clear-headers", is_flag=True, help="Drop every header (before any --header).")
 @json_option
 def update(
     name: str,
@@ -240,12 +275,14 @@ def update(
     event_types: str | None,
     tenant: str | None,
     payload_filter: str | None,
+    header: tuple[str, ...],
+    clear_headers: bool,
     as_json: bool,
     **health: Any,
 ) -> None:
-    """Change an endpoint's URL, lookup URL, limits or subscriptions (--lookup-url ''
+    """Change an endpoint's URL, lookup URL, limits, subscriptions or headers (--lookup-url ''
     removes it; a health setting given as 'default' goes back to the default;
-    --events, --tenant or --filter '' clears it)."""
+    --events, --tenant or --filter '' clears it; --header 'NAME:' removes that header)."""
     with command_engine().begin() as conn:
         endpoint = api.update_endpoint(
             conn,
@@ -256,6 +293,8 @@ def update(
             timeout=timeout,
             max_in_flight=max_in_flight,
             on_failed_head=on_failed_head,
+            headers=_header_changes(header, removals=True),
+            clear_headers=clear_headers,
             **health,
             **_subscription_changes(event_types, tenant, payload_filter),
         )
@@ -311,7 +350,10 @@ def show(name: str, as_json: bool) -> None:
     if as_json:
         emit_json(document)
         return
-    rows = [(k, _shown(v)) for k, v in _public(endpoint).items()]
+    rows = [
+        (k, (", ".join(v) or "none") if k == "headers" else _shown(v))
+        for k, v in _public(endpoint).items()
+    ]
     rows += [
         ("last success", f"{iso(health['last_success'])} ({age(health['last_success'])})"),
         ("failures since last success", health["failures_since_last_success"]),

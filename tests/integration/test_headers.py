@@ -1,0 +1,163 @@
+"""Headers per endpoint (poller/headers.py): checked, sealed at rest, sent on deliveries and
+lookups through both HTTP clients, and never shown."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import Engine, text
+
+from poller.cli import cli
+from poller.delivery import lookup, send
+from poller.endpoints import create_endpoint, get_endpoint, reseal_secrets, update_endpoint
+from poller.errors import InvalidEndpoint
+from poller.headers import MAX_BYTES, MAX_HEADERS, check_headers
+from poller.keyring import Keyring, new_key
+from poller.senders import AiohttpSender, HttpxSender, Sender
+from tests.integration import servers
+from tests.integration.test_delivery import _endpoint, _message
+
+TOKEN = "Bearer planted-credential-7f3a"  # must never appear in any output
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"Bad Name": "x"}, "not an HTTP token"),
+        ({"X-A\r\nX-B": "x"}, "not an HTTP token"),
+        ({"": "x"}, "not an HTTP token"),
+        ({"X-Key": "a\r\nX-Injected: 1"}, "visible ASCII"),
+        ({"X-Key": "a\nb"}, "visible ASCII"),
+        ({"X-Key": "a\x00b"}, "visible ASCII"),
+        ({"X-Key": "clé"}, "visible ASCII"),
+        ({"X-Key": " padded"}, "visible ASCII"),
+        ({"X-Key": ""}, "visible ASCII"),
+        ({"Host": "evil.example"}, "set by the poller"),
+        ({"content-length": "0"}, "set by the poller"),
+        ({"Transfer-Encoding": "chunked"}, "set by the poller"),
+        ({"Connection": "close"}, "set by the poller"),
+        ({"Webhook-Signature": "v1,forged"}, "set by the poller"),
+        ({"webhook-ordering-seq": "1"}, "set by the poller"),
+        ({"Proxy-Authorization": "Basic x"}, "set by the poller"),
+        ({"User-Agent": "me"}, "set by the poller"),
+        ({"Idempotency-Key": "k"}, "set by the poller"),
+        ({"X-Key": "a", "x-key": "b"}, "given twice"),
+        ({f"X-{i}": "v" for i in range(MAX_HEADERS + 1)}, f"at most {MAX_HEADERS}"),
+        ({"X-Big": "v" * MAX_BYTES}, f"at most {MAX_BYTES} bytes"),
+    ],
+)  # fmt: skip
+def test_bad_headers_are_refused_without_showing_the_value(
+    headers: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InvalidEndpoint, match=message) as refused:
+        check_headers(headers)
+    for value in headers.values():
+        if len(value) > 3:
+            assert value not in str(refused.value)
+
+
+def test_headers_are_sealed_at_rest_and_resealed(engine: Engine) -> None:
+    keyring = Keyring([new_key()])
+    with engine.begin() as conn:
+        create_endpoint(
+            conn, "billing", "http://127.0.0.1:9/h", keyring=keyring,
+            headers={"Authorization": TOKEN, "X-Api-Key": "k-1234"},
+        )  # fmt: skip
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT headers FROM poller_endpoints")).scalar_one()
+        found = get_endpoint(conn, "billing", keyring=keyring)
+    assert stored.startswith("fernet:") and "planted" not in stored
+    assert found.headers == (("Authorization", TOKEN), ("X-Api-Key", "k-1234"))
+    assert "planted" not in repr(found) and found.header_names == ("Authorization", "X-Api-Key")
+    with engine.begin() as conn:
+        reseal_secrets(conn, plain=True, keyring=keyring)
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT headers FROM poller_endpoints")).scalar_one()
+        assert get_endpoint(conn, "billing", keyring=Keyring()).headers == found.headers
+    assert stored.startswith("headers:")  # plain again, as the secrets are
+
+
+def test_update_merges_removes_and_clears(engine: Engine) -> None:
+    with engine.begin() as conn:
+        create_endpoint(conn, "billing", "http://127.0.0.1:9/h", headers={"X-A": "1", "X-B": "2"})
+        changed = update_endpoint(conn, "billing", headers={"x-a": "one", "X-C": "3", "X-B": None})
+        assert changed.headers == (("x-a", "one"), ("X-C", "3"))
+        changed = update_endpoint(conn, "billing", clear_headers=True, headers={"X-D": "4"})
+        assert changed.headers == (("X-D", "4"),)
+        assert update_endpoint(conn, "billing", clear_headers=True).headers == ()
+        with pytest.raises(InvalidEndpoint, match="set by the poller"):
+            update_endpoint(conn, "billing", headers={"Host": "x"})
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[Sender]:
+    sender: Sender = (
+        AiohttpSender(allow_private=True)
+        if request.param == "aiohttp"
+        else HttpxSender(allow_private=True)
+    )
+    yield sender
+    await sender.aclose()
+
+
+async def test_headers_go_with_every_delivery_and_lookup(client: Sender) -> None:
+    seen: list[dict[str, str]] = []
+
+    async def capture(reader, writer):  # type: ignore[no-untyped-def]
+        raw = await servers.read_request(reader)
+        lines = raw.partition(b"\r\n\r\n")[0].decode().split("\r\n")
+        seen.append({k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])})
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+
+    async with servers.raw_server(capture) as url:
+        endpoint = dataclasses.replace(
+            _endpoint(url, lookup_url=url + "/{idempotency_key}"),
+            headers=(("Authorization", TOKEN), ("X-Api-Key", "k-1")),
+        )
+        await send(client, endpoint, _message(), timeout=2, user_agent="t")
+        await lookup(client, endpoint, _message(), timeout=2, user_agent="t")
+    assert len(seen) == 2
+    for headers in seen:
+        assert headers["authorization"] == TOKEN and headers["x-api-key"] == "k-1"
+        assert headers["webhook-id"] == "invoice:42"  # ours beside them
+
+
+def test_the_cli_sets_headers_and_shows_only_their_names(engine: Engine, db_url: str) -> None:
+    def run(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(
+            cli,
+            list(args),
+            env={"POLLER_DATABASE_URL": db_url, "POLLER_ALLOW_PRIVATE_TARGETS": "true"},
+        )
+        return result.exit_code, result.output
+
+    code, out = run(
+        "endpoints", "add", "billing", "http://127.0.0.1:9/h",
+        "--header", f"Authorization: {TOKEN}", "--header", "X-Api-Key: k-1", "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    assert json.loads(out)["headers"] == ["Authorization", "X-Api-Key"]
+    outputs = [out]
+    for args in (
+        ("endpoints", "show", "billing"),
+        ("endpoints", "show", "billing", "--json"),
+        ("endpoints", "list"),
+        ("endpoints", "list", "--json"),
+        ("endpoints", "update", "billing", "--header", "X-Api-Key:", "--json"),
+    ):
+        code, out = run(*args)
+        assert code == 0, (args, out)
+        outputs.append(out)
+    assert json.loads(outputs[-1])["headers"] == ["Authorization"]
+    assert all("planted" not in o and "k-1" not in o for o in outputs)
+    code, out = run("endpoints", "update", "billing", "--header", f"Host {TOKEN}")
+    assert code == 2 and "NAME: VALUE" in out and "planted" not in out
+    code, out = run("endpoints", "update", "billing", "--header", f"Host: {TOKEN}")
+    assert code == 2 and "'Host'" in out and "planted" not in out
+    with engine.connect() as conn:
+        assert get_endpoint(conn, "billing").headers == (("Authorization", TOKEN),)
