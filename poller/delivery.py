@@ -41,11 +41,12 @@ from typing import Any
 from urllib.parse import quote
 
 from poller import outcomes
-from poller.endpoints import LOOKUP_PLACEHOLDER, SECRET_PREFIX, Endpoint
+from poller.endpoints import SECRET_PREFIX, Endpoint
 from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import parse_retry_after, retry_delay
 from poller.senders import Reply, Sender, SendError
 from poller.settings import Settings
+from poller.urls import LOOKUP_PLACEHOLDER
 
 EXCERPT_CAP = 2048
 

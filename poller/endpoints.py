@@ -25,9 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-import idna
 from sqlalchemy import Connection, Row, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -47,13 +45,12 @@ from poller.health import DEFAULT as DEFAULT  # re-exported: update_endpoint's s
 from poller.health import MAX_RATE as MAX_RATE
 from poller.health import check_health_settings
 from poller.keyring import Keyring, is_sealed
-from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
 from poller.schema import BUCKETS, ON_FAILED_HEAD, endpoints, outbox
 from poller.settings import default_settings
 from poller.subscriptions import check_subscription_settings
+from poller.urls import check_lookup_url, check_url
 
 SECRET_PREFIX = "whsec_"
-LOOKUP_PLACEHOLDER = "{idempotency_key}"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 Conn = Session | Connection
@@ -67,80 +64,6 @@ def bucket_for(name: str) -> int:
 def new_secret() -> str:
     """A Standard Webhooks signing secret: ``whsec_`` + base64 of 24 random bytes."""
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
-
-
-_LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
-
-
-def _check_name_host(host: str, what: str) -> None:
-    """A DNS name: LDH labels (and ``_``), or internationalised labels that IDNA accepts."""
-    labels = host.rstrip(".").split(".")
-    if len(host) > 253 or not all(labels):
-        raise InvalidEndpoint(f"{what} host {host!r} is not a valid host name")
-    for label in labels:
-        if label.isascii() and not label.startswith("xn--") and _LABEL_RE.fullmatch(label):
-            continue
-        try:
-            idna.encode(label, uts46=True)
-        except (idna.IDNAError, UnicodeError, ValueError):
-            raise InvalidEndpoint(f"{what} host {host!r} is not a valid host name") from None
-
-
-def _canonical_host(url: str, parts: SplitResult, what: str) -> str:
-    """The URL with a numeric host in its canonical spelling (``0x7f.1`` → ``127.0.0.1``)."""
-    host = parts.hostname or ""
-    try:
-        address = literal_address(host)
-    except InvalidHost as exc:
-        raise InvalidEndpoint(f"{what}: {exc}") from None
-    if address is None:
-        _check_name_host(host, what)
-        return url
-    canonical = f"[{address.compressed}]" if address.version == 6 else str(address)
-    if canonical == parts.netloc.rsplit(":", 1)[0] or canonical == parts.netloc:
-        return url
-    netloc = canonical if parts.port is None else f"{canonical}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def check_url(url: object, *, what: str = "url", allow_private: bool = False) -> str:
-    """An http(s) URL with a valid host and no credentials, or InvalidEndpoint.
-
-    Returns the URL to store: a numeric host in any spelling a client would
-    accept (``2130706433``, ``0177.0.0.1``, ``127.1``) is rewritten as the
-    canonical address, so what is stored is what is connected to.
-    """
-    if not isinstance(url, str) or not url:
-        raise InvalidEndpoint(f"{what} must be a non-empty http(s) URL")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidEndpoint(f"{what} {url!r} is not a valid URL: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise InvalidEndpoint(f"{what} must use http or https, not {parts.scheme or 'no scheme'!r}")
-    if not parts.hostname:
-        raise InvalidEndpoint(f"{what} {url!r} has no host")
-    if parts.username or parts.password:
-        raise InvalidEndpoint(f"{what} must not carry credentials (user:password@)")
-    if any(ch.isspace() or ord(ch) < 0x20 for ch in url):
-        raise InvalidEndpoint(f"{what} must not contain spaces or control characters")
-    if port == 0:
-        raise InvalidEndpoint(f"{what} has port 0")
-    url = _canonical_host(url, parts, what)
-    reason = host_refusal(urlsplit(url).hostname or "")
-    if not allow_private and reason is not None:
-        raise InvalidEndpoint(
-            f"{what} points at a private, loopback or link-local address ({reason}); {PRIVATE_HINT}"
-        )
-    return url
-
-
-def check_lookup_url(url: object, *, allow_private: bool = False) -> str:
-    checked = check_url(url, what="lookup_url", allow_private=allow_private)
-    if LOOKUP_PLACEHOLDER not in checked:
-        raise InvalidEndpoint(f"lookup_url must contain {LOOKUP_PLACEHOLDER}")
-    return checked
 
 
 def _check_secret(secret: str) -> None:

@@ -10,9 +10,10 @@ from sqlalchemy.orm import Session
 
 from poller import InvalidIdempotencyKey, PayloadTooLarge, UnknownEndpoint, enqueue
 from poller.delivery import Verdict, send
-from poller.endpoints import CreatedEndpoint, check_url
+from poller.endpoints import CreatedEndpoint
 from poller.errors import InvalidEndpoint
 from poller.senders import AiohttpSender
+from poller.urls import check_url
 from tests.integration import servers
 from tests.integration.test_delivery import _endpoint, _message
 

@@ -7,11 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from poller import InvalidIdempotencyKey, InvalidPayload, Message, PayloadTooLarge
-from poller.endpoints import bucket_for, check_url, new_secret
+from poller.endpoints import bucket_for, new_secret
 from poller.errors import InvalidEndpoint
 from poller.netguard import host_refusal
 from poller.outbox import check_message
 from poller.payloads import serialise_payload
+from poller.urls import check_url
 
 visible_ascii = st.text(
     st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=255
