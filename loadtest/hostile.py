@@ -106,8 +106,12 @@ def _draw(rng: random.Random, table: list[tuple[str, int]]) -> str:
 
 
 class HostileReceiver:
-    def __init__(self, seed: int, secret: str | None = None) -> None:
+    def __init__(
+        self, seed: int, secret: str | None = None, credential: tuple[str, str] | None = None
+    ) -> None:
         self.rng = random.Random(seed)
+        self.credential = (credential[0].lower(), credential[1]) if credential else None
+        self.uncredentialed: set[str] = set()  # keys of requests without the credential
         self.keys = [base64.b64decode(secret.removeprefix("whsec_"))] if secret else []
         self.posts: Counter[str] = Counter()  # key -> POSTs that arrived
         self.applied: set[str] = set()
@@ -171,6 +175,8 @@ class HostileReceiver:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         length = int(headers.get("content-length", "0") or 0)
+        if self.credential and headers.get(self.credential[0]) != self.credential[1]:
+            self.uncredentialed.add(headers.get("webhook-id", path))  # the endpoint's header
         if method == "GET" and path.startswith("/lookup/"):
             await reader.readexactly(length)
             return await self._lookup(unquote(path.removeprefix("/lookup/")), writer)

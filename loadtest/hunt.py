@@ -53,6 +53,8 @@ checks them):
   sent without its event's payload would);
 * every POST whose body arrived carries a valid signature (the endpoint's
   secret is sealed at rest with ``POLLER_SECRETS_KEY``: the pollers open it);
+* every request, POST or lookup, carries the endpoint's ``Authorization``
+  header (sealed at rest too), whatever the operator changed meanwhile;
 * every attempt row names its message's endpoint;
 * the dashboard, over the final database: every page and the first failed
   messages' pages answer 200 with no unescaped markup, and the overview's
@@ -405,7 +407,8 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
     engine = sync_engine(db_url)
     secrets_key = new_key()  # secrets sealed at rest: the pollers must open them to sign
     secret = new_secret()
-    receiver = HostileReceiver(seed, secret)
+    credential = ("Authorization", f"Bearer hunt-{seed}-{new_key()[:12]}")  # sealed, sent
+    receiver = HostileReceiver(seed, secret, credential)
     stop = threading.Event()
     fleet: Fleet | None = None
     began = time.monotonic()
@@ -424,6 +427,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 secret=secret,
                 event_types=["hunt.*"],
                 keyring=Keyring([secrets_key]),
+                headers=dict([credential]),
             )
         env = clean_env(
             POLLER_DATABASE_URL=db_url,

@@ -313,6 +313,7 @@ def check(
             sorted(f"{k} ({n} > {sends[k]})" for k, n in receiver.posts.items() if n > sends[k]),
         ),
         ("POSTed with a bad signature", sorted(receiver.badly_signed)),
+        ("sent without the endpoint's header", sorted(receiver.uncredentialed)),
         ("published but not fanned out to their subscriber", unfanned),
         ("crashed in the poller", crashed),
         ("with attempts that do not name their endpoint", misnamed),
