@@ -26,7 +26,13 @@ def _seeds() -> list[int]:
     chosen = os.environ.get("POLLER_HUNT_SEEDS")
     if chosen:
         return [int(s) for s in chosen.split(",")]
-    return [1, 2] + ([] if os.environ.get("CI") else [random.randrange(2**31)])
+    if os.environ.get("CI"):
+        return [1, 2]
+    # One fresh seed per run, the same in every pytest-xdist worker (they must collect the
+    # same tests): drawn from the run's id when there is one.
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    fresh = random.Random(run).randrange(2**31) if run else random.randrange(2**31)
+    return [1, 2, fresh]
 
 
 @pytest.mark.slow
@@ -52,11 +58,14 @@ def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
         conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 1"))
     run = Run(PLAN)  # type: ignore[arg-type]
     run.committed = {key}
-    receiver = SimpleNamespace(posts={key: 2}, applied=set(), badly_signed={key})
+    receiver = SimpleNamespace(
+        posts={key: 2}, applied=set(), badly_signed={key}, uncredentialed={key}
+    )
     problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
     assert any("POSTed more often than sends recorded" in p for p in problems)
     assert any("never applied (lost)" in p for p in problems)
     assert any("POSTed with a bad signature" in p for p in problems)
+    assert any("sent without the endpoint's header" in p for p in problems)
     assert msg_id
     with engine.begin() as conn:  # an event that lost its row, and a delivery that crashed
         conn.execute(
@@ -120,7 +129,8 @@ def test_the_checker_catches_what_the_application_and_operator_actors_are_for(
     run = Run(plan)  # type: ignore[arg-type]
     run.committed = {key}
     receiver = SimpleNamespace(
-        posts={key: 50}, applied={key}, badly_signed=set(), first_arrival={key: 0},
+        posts={key: 50}, applied={key}, badly_signed=set(), uncredentialed=set(),
+        first_arrival={key: 0},
         positions={key: {msg_id + 1}},
     )  # fmt: skip
     problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
@@ -224,6 +234,7 @@ def test_the_checker_catches_disorder_and_a_stranded_waiting_message(
         posts={k: 1 for k in keys},
         applied=set(keys),
         badly_signed=set(),
+        uncredentialed=set(),
         first_arrival={"billing:1": 0, "billing:0": 1},  # position 2 arrived first
         positions=positions(engine),
     )
