@@ -227,24 +227,45 @@ async def lookup(
     )
 
 
-def to_outcome(msg: ClaimedMessage, attempt: Attempt, settings: Settings) -> Outcome:
-    """The row write for a send attempt, with the retry delay from the schedule."""
+def schedule_of(endpoint: Endpoint, settings: Settings) -> tuple[float, ...]:
+    """The endpoint's retry schedule, else POLLER_RETRY_SCHEDULE."""
+    return endpoint.retry_schedule or settings.retry_schedule
+
+
+def to_outcome(
+    msg: ClaimedMessage,
+    attempt: Attempt,
+    settings: Settings,
+    schedule: tuple[float, ...] | None = None,
+) -> Outcome:
+    """The row write for a send attempt, with the retry delay from ``schedule`` (the
+    endpoint's, :func:`schedule_of`; default POLLER_RETRY_SCHEDULE)."""
     detail = attempt.detail()
     if attempt.verdict is Verdict.DELIVERED:
         return outcomes.delivered(msg, **detail)
     if attempt.verdict in (Verdict.FAILED, Verdict.GONE):
         return outcomes.failed(msg, **detail)
     delay = retry_delay(
-        settings.retry_schedule, msg.attempts, attempt.retry_after, settings.retry_after_max
+        schedule or settings.retry_schedule,
+        msg.attempts,
+        attempt.retry_after,
+        settings.retry_after_max,
     )
     if attempt.verdict is Verdict.UNKNOWN:
         return outcomes.unknown(msg, delay, **detail)
     return outcomes.retry(msg, delay, **detail)
 
 
-def lookup_outcome(msg: ClaimedMessage, attempt: Attempt, settings: Settings) -> Outcome:
+def lookup_outcome(
+    msg: ClaimedMessage,
+    attempt: Attempt,
+    settings: Settings,
+    schedule: tuple[float, ...] | None = None,
+) -> Outcome:
     """The row write when a lookup answered FOUND (delivered) or ERROR (ask again later)."""
     if attempt.verdict is Verdict.DELIVERED:
         return outcomes.delivered(msg, kind="lookup", **attempt.detail())
-    delay = retry_delay(settings.retry_schedule, msg.attempts, None, settings.retry_after_max)
+    delay = retry_delay(
+        schedule or settings.retry_schedule, msg.attempts, None, settings.retry_after_max
+    )
     return outcomes.lookup_pending(msg, delay, **attempt.detail())

@@ -59,6 +59,9 @@ class EndpointCache:
     def __getitem__(self, endpoint_id: int) -> Endpoint:
         return self._by_id[endpoint_id]
 
+    def get(self, endpoint_id: int) -> Endpoint | None:
+        return self._by_id.get(endpoint_id)
+
 
 class Dispatcher:
     def __init__(
@@ -192,7 +195,9 @@ class Dispatcher:
             self._child(metrics.LOOKUPS, answer.value).inc()
             self._observe("lookup", endpoint, attempt)
             if answer is not LookupAnswer.NOT_FOUND:
-                return delivery.lookup_outcome(msg, attempt, self.settings)
+                return delivery.lookup_outcome(
+                    msg, attempt, self.settings, delivery.schedule_of(endpoint, self.settings)
+                )
             if self._lease_short(msg, timeout, "send"):  # the lookup took the lease
                 return outcomes.released(msg)
         self._sending.add(msg.id)
@@ -205,7 +210,9 @@ class Dispatcher:
             permanent_statuses=self.settings.permanent_statuses,
         )
         self._observe("send", endpoint, attempt)
-        outcome = delivery.to_outcome(msg, attempt, self.settings)
+        outcome = delivery.to_outcome(
+            msg, attempt, self.settings, delivery.schedule_of(endpoint, self.settings)
+        )
         if attempt.verdict is Verdict.GONE:
             log.warning("endpoint %s answered 410 Gone: disabling it", endpoint.name)
             outcome = dataclasses.replace(outcome, disable_reason=f"410 Gone from {endpoint.name}")
@@ -214,6 +221,12 @@ class Dispatcher:
             outcome = dataclasses.replace(outcome, pause=pause)
             metrics.ENDPOINT_PAUSES.inc()
         return outcome
+
+    def _schedule(self, msg: ClaimedMessage) -> tuple[float, ...]:
+        endpoint = self.endpoints.get(msg.endpoint_id)
+        if endpoint is None:  # pragma: no cover - a crash before its endpoint was known
+            return self.settings.retry_schedule
+        return delivery.schedule_of(endpoint, self.settings)
 
     def _crash(
         self, msg: ClaimedMessage, exc: BaseException | None, duration_ms: float, at: datetime
@@ -230,7 +243,7 @@ class Dispatcher:
         )
         return outcomes.crashed(
             msg,
-            backoff(self.settings.retry_schedule, msg.attempts),
+            backoff(self._schedule(msg), msg.attempts),
             maybe_sent=msg.id in self._sending,
             error_class=name,
             error_message=clean_text(f"{name}: {exc}", 500),

@@ -21,7 +21,7 @@ import hashlib
 import math
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -45,6 +45,7 @@ from poller.health import DEFAULT as DEFAULT  # re-exported: update_endpoint's s
 from poller.health import MAX_RATE as MAX_RATE
 from poller.health import check_health_settings
 from poller.keyring import Keyring, is_sealed
+from poller.retry import check_schedule
 from poller.schema import BUCKETS, ON_FAILED_HEAD, endpoints, outbox
 from poller.settings import default_settings
 from poller.subscriptions import check_subscription_settings
@@ -152,6 +153,8 @@ class Endpoint:
     """Only events published for this tenant reach it; None: only events without one."""
     payload_filter: dict[str, Any] | None = None
     """A JSON object a published event's payload must contain to reach it."""
+    retry_schedule: tuple[float, ...] | None = None
+    """Seconds between attempts (the last repeats); None: POLLER_RETRY_SCHEDULE."""
     headers: Headers = field(repr=False, default=())
     """Sent with every delivery and lookup (poller/headers.py); the values are credentials."""
     secret_sealed: bool = False
@@ -171,6 +174,7 @@ class Endpoint:
         values = {name: getattr(row, name) for name in _STORED_FIELDS}
         values["secret_sealed"] = is_sealed(row.secret)
         values["event_types"] = tuple(row.event_types or ())
+        values["retry_schedule"] = tuple(row.retry_schedule) if row.retry_schedule else None
         try:
             values["secret"] = keyring.open(row.secret)
             if row.previous_secret is not None:
@@ -229,6 +233,7 @@ def create_endpoint(
     tenant: str | None = None,
     payload_filter: Any = None,
     headers: Mapping[str, str] | None = None,
+    retry_schedule: Sequence[float] | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -261,6 +266,8 @@ def create_endpoint(
     _check_secret(plain)
     values["secret"] = keyring.seal(plain)
     values["headers"] = _sealed_headers(check_headers(headers), keyring)
+    if retry_schedule is not None:
+        values["retry_schedule"] = list(check_schedule(retry_schedule))
     try:
         with conn.begin_nested():
             row = conn.execute(insert(endpoints).values(**values).returning(endpoints)).one()
@@ -322,6 +329,7 @@ def update_endpoint(
     headers: Mapping[str, str | None] | None = None,
     clear_headers: bool = False,
     keyring: Keyring | None = None,
+    retry_schedule: Any = None,
 ) -> Endpoint:
     """Change the given fields (None leaves a field as it is); checked like create.
     A new ``url`` closes the endpoint's circuit (poller/health.py).
@@ -331,7 +339,8 @@ def update_endpoint(
     (none). ``event_types=[]`` ends every subscription. A changed subscription
     applies to events published from then on; ``poller admin replay`` sends
     earlier ones. ``headers`` are merged into the endpoint's (a value of None
-    removes that one); ``clear_headers`` drops them all first.
+    removes that one); ``clear_headers`` drops them all first. A
+    ``retry_schedule`` of :data:`DEFAULT` goes back to ``POLLER_RETRY_SCHEDULE``.
     """
     if allow_private is None:
         allow_private = default_settings().allow_private_targets
@@ -362,6 +371,10 @@ def update_endpoint(
         check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown)
     )
     changes.update(check_subscription_settings(event_types, tenant, payload_filter))
+    if retry_schedule is not None:
+        changes["retry_schedule"] = (
+            None if retry_schedule is DEFAULT else list(check_schedule(retry_schedule))
+        )
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
     endpoint = _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()), keyring)

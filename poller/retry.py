@@ -67,3 +67,26 @@ def retry_delay(
         floor = min(retry_after, retry_after_cap) * (1.0 + (rng or random).uniform(0.0, JITTER))
         delay = max(delay, floor)
     return delay
+
+
+MAX_SCHEDULE_LENGTH = 50
+MAX_INTERVAL = 30 * 86400.0  # as POLLER_RETRY_SCHEDULE: each interval at most 30 days
+
+
+def check_schedule(schedule: object, what: str = "retry_schedule") -> tuple[float, ...]:
+    """A retry schedule: 1 to 50 intervals in seconds, each more than 0 and at most 30
+    days (the last repeats), or InvalidEndpoint naming ``what``."""
+    from poller.errors import InvalidEndpoint
+
+    if isinstance(schedule, str | bytes) or not isinstance(schedule, Sequence) or not schedule:
+        raise InvalidEndpoint(f"{what} must list 1 to {MAX_SCHEDULE_LENGTH} intervals in seconds")
+    if len(schedule) > MAX_SCHEDULE_LENGTH:
+        raise InvalidEndpoint(f"{what} may list at most {MAX_SCHEDULE_LENGTH} intervals")
+    checked = []
+    for value in schedule:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidEndpoint(f"{what}: {value!r} is not a number of seconds")
+        if not (math.isfinite(value) and 0 < value <= MAX_INTERVAL):
+            raise InvalidEndpoint(f"{what}: each interval is more than 0 s and at most 30 days")
+        checked.append(float(value))
+    return tuple(checked)

@@ -83,6 +83,8 @@ endpoints = Table(
     Column("previous_secret_expires_at", DateTime(timezone=True)),
     # Headers sent with every request (poller/headers.py): credentials, sealed like secrets.
     Column("headers", Text),
+    # Its own retry schedule (seconds; the last repeats); NULL: POLLER_RETRY_SCHEDULE.
+    Column("retry_schedule", ARRAY(Float)),
     Column("lookup_url", Text),
     Column("enabled", Boolean, nullable=False, server_default=text("true")),
     Column("disabled_reason", Text),

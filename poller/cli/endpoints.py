@@ -68,6 +68,7 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "previous_secret_expires_at": endpoint.previous_secret_expires_at,
         "secret_encrypted": endpoint.secret_sealed,
         "headers": list(endpoint.header_names),  # names only: the values are credentials
+        "retry_schedule": list(endpoint.retry_schedule) if endpoint.retry_schedule else None,
     }
 
 
@@ -92,6 +93,23 @@ class OrDefault(click.ParamType[Any]):
                 f"{value!r} must be {edge} {self.low:g} and at most {self.high:g}", param, ctx
             )
         return number
+
+
+class RetrySchedule(click.ParamType[Any]):
+    """``5s,5m,30m,2h`` (durations, poller/parse.py) → seconds, or ``default``."""
+
+    name = "schedule|default"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from poller import parse
+        from poller.errors import InvalidInput
+
+        if value is DEFAULT or str(value).strip().lower() == "default":
+            return DEFAULT
+        try:
+            return [parse.duration(part).total_seconds() for part in str(value).split(",")]
+        except InvalidInput as exc:
+            self.fail(f"{exc} (give durations separated by commas, e.g. 5s,5m,30m)", param, ctx)
 
 
 HEALTH_OPTIONS = ("rate_limit", "rate_burst", "circuit_failures", "circuit_cooldown")
@@ -124,6 +142,12 @@ def _limits(func: Any) -> Any:
                 type=OrDefault(int, 0, 1_000_000),
                 help="Failed sends in a row that open the circuit (0: never; "
                 "'default': POLLER_CIRCUIT_FAILURES).",
+            ),
+            click.option(
+                "--retry-schedule",
+                type=RetrySchedule(),
+                help="Its own retry schedule, e.g. 5s,5m,30m,2h,5h (the last repeats; "
+                "'default': POLLER_RETRY_SCHEDULE).",
             ),
             click.option(
                 "--circuit-cooldown",
@@ -350,10 +374,7 @@ def show(name: str, as_json: bool) -> None:
     if as_json:
         emit_json(document)
         return
-    rows = [
-        (k, (", ".join(v) or "none") if k == "headers" else _shown(v))
-        for k, v in _public(endpoint).items()
-    ]
+    rows = [(k, _shown_field(k, v)) for k, v in _public(endpoint).items()]
     rows += [
         ("last success", f"{iso(health['last_success'])} ({age(health['last_success'])})"),
         ("failures since last success", health["failures_since_last_success"]),
@@ -363,6 +384,14 @@ def show(name: str, as_json: bool) -> None:
         ),
     ]
     table(f"endpoint {name}", ["field", "value"], rows)
+
+
+def _shown_field(name: str, value: Any) -> Any:
+    if name == "headers":
+        return ", ".join(value) or "none"
+    if name == "retry_schedule":
+        return ", ".join(f"{s:g}s" for s in value) if value else "default"
+    return _shown(value)
 
 
 def _shown(value: Any) -> Any:

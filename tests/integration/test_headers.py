@@ -1,5 +1,6 @@
-"""Headers per endpoint (poller/headers.py): checked, sealed at rest, sent on deliveries and
-lookups through both HTTP clients, and never shown."""
+"""Per-endpoint receiver options: headers (poller/headers.py) checked, sealed at rest, sent
+on deliveries and lookups through both HTTP clients, and never shown; and an endpoint's
+own retry schedule."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from poller.endpoints import create_endpoint, get_endpoint, reseal_secrets, upda
 from poller.errors import InvalidEndpoint
 from poller.headers import MAX_BYTES, MAX_HEADERS, check_headers
 from poller.keyring import Keyring, new_key
+from poller.receiver import Faults
 from poller.senders import AiohttpSender, HttpxSender, Sender
 from tests.integration import servers
+from tests.integration.helpers import seed, wait_for
+from tests.integration.service_helpers import fast_settings, running_poller, running_receiver
 from tests.integration.test_delivery import _endpoint, _message
 
 TOKEN = "Bearer planted-credential-7f3a"  # must never appear in any output
@@ -161,3 +165,80 @@ def test_the_cli_sets_headers_and_shows_only_their_names(engine: Engine, db_url:
     assert code == 2 and "'Host'" in out and "planted" not in out
     with engine.connect() as conn:
         assert get_endpoint(conn, "billing").headers == (("Authorization", TOKEN),)
+
+
+# --- its own retry schedule (issue 27) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ([], "1 to 50 intervals"),
+        ("5,10", "1 to 50 intervals"),
+        ([0], "more than 0 s"),
+        ([-5], "more than 0 s"),
+        ([float("nan")], "more than 0 s"),
+        ([float("inf")], "more than 0 s"),
+        ([31 * 86400], "at most 30 days"),
+        (["5"], "not a number"),
+        ([True], "not a number"),
+        ([1] * 51, "at most 50"),
+    ],
+)  # fmt: skip
+def test_a_bad_retry_schedule_is_refused(engine: Engine, schedule: object, message: str) -> None:
+    with engine.begin() as conn, pytest.raises(InvalidEndpoint, match=message):
+        create_endpoint(conn, "billing", "http://127.0.0.1:9/h", retry_schedule=schedule)  # type: ignore[arg-type]
+
+
+def test_the_cli_sets_and_resets_a_retry_schedule(engine: Engine, db_url: str) -> None:
+    env = {"POLLER_DATABASE_URL": db_url, "POLLER_ALLOW_PRIVATE_TARGETS": "true"}
+    runner = CliRunner()
+    added = runner.invoke(
+        cli,
+        ["endpoints", "add", "billing", "http://127.0.0.1:9/h", "--retry-schedule", "5s,5m,2h",
+         "--json"],
+        env=env,
+    )  # fmt: skip
+    assert added.exit_code == 0, added.output
+    assert json.loads(added.output)["retry_schedule"] == [5.0, 300.0, 7200.0]
+    shown = runner.invoke(cli, ["endpoints", "show", "billing"], env=env)
+    assert "5s, 300s, 7200s" in shown.output
+    bad = runner.invoke(
+        cli, ["endpoints", "update", "billing", "--retry-schedule", "5s,soon"], env=env
+    )
+    assert bad.exit_code == 2 and "e.g. 5s,5m,30m" in bad.output
+    reset = runner.invoke(
+        cli, ["endpoints", "update", "billing", "--retry-schedule", "default", "--json"], env=env
+    )
+    assert reset.exit_code == 0 and json.loads(reset.output)["retry_schedule"] is None
+    with engine.connect() as conn:
+        assert get_endpoint(conn, "billing").retry_schedule is None
+
+
+async def test_a_failed_send_backs_off_on_the_endpoints_schedule(
+    engine: Engine, db_url: str
+) -> None:
+    """Global schedule 0.2 s, the endpoint's 1 h: the retry is due in an hour (±20 %)."""
+    async with running_receiver(Faults(fail_rate=1.0, status=500)) as (_receiver, url):
+        with engine.begin() as conn:
+            create_endpoint(conn, "billing", url, retry_schedule=[3600.0])
+        seed(engine, 1, "billing")
+        async with running_poller(db_url, fast_settings(retry_schedule=[0.2])):
+
+            async def attempted() -> bool:  # the send failed and its retry is scheduled
+                with engine.connect() as conn:
+                    return bool(
+                        conn.execute(
+                            text(
+                                "SELECT count(*) FROM poller_outbox "
+                                "WHERE attempts = 1 AND status = 'pending'"
+                            )
+                        ).scalar()
+                    )
+
+            await wait_for(attempted, timeout=10)
+    with engine.connect() as conn:
+        due_in = conn.execute(
+            text("SELECT extract(epoch FROM next_attempt_at - now()) FROM poller_outbox")
+        ).scalar_one()
+    assert 3600 * 0.75 < float(due_in) < 3600 * 1.25, due_in
