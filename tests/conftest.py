@@ -103,13 +103,22 @@ MEASURING = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the fleets and the measuring tests, and run the measuring ones first: the
+    exclusive lock waits until no fleet runs, so left for the end they ran alone there
+    while the other workers idled; first, light tests fill the other workers meanwhile."""
     root = repo_root()
+    order = {}
     for item in items:
         where = item.path.relative_to(root).as_posix()
         if where.startswith(MEASURING):
             item.add_marker(pytest.mark.serial(exclusive=True))
+            order[item.nodeid] = 0
         elif where.startswith(FLEETS):
             item.add_marker(pytest.mark.serial(exclusive=False))
+            order[item.nodeid] = 2
+        else:
+            order[item.nodeid] = 1
+    items.sort(key=lambda item: order[item.nodeid])  # stable: the same in every worker
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest-timeout: waiting is free
