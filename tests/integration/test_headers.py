@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 from click.testing import CliRunner
@@ -19,11 +18,12 @@ from poller.errors import InvalidEndpoint
 from poller.headers import MAX_BYTES, MAX_HEADERS, check_headers
 from poller.keyring import Keyring, new_key
 from poller.receiver import Faults
-from poller.senders import AiohttpSender, HttpxSender, Sender
+from poller.senders import Sender
 from tests.integration import servers
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import fast_settings, running_poller, running_receiver
 from tests.integration.test_delivery import _endpoint, _message
+from tests.integration.test_delivery import client as client  # the fixture: both senders
 
 TOKEN = "Bearer planted-credential-7f3a"  # must never appear in any output
 
@@ -95,17 +95,6 @@ def test_update_merges_removes_and_clears(engine: Engine) -> None:
         assert update_endpoint(conn, "billing", clear_headers=True).headers == ()
         with pytest.raises(InvalidEndpoint, match="set by the poller"):
             update_endpoint(conn, "billing", headers={"Host": "x"})
-
-
-@pytest.fixture(params=["aiohttp", "httpx"])
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[Sender]:
-    sender: Sender = (
-        AiohttpSender(allow_private=True)
-        if request.param == "aiohttp"
-        else HttpxSender(allow_private=True)
-    )
-    yield sender
-    await sender.aclose()
 
 
 async def test_headers_go_with_every_delivery_and_lookup(client: Sender) -> None:

@@ -1,0 +1,162 @@
+"""The options ``poller endpoints add`` and ``update`` share, and how they are read.
+
+Limits and health settings (a number or ``default``), the retry schedule
+(durations, poller/parse.py), subscriptions, and headers — whose values are
+credentials, so an error here never repeats what was typed after a header's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from poller.health import DEFAULT, MAX_RATE
+
+
+class OrDefault(click.ParamType[Any]):
+    """A number in a range, or ``default`` (back to the global setting / no limit)."""
+
+    def __init__(self, kind: type, low: float, high: float, *, low_open: bool = False) -> None:
+        self.kind, self.low, self.high, self.low_open = kind, low, high, low_open
+        self.name = "number|default"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is DEFAULT or str(value).strip().lower() == "default":
+            return DEFAULT
+        try:
+            number = self.kind(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a {self.kind.__name__} or 'default'", param, ctx)
+        low_ok = number > self.low if self.low_open else number >= self.low
+        if not (low_ok and number <= self.high):  # also refuses nan
+            edge = "more than" if self.low_open else "at least"
+            self.fail(
+                f"{value!r} must be {edge} {self.low:g} and at most {self.high:g}", param, ctx
+            )
+        return number
+
+
+class RetrySchedule(click.ParamType[Any]):
+    """``5s,5m,30m,2h`` (durations, poller/parse.py) → seconds, or ``default``."""
+
+    name = "schedule|default"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from poller import parse
+        from poller.errors import InvalidInput
+
+        if value is DEFAULT or str(value).strip().lower() == "default":
+            return DEFAULT
+        try:
+            return [parse.duration(part).total_seconds() for part in str(value).split(",")]
+        except InvalidInput as exc:
+            self.fail(f"{exc} (give durations separated by commas, e.g. 5s,5m,30m)", param, ctx)
+
+
+def limit_options(func: Any) -> Any:
+    for option in reversed(
+        [
+            click.option("--lookup-url", help="Lookup URL template with {idempotency_key}."),
+            click.option("--max-attempts", type=click.IntRange(1, 1000)),
+            click.option("--timeout", type=click.FloatRange(0, min_open=True), help="Seconds."),
+            click.option("--max-in-flight", type=click.IntRange(1, 10_000)),
+            click.option(
+                "--on-failed-head",
+                type=click.Choice(["block", "skip"]),
+                help="Ordered keys whose head fails for good: block (default) or skip it.",
+            ),
+            click.option(
+                "--rate-limit",
+                type=OrDefault(float, 0, MAX_RATE, low_open=True),
+                help="Requests per second across all pollers ('default': unlimited).",
+            ),
+            click.option(
+                "--rate-burst",
+                type=OrDefault(int, 1, 1_000_000),
+                help="Requests allowed at once (default: one second's worth).",
+            ),
+            click.option(
+                "--circuit-failures",
+                type=OrDefault(int, 0, 1_000_000),
+                help="Failed sends in a row that open the circuit (0: never; "
+                "'default': POLLER_CIRCUIT_FAILURES).",
+            ),
+            click.option(
+                "--retry-schedule",
+                type=RetrySchedule(),
+                help="Its own retry schedule, e.g. 5s,5m,30m,2h,5h (the last repeats; "
+                "'default': POLLER_RETRY_SCHEDULE).",
+            ),
+            click.option(
+                "--circuit-cooldown",
+                type=OrDefault(float, 0, 86400, low_open=True),
+                help="Seconds open before a probe ('default': POLLER_CIRCUIT_COOLDOWN).",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def subscription_options(func: Any) -> Any:
+    for option in reversed(
+        [
+            click.option(
+                "--events",
+                "event_types",
+                help="Published event types it receives: names and prefix* patterns, "
+                "comma-separated ('invoice.*,customer.created'; '*': all; '': none).",
+            ),
+            click.option(
+                "--tenant",
+                help="Receive only events published for this tenant ('': no tenant).",
+            ),
+            click.option(
+                "--filter",
+                "payload_filter",
+                help='A JSON object the payload must contain, e.g. \'{"region": "eu"}\' '
+                "('': none).",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def subscription_changes(
+    event_types: str | None, tenant: str | None, payload_filter: str | None
+) -> dict[str, Any]:
+    """The options as update_endpoint's arguments: '' clears (no subscriptions, tenant, filter)."""
+    return {
+        "event_types": event_types,
+        "tenant": DEFAULT if tenant == "" else tenant,
+        "payload_filter": DEFAULT if payload_filter == "" else payload_filter,
+    }
+
+
+def header_option(func: Any) -> Any:
+    return click.option(
+        "--header",
+        "header",
+        multiple=True,
+        metavar="'NAME: VALUE'",
+        help="A header sent with every delivery and lookup, e.g. 'Authorization: Bearer …' "
+        "(repeatable; stored encrypted like the secret, never shown; on update 'NAME:' "
+        "removes one).",
+    )(func)
+
+
+def header_changes(given: tuple[str, ...], *, removals: bool) -> dict[str, str | None]:
+    """``--header`` values as names → values (None: remove). An error never repeats what
+    was typed after the name: it may be a credential."""
+    changes: dict[str, str | None] = {}
+    for item in given:
+        name, colon, value = item.partition(":")
+        if not colon or not name.strip():
+            raise click.UsageError("--header takes 'NAME: VALUE' (a name, a colon, the value)")
+        value = value.strip()
+        if not value and not removals:
+            raise click.UsageError(f"--header {name.strip()!r}: give a value after the colon")
+        changes[name.strip()] = value or None
+    return changes
