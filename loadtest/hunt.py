@@ -19,7 +19,8 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   through the functions the CLI and the dashboard call — and re-enables the
   endpoint when the pollers disabled it;
 * the configuration's extremes are drawn too: ``max_attempts`` 1, the
-  endpoint's ``max_in_flight`` 1, ``POLLER_DISABLE_AFTER`` 2 s, the breaker off
+  endpoint's ``max_in_flight`` 1, the endpoint's own retry schedule (20 ms, or
+  0.3 s then 1 s, beside the global 50–400 ms), ``POLLER_DISABLE_AFTER`` 2 s, the breaker off
   or after 3 failures with cool-downs of 0.2–0.8 s, and the shortest claim
   lease the request timeout allows (3 s for 1 s).
 
@@ -132,6 +133,7 @@ class Plan:
     operator: list[tuple[float, str]] = field(default_factory=list)  # (seconds, action)
     max_in_flight: int | None = None  # the endpoint's; 1 is the extreme
     disable_after: float = 0.0  # POLLER_DISABLE_AFTER (0: never)
+    retry_schedule: list[float] | None = None  # the endpoint's own (None: the global one)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -169,6 +171,7 @@ class Plan:
         plan.disable_after = rng.choice([0.0, 0.0, 2.0])
         if rng.random() < 0.25:
             plan.max_attempts = 1
+        plan.retry_schedule = rng.choice([None, None, [0.02], [0.3, 1.0]])
         return plan
 
     def describe(self) -> str:
@@ -180,7 +183,8 @@ class Plan:
             f"circuit after {self.circuit_failures or 'never'}, "
             f"p0 with {self.processes} process(es), faults: {faults}; "
             f"max_in_flight {self.max_in_flight or 'default'}, "
-            f"disable_after {self.disable_after or 'never'}; application: "
+            f"disable_after {self.disable_after or 'never'}, "
+            f"retry schedule {self.retry_schedule or 'global'}; application: "
             + ", ".join(
                 f"{'commit' if c else 'rollback'} after {h:.1f}s@{at:.1f}s"
                 for at, h, c in self.lingers
@@ -428,6 +432,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 event_types=["hunt.*"],
                 keyring=Keyring([secrets_key]),
                 headers=dict([credential]),
+                retry_schedule=plan.retry_schedule,
             )
         env = clean_env(
             POLLER_DATABASE_URL=db_url,
