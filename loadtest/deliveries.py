@@ -121,7 +121,7 @@ async def raw_ceiling(
 ) -> tuple[float, float]:
     """Requests/s of plain aiohttp POSTing signed payloads, ``concurrency`` in flight, and
     the CPU seconds this process spent doing it."""
-    from poller.delivery import sign
+    from poller.signing import sign
 
     bodies = [json.dumps(_payload(n)).encode() for n in range(messages)]
     queue: asyncio.Queue[int] = asyncio.Queue()

@@ -25,7 +25,6 @@ applied (every 2xx is preceded by applying), and — given the endpoint's secret
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import random
 import threading
@@ -34,6 +33,7 @@ from collections import Counter
 from urllib.parse import unquote
 
 from poller.receiver import verify
+from poller.signing import Verifier
 
 HANG = 3.0  # longer than the hunt's request timeout
 
@@ -112,7 +112,8 @@ class HostileReceiver:
         self.rng = random.Random(seed)
         self.credential = (credential[0].lower(), credential[1]) if credential else None
         self.uncredentialed: set[str] = set()  # keys of requests without the credential
-        self.keys = [base64.b64decode(secret.removeprefix("whsec_"))] if secret else []
+        self.keys = [secret] if secret else []  # whsec_ secrets, whpk_ public keys
+        self.verifier = Verifier(self.keys)
         self.posts: Counter[str] = Counter()  # key -> POSTs that arrived
         self.applied: set[str] = set()
         self.badly_signed: set[str] = set()
@@ -126,9 +127,11 @@ class HostileReceiver:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hostile-receiver", daemon=True)
 
-    def add_secret(self, secret: str) -> None:
-        """A rotated secret: signatures under it verify too (the old one still does)."""
-        self.keys = [*self.keys, base64.b64decode(secret.removeprefix("whsec_"))]
+    def add_secret(self, key: str) -> None:
+        """A rotated key (a secret or a public key): signatures under it verify too (the old
+        one's still do)."""
+        self.keys = [*self.keys, key]
+        self.verifier = Verifier(self.keys)
 
     # -- lifecycle (from the hunt's thread) -----------------------------------------
 
@@ -193,7 +196,7 @@ class HostileReceiver:
             return False
         body = await reader.readexactly(length)
         raw = {name.encode("latin-1"): value.encode("latin-1") for name, value in headers.items()}
-        if self.keys and not verify(self.keys, raw, body, time.time()):
+        if self.verifier and not verify(self.verifier, raw, body, time.time()):
             self.badly_signed.add(key)
         return await self._answer(behaviour, key, writer)
 

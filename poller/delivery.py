@@ -2,10 +2,11 @@
 
 Requests follow Standard Webhooks: ``webhook-id`` (the idempotency key, the
 same on every attempt), ``webhook-timestamp`` and ``webhook-signature``
-(``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``, one per active
-secret during rotation), plus ``Idempotency-Key``, ``Content-Type`` and
-``User-Agent``; ordered messages add ``webhook-ordering-key`` and
-``webhook-ordering-seq`` (poller/ordering.py). Redirects are never followed.
+(``v1,`` HMAC-SHA256 or ``v1a,`` ed25519 of ``"{id}.{timestamp}.{body}"``,
+one per active key during rotation: poller/signing.py), plus
+``Idempotency-Key``, ``Content-Type`` and ``User-Agent``; ordered messages
+add ``webhook-ordering-key`` and ``webhook-ordering-seq`` (poller/ordering.py).
+Redirects are never followed.
 
 Outcome table:
 
@@ -28,11 +29,7 @@ NUL bytes stored safely).
 
 from __future__ import annotations
 
-import base64
 import enum
-import functools
-import hashlib
-import hmac
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,11 +38,12 @@ from typing import Any
 from urllib.parse import quote
 
 from poller import outcomes
-from poller.endpoints import SECRET_PREFIX, Endpoint
+from poller.endpoints import Endpoint
 from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import parse_retry_after, retry_delay
 from poller.senders import Reply, Sender, SendError
 from poller.settings import Settings
+from poller.signing import sign
 from poller.urls import LOOKUP_PLACEHOLDER
 
 EXCERPT_CAP = 2048
@@ -87,22 +85,6 @@ class Attempt:
             "duration_ms": self.duration_ms,
             "response_excerpt": self.response_excerpt,
         }
-
-
-@functools.lru_cache(maxsize=1024)
-def _signing_key(secret: str) -> bytes:
-    """The HMAC key of a secret, decoded once per secret, not once per message."""
-    return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
-
-
-def sign(secrets: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> str:
-    """The ``webhook-signature`` header value: ``v1,<sig>`` per secret, space-separated."""
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    signatures = []
-    for secret in secrets:
-        digest = hmac.new(_signing_key(secret), signed, hashlib.sha256).digest()
-        signatures.append("v1," + base64.b64encode(digest).decode("ascii"))
-    return " ".join(signatures)
 
 
 ORDERING_KEY_HEADER = "webhook-ordering-key"

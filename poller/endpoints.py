@@ -16,14 +16,12 @@ with ``bucket % S == s`` (docs/explanation/election.md).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import math
 import re
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, func, insert, select, update
@@ -48,10 +46,11 @@ from poller.keyring import Keyring, is_sealed
 from poller.retry import check_schedule
 from poller.schema import BUCKETS, ON_FAILED_HEAD, endpoints, outbox
 from poller.settings import default_settings
+from poller.signing import SECRET_PREFIX as SECRET_PREFIX
+from poller.signing import Scheme, check_key, check_scheme, new_key, public_key, scheme_of
 from poller.subscriptions import check_subscription_settings
 from poller.urls import check_lookup_url, check_url
 
-SECRET_PREFIX = "whsec_"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 Conn = Session | Connection
@@ -62,22 +61,9 @@ def bucket_for(name: str) -> int:
     return hashlib.sha256(name.encode("utf-8")).digest()[0] % BUCKETS
 
 
-def new_secret() -> str:
-    """A Standard Webhooks signing secret: ``whsec_`` + base64 of 24 random bytes."""
-    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
-
-
-def _check_secret(secret: str) -> None:
-    """A Standard Webhooks secret: ``whsec_`` + base64 of 24 to 64 random bytes."""
-    try:
-        key = base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
-    except ValueError:
-        key = b""
-    if not secret.startswith(SECRET_PREFIX) or not 24 <= len(key) <= 64:
-        raise InvalidEndpoint(
-            f"secret must be {SECRET_PREFIX} followed by base64 of 24 to 64 random bytes "
-            "(leave it out to have one generated)"
-        )
+def new_secret(signing: Scheme | str = Scheme.HMAC_SHA256) -> str:
+    """A new signing key: a ``whsec_`` secret, or an ed25519 ``whsk_`` key (poller/signing.py)."""
+    return new_key(signing)
 
 
 def could_be_name(name: object) -> bool:
@@ -162,6 +148,20 @@ class Endpoint:
     secret_error: str | None = None
 
     @property
+    def signing(self) -> Scheme | None:
+        """The scheme of its current key (poller/signing.py); None when it is unreadable."""
+        return None if self.secret_error is not None else scheme_of(self.secret)
+
+    @property
+    def public_keys(self) -> tuple[str, ...]:
+        """The ``whpk_`` keys a receiver verifies with: the current key's, then the previous
+        one's during a rotation. Empty for HMAC, whose secret is the receiver's key."""
+        if self.secret_error is not None:
+            return ()
+        keys = self.signing_secrets(datetime.now(UTC))
+        return tuple(k for k in map(public_key, keys) if k is not None)
+
+    @property
     def header_names(self) -> tuple[str, ...]:
         """What may be shown of :attr:`headers`: their names."""
         return tuple(name for name, _ in self.headers)
@@ -234,6 +234,7 @@ def create_endpoint(
     payload_filter: Any = None,
     headers: Mapping[str, str] | None = None,
     retry_schedule: Sequence[float] | None = None,
+    signing: str | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -242,11 +243,14 @@ def create_endpoint(
     ``event_types``, ``tenant`` and ``payload_filter`` say which published events
     reach it (poller/subscriptions.py); without ``event_types``, none does.
     ``headers`` go with every delivery and lookup, sealed like the secret
-    (poller/headers.py).
+    (poller/headers.py). ``signing`` is ``hmac-sha256`` (the default) or
+    ``ed25519`` (poller/signing.py): then ``secret`` is a ``whsk_`` key and the
+    receiver verifies with :attr:`Endpoint.public_keys`.
     """
     keyring = keyring or default_settings().keyring
     if allow_private is None:
         allow_private = default_settings().allow_private_targets
+    scheme = _scheme(signing, secret)
     values = {
         "name": _check_name(name),
         "url": check_url(url, allow_private=allow_private),
@@ -256,14 +260,14 @@ def create_endpoint(
         "max_attempts": _positive(max_attempts, "max_attempts", integer=True),
         "timeout": _positive(timeout, "timeout", integer=False),
         "max_in_flight": _positive(max_in_flight, "max_in_flight", integer=True),
-        "secret": secret or new_secret(),
+        "secret": secret if secret is not None else new_secret(scheme),
         "bucket": bucket_for(name),
         "on_failed_head": _on_failed_head(on_failed_head) or "block",
         **check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
         **check_subscription_settings(event_types, tenant, payload_filter),
     }
     plain = values["secret"]
-    _check_secret(plain)
+    check_key(plain)
     values["secret"] = keyring.seal(plain)
     values["headers"] = _sealed_headers(check_headers(headers), keyring)
     if retry_schedule is not None:
@@ -276,6 +280,16 @@ def create_endpoint(
             raise EndpointExists(name) from None
         raise
     return CreatedEndpoint(Endpoint.from_row(row, keyring), plain)
+
+
+def _scheme(signing: object, key: str | None) -> Scheme:
+    """The scheme asked for; a given key must be of it."""
+    scheme = Scheme.HMAC_SHA256 if signing is None else check_scheme(signing)
+    if key is not None and signing is None:
+        return scheme_of(key)
+    if key is not None and scheme_of(key) is not scheme:
+        raise InvalidEndpoint(f"the secret given is a {scheme_of(key)} key, not {scheme}")
+    return scheme
 
 
 def _sealed_headers(headers: Headers, keyring: Keyring) -> str | None:
@@ -404,11 +418,28 @@ def set_enabled(conn: Conn, name: str, enabled: bool, reason: str | None = None)
 
 
 def rotate_secret(
-    conn: Conn, name: str, keep_old_for: timedelta, *, keyring: Keyring | None = None
+    conn: Conn,
+    name: str,
+    keep_old_for: timedelta,
+    *,
+    keyring: Keyring | None = None,
+    signing: str | None = None,
 ) -> tuple[Endpoint, str]:
-    """A new signing secret; the old one keeps signing too for ``keep_old_for``."""
+    """A new signing key; the old one keeps signing too for ``keep_old_for``.
+
+    ``signing`` changes the scheme (poller/signing.py); by default the new key
+    is of the current one. Returns the new key (for ed25519, give the receiver
+    its public key: ``Endpoint.public_keys``).
+    """
     keyring = keyring or default_settings().keyring
-    secret = new_secret()
+    if signing is None:
+        current = get_endpoint(conn, name, keyring=keyring)
+        if current.signing is None:  # its key could not be opened: its scheme is unknown
+            raise SecretUnreadable(
+                f"endpoint {name!r}: {current.secret_error}; give the scheme to rotate to"
+            )
+        signing = current.signing
+    secret = new_secret(check_scheme(signing))
     statement = update(endpoints).values(
         previous_secret=endpoints.c.secret,
         secret=keyring.seal(secret),

@@ -3,7 +3,8 @@
 A stored secret is one of two spellings, so both can live side by side while an
 operator turns encryption on:
 
-* ``whsec_…`` — in plain text (no key set when it was written);
+* ``whsec_…`` (or ``whsk_…``, an ed25519 key) — in plain text (no key set
+  when it was written);
 * ``fernet:<token>`` — a Fernet token (AES-128-CBC + HMAC-SHA256, from
   ``cryptography``) of the plain secret.
 
@@ -33,7 +34,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from poller.errors import ConfigurationError, SecretUnreadable
 
 SEALED_PREFIX = "fernet:"
-PLAIN_PREFIX = "whsec_"
+PLAIN_PREFIX = ("whsec_", "whsk_")  # a signing key in plain text: HMAC or ed25519
 ENV_NAME = "POLLER_SECRETS_KEY"
 _KEY_RE = re.compile(r"[A-Za-z0-9_-]{43}=")  # 32 bytes, URL-safe base64, as Fernet makes them
 
@@ -83,13 +84,14 @@ class Keyring:
             return secret
         return SEALED_PREFIX + self._fernet.encrypt(secret.encode("utf-8")).decode("ascii")
 
-    def open(self, stored: str, plain_prefix: str = PLAIN_PREFIX) -> str:
+    def open(self, stored: str, plain_prefix: str | tuple[str, ...] = PLAIN_PREFIX) -> str:
         """The plain secret of a stored one, or SecretUnreadable saying why. A plain one
-        starts with ``plain_prefix`` (``whsec_`` for a signing secret)."""
+        starts with ``plain_prefix`` (``whsec_`` or ``whsk_`` for a signing key)."""
         if stored.startswith(plain_prefix):
             return stored
         if not stored.startswith(SEALED_PREFIX):
-            raise SecretUnreadable("the stored secret is neither whsec_… nor fernet:…")
+            spelled = "/".join((plain_prefix,) if isinstance(plain_prefix, str) else plain_prefix)
+            raise SecretUnreadable(f"the stored secret is neither {spelled}… nor fernet:…")
         if self._fernet is None:
             raise SecretUnreadable(f"the secret is encrypted and {ENV_NAME} is not set")
         try:
@@ -100,7 +102,13 @@ class Keyring:
             ) from None
         return plain.decode("utf-8")
 
-    def reseal(self, stored: str, *, plain: bool = False, plain_prefix: str = PLAIN_PREFIX) -> str:
+    def reseal(
+        self,
+        stored: str,
+        *,
+        plain: bool = False,
+        plain_prefix: str | tuple[str, ...] = PLAIN_PREFIX,
+    ) -> str:
         """A stored secret sealed again with the first key (or in plain text with ``plain``)."""
         secret = self.open(stored, plain_prefix)
         return secret if plain else self.seal(secret)

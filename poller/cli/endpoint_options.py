@@ -147,6 +147,16 @@ def header_option(func: Any) -> Any:
     )(func)
 
 
+def signing_option(func: Any) -> Any:
+    return click.option(
+        "--signing",
+        type=click.Choice(["hmac-sha256", "ed25519"]),
+        help="Signature scheme: hmac-sha256 (v1, a shared whsec_ secret; the default) or "
+        "ed25519 (v1a: the receiver verifies with a whpk_ public key). On rotate-secret it "
+        "changes the scheme; by default the new key is of the current one.",
+    )(func)
+
+
 def header_changes(given: tuple[str, ...], *, removals: bool) -> dict[str, str | None]:
     """``--header`` values as names → values (None: remove). An error never repeats what
     was typed after the name: it may be a credential."""

@@ -17,6 +17,7 @@ from poller.cli.endpoint_options import (
     header_changes,
     header_option,
     limit_options,
+    signing_option,
     subscription_changes,
     subscription_options,
 )
@@ -74,6 +75,8 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "created_at": endpoint.created_at,
         "previous_secret_expires_at": endpoint.previous_secret_expires_at,
         "secret_encrypted": endpoint.secret_sealed,
+        "signing": endpoint.signing,
+        "public_keys": list(endpoint.public_keys),  # ed25519: what the receiver verifies with
         "headers": list(endpoint.header_names),  # names only: the values are credentials
         "retry_schedule": list(endpoint.retry_schedule) if endpoint.retry_schedule else None,
     }
@@ -90,6 +93,7 @@ def endpoints() -> None:
 @limit_options
 @subscription_options
 @header_option
+@signing_option
 @json_option
 def add(
     name: str,
@@ -103,10 +107,12 @@ def add(
     tenant: str | None,
     payload_filter: str | None,
     header: tuple[str, ...],
+    signing: str | None,
     as_json: bool,
     **health: Any,
 ) -> None:
-    """Create an endpoint; its signing secret is printed once, here."""
+    """Create an endpoint; its signing secret (or, with --signing ed25519, its public key)
+    is printed once, here."""
     engine = command_engine()
     health = {k: (None if v is DEFAULT else v) for k, v in health.items()}
     subscription = {
@@ -126,14 +132,21 @@ def add(
             headers={
                 k: v for k, v in header_changes(header, removals=False).items() if v is not None
             },
+            signing=signing,
             **health,
             **subscription,
         )
-    if as_json:
-        emit_json({**_public(created.endpoint), "secret": created.secret})
+    public_keys = created.endpoint.public_keys
+    if as_json:  # an ed25519 key never leaves: the receiver needs only its public key
+        emit_json(
+            {**_public(created.endpoint), **({} if public_keys else {"secret": created.secret})}
+        )
         return
     click.echo(f"endpoint {name} created → {url}")
-    click.echo(f"signing secret (shown once, give it to the receiver): {created.secret}")
+    if public_keys:
+        click.echo(f"public key (give it to the receiver; it verifies v1a): {public_keys[0]}")
+    else:
+        click.echo(f"signing secret (shown once, give it to the receiver): {created.secret}")
 
 
 @endpoints.command()
@@ -344,23 +357,32 @@ def disable(name: str, reason: str, yes: bool) -> None:
     show_default=True,
     help="How long the old secret keeps signing too.",
 )
+@signing_option
 @yes_option
 @json_option
-def rotate_secret(name: str, keep_old_for: timedelta, yes: bool, as_json: bool) -> None:
-    """A new signing secret, printed once; the old one also signs for a while."""
+def rotate_secret(
+    name: str, keep_old_for: timedelta, signing: str | None, yes: bool, as_json: bool
+) -> None:
+    """A new signing secret, printed once (for ed25519, its public key); the old one also
+    signs for a while. --signing changes the scheme, both signing during the overlap."""
     confirm(f"rotate the secret of endpoint {name}?", yes)
     with command_engine().begin() as conn:
-        endpoint, secret = api.rotate_secret(conn, name, keep_old_for)
+        endpoint, secret = api.rotate_secret(conn, name, keep_old_for, signing=signing)
+    public = endpoint.public_keys[0] if endpoint.signing == "ed25519" else None
     if as_json:
         emit_json(
             {
                 "name": name,
-                "secret": secret,
+                "signing": endpoint.signing,
+                **({"public_key": public} if public else {"secret": secret}),
                 "previous_secret_expires_at": endpoint.previous_secret_expires_at,
             }
         )
         return
-    click.echo(f"new signing secret for {name} (shown once): {secret}")
+    if public:
+        click.echo(f"new public key for {name} (give it to the receiver): {public}")
+    else:
+        click.echo(f"new signing secret for {name} (shown once): {secret}")
     click.echo(f"the old secret also signs until {iso(endpoint.previous_secret_expires_at)}")
 
 
@@ -368,10 +390,17 @@ def rotate_secret(name: str, keep_old_for: timedelta, yes: bool, as_json: bool) 
 @click.argument("name")
 @json_option
 def secret(name: str, as_json: bool) -> None:
-    """Print the endpoint's current signing secret (the request is logged, the value never)."""
+    """Print the endpoint's current signing secret (the request is logged, the value never);
+    for ed25519, the public keys a receiver verifies with (an ed25519 key never leaves)."""
     with command_engine().connect() as conn:
         endpoint = api.get_endpoint(conn, name)
     active = endpoint.signing_secrets(datetime.now(UTC))  # raises when it cannot be opened
+    if endpoint.signing == "ed25519":
+        if as_json:
+            emit_json({"name": name, "signing": "ed25519", "public_keys": endpoint.public_keys})
+        else:
+            click.echo("\n".join(endpoint.public_keys))
+        return
     logs.configure(config.default_settings().log_format)
     audit.warning(
         "signing secret of endpoint %s shown to %s on %s",

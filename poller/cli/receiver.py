@@ -9,12 +9,19 @@ import click
 
 from poller.cli.run import event_loop_run
 from poller.receiver import Faults, Receiver, serve
+from poller.signing import Verifier
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--secret", "secrets", multiple=True, help="whsec_ secret to verify (repeatable).")
+@click.option(
+    "--public-key",
+    "public_keys",
+    multiple=True,
+    help="whpk_ public key of an ed25519 endpoint: verifies v1a signatures (repeatable).",
+)
 @click.option("--fail-rate", default=0.0, type=click.FloatRange(0, 1), show_default=True)
 @click.option(
     "--status",
@@ -57,6 +64,7 @@ def receiver(
     host: str,
     port: int,
     secrets: tuple[str, ...],
+    public_keys: tuple[str, ...],
     fail_rate: float,
     status: int,
     retry_after: str | None,
@@ -69,14 +77,21 @@ def receiver(
 ) -> None:
     """Serve the reference receiver until SIGTERM/SIGINT.
 
-    It verifies signatures with --secret (without one it accepts anything),
+    It verifies signatures with --secret and --public-key (without either it
+    accepts anything),
     applies each webhook-id once, answers lookups at GET /webhooks/{key}, and
     reports GET /stats — including commit→receipt latency, read from an
     ``enqueued_at`` field (epoch seconds) in the payload when there is one.
     """
-    if not secrets:
+    keys = [*secrets, *public_keys]
+    try:
+        Verifier(keys)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--secret/--public-key") from None
+    if not keys:
         click.echo(
-            "warning: no --secret given: signatures are not checked, any request is accepted",
+            "warning: no --secret or --public-key given: signatures are not checked, "
+            "any request is accepted",
             err=True,
         )
     faults = Faults(
@@ -96,6 +111,6 @@ def receiver(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await serve(Receiver(list(secrets), faults), host, port, stop=stop)
+        await serve(Receiver(keys, faults), host, port, stop=stop)
 
     event_loop_run(main())
