@@ -103,6 +103,7 @@ from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
 from poller.keyring import Keyring, new_key
+from poller.signing import public_key
 
 TTL = 1.5
 CLAIM_LEASE = 3.0
@@ -134,6 +135,7 @@ class Plan:
     max_in_flight: int | None = None  # the endpoint's; 1 is the extreme
     disable_after: float = 0.0  # POLLER_DISABLE_AFTER (0: never)
     retry_schedule: list[float] | None = None  # the endpoint's own (None: the global one)
+    signing: str = "hmac-sha256"  # or ed25519: the receiver verifies with the public key
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -172,6 +174,7 @@ class Plan:
         if rng.random() < 0.25:
             plan.max_attempts = 1
         plan.retry_schedule = rng.choice([None, None, [0.02], [0.3, 1.0]])
+        plan.signing = rng.choice(["hmac-sha256", "ed25519"])
         return plan
 
     def describe(self) -> str:
@@ -184,7 +187,7 @@ class Plan:
             f"p0 with {self.processes} process(es), faults: {faults}; "
             f"max_in_flight {self.max_in_flight or 'default'}, "
             f"disable_after {self.disable_after or 'never'}, "
-            f"retry schedule {self.retry_schedule or 'global'}; application: "
+            f"retry schedule {self.retry_schedule or 'global'}, {self.signing}; application: "
             + ", ".join(
                 f"{'commit' if c else 'rollback'} after {h:.1f}s@{at:.1f}s"
                 for at, h, c in self.lingers
@@ -421,9 +424,9 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
     migrate.upgrade(db_url)
     engine = sync_engine(db_url)
     secrets_key = new_key()  # secrets sealed at rest: the pollers must open them to sign
-    secret = new_secret()
+    secret = new_secret(plan.signing)
     credential = ("Authorization", f"Bearer hunt-{seed}-{new_key()[:12]}")  # sealed, sent
-    receiver = HostileReceiver(seed, secret, credential)
+    receiver = HostileReceiver(seed, public_key(secret) or secret, credential)
     stop = threading.Event()
     fleet: Fleet | None = None
     began = time.monotonic()

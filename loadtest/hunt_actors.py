@@ -32,11 +32,12 @@ from sqlalchemy.orm import Session
 
 from poller import Event, Message, enqueue_many, publish_many
 from poller.admin import retry_messages
-from poller.endpoints import rotate_secret, set_enabled, update_endpoint
+from poller.endpoints import get_endpoint, rotate_secret, set_enabled, update_endpoint
 from poller.errors import PollerError
 from poller.keyring import Keyring
 from poller.ordering import blocked_keys, skip_messages
 from poller.replay import replay
+from poller.signing import public_key
 
 if TYPE_CHECKING:
     from loadtest.hostile import HostileReceiver
@@ -181,7 +182,11 @@ def _act(
         with engine.begin() as conn:
             update_endpoint(conn, ENDPOINT, url=f"{base_url}{path}", allow_private=True)
         run.health_resets.append(time.time())
-    elif action == "rotate":
+    elif action == "rotate":  # to the other scheme: both kinds of signature in the overlap
         with engine.begin() as conn:
-            _, secret = rotate_secret(conn, ENDPOINT, timedelta(minutes=10), keyring=keyring)
-        receiver.add_secret(secret)  # the old one signs too for ten minutes
+            current = get_endpoint(conn, ENDPOINT, keyring=keyring).signing
+            other = "ed25519" if current == "hmac-sha256" else "hmac-sha256"
+            _, secret = rotate_secret(
+                conn, ENDPOINT, timedelta(minutes=10), keyring=keyring, signing=other
+            )
+        receiver.add_secret(public_key(secret) or secret)  # the old one signs for ten minutes

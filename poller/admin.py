@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, false, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from poller.endpoints import could_be_name
+from poller.endpoint_checks import could_be_name
 from poller.errors import InvalidInput, MessageNotFound, UnknownEndpoint
 from poller.names import could_be_event_type
 from poller.ordering import requeue_keyed

@@ -350,7 +350,7 @@ def health_signals(outcomes: Sequence[Outcome], applied: Sequence[Any]) -> dict[
     endpoint_of = {row.id: row.endpoint_id for row in applied}
     for o in outcomes:
         endpoint_id = endpoint_of.get(o.message_id)
-        if endpoint_id is None or o.kind is None:
+        if endpoint_id is None or o.kind not in ("send", "lookup"):  # expiry: nothing was sent
             continue
         signal = signals.get(endpoint_id)
         if signal is None:

@@ -186,6 +186,12 @@ class Dispatcher:
             and endpoint.lookup_url is not None
             and msg.idempotency_key not in DOT_SEGMENTS
         )
+        # Past its age limit it is never sent again; one that may have arrived is
+        # looked up first, so a message the receiver has is still delivered.
+        age = (datetime.now(UTC) - msg.created_at).total_seconds()
+        expired = endpoint.max_age is not None and age > endpoint.max_age
+        if expired and not looks_up:
+            return outcomes.expired(msg, endpoint.max_age or 0.0, age)
         if self._lease_short(msg, timeout, "lookup" if looks_up else "send"):
             return outcomes.released(msg)
         if looks_up:
@@ -194,10 +200,12 @@ class Dispatcher:
             )
             self._child(metrics.LOOKUPS, answer.value).inc()
             self._observe("lookup", endpoint, attempt)
-            if answer is not LookupAnswer.NOT_FOUND:
+            if answer is LookupAnswer.FOUND or (answer is LookupAnswer.ERROR and not expired):
                 return delivery.lookup_outcome(
                     msg, attempt, self.settings, delivery.schedule_of(endpoint, self.settings)
                 )
+            if expired:
+                return outcomes.expired(msg, endpoint.max_age or 0.0, age)
             if self._lease_short(msg, timeout, "send"):  # the lookup took the lease
                 return outcomes.released(msg)
         self._sending.add(msg.id)

@@ -17,8 +17,6 @@ with ``bucket % S == s`` (docs/explanation/election.md).
 from __future__ import annotations
 
 import hashlib
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,6 +28,14 @@ from sqlalchemy.orm import Session
 
 from poller import headers as header_codec
 from poller import queries
+from poller.endpoint_checks import (
+    check_max_age,
+    check_name,
+    check_on_failed_head,
+    could_be_name,
+    positive,
+    signing_scheme,
+)
 from poller.errors import (
     EndpointExists,
     EndpointInUse,
@@ -44,14 +50,12 @@ from poller.health import MAX_RATE as MAX_RATE
 from poller.health import check_health_settings
 from poller.keyring import Keyring, is_sealed
 from poller.retry import check_schedule
-from poller.schema import BUCKETS, ON_FAILED_HEAD, endpoints, outbox
+from poller.schema import BUCKETS, endpoints, outbox
 from poller.settings import default_settings
 from poller.signing import SECRET_PREFIX as SECRET_PREFIX
 from poller.signing import Scheme, check_key, check_scheme, new_key, public_key, scheme_of
 from poller.subscriptions import check_subscription_settings
 from poller.urls import check_lookup_url, check_url
-
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 Conn = Session | Connection
 
@@ -64,39 +68,6 @@ def bucket_for(name: str) -> int:
 def new_secret(signing: Scheme | str = Scheme.HMAC_SHA256) -> str:
     """A new signing key: a ``whsec_`` secret, or an ed25519 ``whsk_`` key (poller/signing.py)."""
     return new_key(signing)
-
-
-def could_be_name(name: object) -> bool:
-    """Whether ``name`` is a name an endpoint can have. Lookups check it first: a name
-    that no endpoint can have (a NUL, say) is *unknown*, not a database error."""
-    return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
-
-
-def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise InvalidEndpoint(
-            "endpoint name must be 1-64 characters of letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
-
-
-def _on_failed_head(value: object) -> str | None:
-    if value is None or value in ON_FAILED_HEAD:
-        return value
-    raise InvalidEndpoint(f"on_failed_head must be one of {', '.join(ON_FAILED_HEAD)}")
-
-
-def _positive(value: Any, what: str, *, integer: bool) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidEndpoint(f"{what} must be a positive number")
-    if integer and (not isinstance(value, int) or value < 1):
-        raise InvalidEndpoint(f"{what} must be a positive integer")
-    if not integer and (not math.isfinite(value) or value <= 0):
-        raise InvalidEndpoint(f"{what} must be a positive number of seconds")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +112,9 @@ class Endpoint:
     """A JSON object a published event's payload must contain to reach it."""
     retry_schedule: tuple[float, ...] | None = None
     """Seconds between attempts (the last repeats); None: POLLER_RETRY_SCHEDULE."""
+    max_age: float | None = None
+    """Seconds after its creation a message may still be sent; older, it ends ``failed``
+    (``expired``) at its next claim. None: no limit."""
     headers: Headers = field(repr=False, default=())
     """Sent with every delivery and lookup (poller/headers.py); the values are credentials."""
     secret_sealed: bool = False
@@ -235,6 +209,7 @@ def create_endpoint(
     headers: Mapping[str, str] | None = None,
     retry_schedule: Sequence[float] | None = None,
     signing: str | None = None,
+    max_age: float | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -245,24 +220,26 @@ def create_endpoint(
     ``headers`` go with every delivery and lookup, sealed like the secret
     (poller/headers.py). ``signing`` is ``hmac-sha256`` (the default) or
     ``ed25519`` (poller/signing.py): then ``secret`` is a ``whsk_`` key and the
-    receiver verifies with :attr:`Endpoint.public_keys`.
+    receiver verifies with :attr:`Endpoint.public_keys`. ``max_age`` (seconds)
+    ends older messages ``failed`` (``expired``) instead of sending them.
     """
     keyring = keyring or default_settings().keyring
     if allow_private is None:
         allow_private = default_settings().allow_private_targets
-    scheme = _scheme(signing, secret)
+    scheme = signing_scheme(signing, secret)
     values = {
-        "name": _check_name(name),
+        "name": check_name(name),
         "url": check_url(url, allow_private=allow_private),
         "lookup_url": None
         if lookup_url is None
         else check_lookup_url(lookup_url, allow_private=allow_private),
-        "max_attempts": _positive(max_attempts, "max_attempts", integer=True),
-        "timeout": _positive(timeout, "timeout", integer=False),
-        "max_in_flight": _positive(max_in_flight, "max_in_flight", integer=True),
+        "max_attempts": positive(max_attempts, "max_attempts", integer=True),
+        "timeout": positive(timeout, "timeout", integer=False),
+        "max_in_flight": positive(max_in_flight, "max_in_flight", integer=True),
+        "max_age": check_max_age(max_age),
         "secret": secret if secret is not None else new_secret(scheme),
         "bucket": bucket_for(name),
-        "on_failed_head": _on_failed_head(on_failed_head) or "block",
+        "on_failed_head": check_on_failed_head(on_failed_head) or "block",
         **check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
         **check_subscription_settings(event_types, tenant, payload_filter),
     }
@@ -280,16 +257,6 @@ def create_endpoint(
             raise EndpointExists(name) from None
         raise
     return CreatedEndpoint(Endpoint.from_row(row, keyring), plain)
-
-
-def _scheme(signing: object, key: str | None) -> Scheme:
-    """The scheme asked for; a given key must be of it."""
-    scheme = Scheme.HMAC_SHA256 if signing is None else check_scheme(signing)
-    if key is not None and signing is None:
-        return scheme_of(key)
-    if key is not None and scheme_of(key) is not scheme:
-        raise InvalidEndpoint(f"the secret given is a {scheme_of(key)} key, not {scheme}")
-    return scheme
 
 
 def _sealed_headers(headers: Headers, keyring: Keyring) -> str | None:
@@ -344,6 +311,7 @@ def update_endpoint(
     clear_headers: bool = False,
     keyring: Keyring | None = None,
     retry_schedule: Any = None,
+    max_age: Any = None,
 ) -> Endpoint:
     """Change the given fields (None leaves a field as it is); checked like create.
     A new ``url`` closes the endpoint's circuit (poller/health.py).
@@ -354,7 +322,8 @@ def update_endpoint(
     applies to events published from then on; ``poller admin replay`` sends
     earlier ones. ``headers`` are merged into the endpoint's (a value of None
     removes that one); ``clear_headers`` drops them all first. A
-    ``retry_schedule`` of :data:`DEFAULT` goes back to ``POLLER_RETRY_SCHEDULE``.
+    ``retry_schedule`` of :data:`DEFAULT` goes back to ``POLLER_RETRY_SCHEDULE``;
+    a ``max_age`` of :data:`DEFAULT` removes the age limit.
     """
     if allow_private is None:
         allow_private = default_settings().allow_private_targets
@@ -378,23 +347,30 @@ def update_endpoint(
         ("max_in_flight", max_in_flight, True),
     ):
         if value is not None:
-            changes[field_name] = _positive(value, field_name, integer=integer)
+            changes[field_name] = positive(value, field_name, integer=integer)
     if on_failed_head is not None:
-        changes["on_failed_head"] = _on_failed_head(on_failed_head)
+        changes["on_failed_head"] = check_on_failed_head(on_failed_head)
     changes.update(
         check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown)
     )
     changes.update(check_subscription_settings(event_types, tenant, payload_filter))
-    if retry_schedule is not None:
-        changes["retry_schedule"] = (
-            None if retry_schedule is DEFAULT else list(check_schedule(retry_schedule))
-        )
+    changes.update(_resettable(retry_schedule=retry_schedule, max_age=max_age))
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
     endpoint = _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()), keyring)
     if "url" in changes:  # a new destination: what the old one did says nothing of it
         _reset_health(conn, endpoint.id)
     return endpoint
+
+
+def _resettable(**given: Any) -> dict[str, Any]:
+    """The changes of settings that :data:`DEFAULT` resets (to NULL: the global one)."""
+    checks = {"retry_schedule": lambda v: list(check_schedule(v)), "max_age": check_max_age}
+    return {
+        name: None if value is DEFAULT else checks[name](value)
+        for name, value in given.items()
+        if value is not None
+    }
 
 
 def _reset_health(conn: Conn, endpoint_id: int) -> None:

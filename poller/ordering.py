@@ -74,6 +74,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from poller import queries
+from poller.endpoint_checks import could_be_name
 
 ENDED = frozenset({"delivered", "failed"})
 
@@ -174,8 +175,6 @@ def blocked_keys(
 ) -> list[dict[str, Any]]:
     """Blocked keys, longest blocked first: endpoint, key, head message, its last error,
     how many messages wait behind it, and since when."""
-    from poller.endpoints import could_be_name
-
     if endpoint is not None and not could_be_name(endpoint):
         return []  # no endpoint has that name (PostgreSQL would refuse a NUL in it)
     rows = conn.execute(queries.BLOCKED_KEYS, {"endpoint": endpoint, "limit": limit})

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 from typing_extensions import dataclass_transform
 
 RowStatus = Literal["pending", "delivered", "failed"]
-AttemptKind = Literal["send", "lookup"]
+AttemptKind = Literal["send", "lookup", "expiry"]
 
 _T = TypeVar("_T")
 
@@ -160,6 +160,22 @@ def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
     """Final failure now, whatever attempts remain (e.g. 410 Gone, a permanent status)."""
     return Outcome(
         msg.id, msg.claim_token, msg.attempts, "failed", "failed", needs_lookup=False, **detail
+    )
+
+
+def expired(msg: ClaimedMessage, max_age: float, age: float) -> Outcome:
+    """Older than its endpoint's ``max_age``: ``failed`` now, never sent again. Recorded
+    as an attempt of kind ``expiry``, which says nothing of the endpoint's health."""
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "failed",
+        "expired",
+        needs_lookup=False,
+        kind="expiry",
+        error_class="Expired",
+        error_message=f"expired: {age:.0f}s old, the endpoint's max_age is {max_age:g}s",
     )
 
 

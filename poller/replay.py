@@ -34,7 +34,7 @@ from sqlalchemy import Connection, Engine, select
 
 from poller import queries
 from poller.admin import actor, retry_messages
-from poller.endpoints import could_be_name
+from poller.endpoint_checks import could_be_name
 from poller.errors import (
     EndpointDisabled,
     EventNotFound,

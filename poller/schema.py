@@ -62,7 +62,7 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 STATUSES = ("waiting", "pending", "in_flight", "delivered", "failed")
 ON_FAILED_HEAD = ("block", "skip")
-ATTEMPT_KINDS = ("send", "lookup", "manual")
+ATTEMPT_KINDS = ("send", "lookup", "manual", "expiry")
 BUCKETS = 256
 NOTIFY_CHANNEL = "poller_outbox"
 
@@ -85,6 +85,9 @@ endpoints = Table(
     Column("headers", Text),
     # Its own retry schedule (seconds; the last repeats); NULL: POLLER_RETRY_SCHEDULE.
     Column("retry_schedule", ARRAY(Float)),
+    # Seconds after its creation a message may still be sent; older ones end failed
+    # ("expired") at their next claim. NULL: no limit.
+    Column("max_age", Float),
     Column("lookup_url", Text),
     Column("enabled", Boolean, nullable=False, server_default=text("true")),
     Column("disabled_reason", Text),
@@ -116,6 +119,7 @@ endpoints = Table(
     CheckConstraint("on_failed_head IN ('block', 'skip')", name="on_failed_head_valid"),
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout_positive"),
+    CheckConstraint("max_age IS NULL OR max_age > 0", name="max_age_positive"),
     CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
     CheckConstraint(
         "rate_limit IS NULL OR (rate_limit > 0 AND rate_limit <= 1000000)",
@@ -300,7 +304,7 @@ delivery_attempts = Table(
     # True when the write was fenced out: the attempt happened on the wire, but
     # its claim had been superseded, so the row was not changed by it.
     Column("stale", Boolean, nullable=False, server_default=text("false")),
-    CheckConstraint("kind IN ('send', 'lookup', 'manual')", name="kind_valid"),
+    CheckConstraint("kind IN ('send', 'lookup', 'manual', 'expiry')", name="kind_valid"),
     Index("ix_poller_delivery_attempts_message", "message_id", "id"),
     # Success ratios over the last hour/day (``endpoints health``): rows arrive in
     # time order, so a BRIN index is tiny and nearly free to maintain.

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from poller import queries
-from poller.endpoints import could_be_name
+from poller.endpoint_checks import could_be_name
 from poller.errors import UnknownEndpoint
 from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
 from poller.schema import endpoint_health as health_table

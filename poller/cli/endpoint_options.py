@@ -54,6 +54,23 @@ class RetrySchedule(click.ParamType[Any]):
             self.fail(f"{exc} (give durations separated by commas, e.g. 5s,5m,30m)", param, ctx)
 
 
+class AgeLimit(click.ParamType[Any]):
+    """``3d`` (a duration, poller/parse.py) → seconds, or ``none`` (no limit)."""
+
+    name = "duration|none"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from poller import parse
+        from poller.errors import InvalidInput
+
+        if value is DEFAULT or str(value).strip().lower() in ("none", "default"):
+            return DEFAULT
+        try:
+            return parse.duration(str(value)).total_seconds()  # refuses 0 and less
+        except InvalidInput as exc:
+            self.fail(f"{exc} (e.g. 3d, 12h; 'none': no limit)", param, ctx)
+
+
 def limit_options(func: Any) -> Any:
     for option in reversed(
         [
@@ -87,6 +104,12 @@ def limit_options(func: Any) -> Any:
                 type=RetrySchedule(),
                 help="Its own retry schedule, e.g. 5s,5m,30m,2h,5h (the last repeats; "
                 "'default': POLLER_RETRY_SCHEDULE).",
+            ),
+            click.option(
+                "--max-age",
+                type=AgeLimit(),
+                help="Messages older than this end failed (expired) instead of being sent, "
+                "e.g. 3d ('none': no limit, the default).",
             ),
             click.option(
                 "--circuit-cooldown",

@@ -79,6 +79,7 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "public_keys": list(endpoint.public_keys),  # ed25519: what the receiver verifies with
         "headers": list(endpoint.header_names),  # names only: the values are credentials
         "retry_schedule": list(endpoint.retry_schedule) if endpoint.retry_schedule else None,
+        "max_age": endpoint.max_age,
     }
 
 
@@ -260,6 +261,8 @@ def _shown_field(name: str, value: Any) -> Any:
         return ", ".join(value) or "none"
     if name == "retry_schedule":
         return ", ".join(f"{s:g}s" for s in value) if value else "default"
+    if name == "max_age":
+        return "none" if value is None else f"{value:g}s"
     return _shown(value)
 
 

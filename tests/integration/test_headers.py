@@ -231,3 +231,69 @@ async def test_a_failed_send_backs_off_on_the_endpoints_schedule(
             text("SELECT extract(epoch FROM next_attempt_at - now()) FROM poller_outbox")
         ).scalar_one()
     assert 3600 * 0.75 < float(due_in) < 3600 * 1.25, due_in
+
+
+# --- its age limit (issue 27) --------------------------------------------------------
+
+
+async def test_a_message_past_the_age_limit_ends_expired_unsent_unless_it_arrived(
+    engine: Engine, db_url: str
+) -> None:
+    """Three messages an hour old on an endpoint with max_age 10 min: the plain one ends
+    failed (expired) with nothing sent; one whose earlier outcome is unknown is looked up
+    first — the receiver has it, so it is delivered; a fresh one is sent."""
+    async with running_receiver() as (receiver, url):
+        with engine.begin() as conn:
+            create_endpoint(
+                conn, "billing", f"{url}/hook", max_age=600.0,
+                lookup_url=f"{url}/webhooks/{{idempotency_key}}",
+            )  # fmt: skip
+        old, arrived, fresh = seed(engine, 3)
+        receiver.applied["billing:1"] = 1  # an earlier attempt reached it, unanswered
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE poller_outbox SET created_at = now() - interval '1 hour', "
+                    "needs_lookup = (id = :arrived) WHERE id IN (:old, :arrived)"
+                ),
+                {"old": old, "arrived": arrived},
+            )
+        async with running_poller(db_url, fast_settings()):
+
+            async def ended() -> bool:
+                with engine.connect() as conn:
+                    return not conn.execute(
+                        text("SELECT count(*) FROM poller_outbox WHERE status = 'pending'")
+                    ).scalar()
+
+            await wait_for(ended, timeout=10)
+    with engine.connect() as conn:
+        rows = {
+            r.id: r for r in conn.execute(text("SELECT id, status, last_error FROM poller_outbox"))
+        }
+        kinds = conn.execute(
+            text("SELECT kind, outcome FROM poller_delivery_attempts WHERE message_id = :id"),
+            {"id": old},
+        ).all()
+    assert rows[old].status == "failed" and rows[old].last_error.startswith("expired: ")
+    assert kinds == [("expiry", "expired")]
+    assert rows[arrived].status == "delivered" and rows[fresh].status == "delivered"
+    assert receiver.stats.per_path["/hook"] == 1  # only the fresh one was sent
+
+
+def test_the_cli_sets_and_removes_an_age_limit(engine: Engine, db_url: str) -> None:
+    env = {"POLLER_DATABASE_URL": db_url, "POLLER_ALLOW_PRIVATE_TARGETS": "true"}
+    runner = CliRunner()
+    added = runner.invoke(
+        cli, ["endpoints", "add", "billing", "http://127.0.0.1:9/h", "--max-age", "3d", "--json"],
+        env=env,
+    )  # fmt: skip
+    assert added.exit_code == 0 and json.loads(added.output)["max_age"] == 3 * 86400
+    for bad, said in (("0s", "not a duration"), ("soon", "e.g. 3d"), ("400d", "at most 365 days")):
+        refused = runner.invoke(cli, ["endpoints", "update", "billing", "--max-age", bad], env=env)
+        assert refused.exit_code == 2 and said in refused.output, refused.output
+        assert "Traceback" not in refused.output
+    cleared = runner.invoke(
+        cli, ["endpoints", "update", "billing", "--max-age", "none", "--json"], env=env
+    )
+    assert cleared.exit_code == 0 and json.loads(cleared.output)["max_age"] is None

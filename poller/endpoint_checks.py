@@ -1,0 +1,73 @@
+"""What an endpoint's own settings may be: its name, the numbers, its signing scheme.
+
+Each check returns the value to store or raises :class:`~poller.errors.InvalidEndpoint`
+saying what was expected. The settings with a module of their own are checked
+there: URLs (poller/urls.py), headers (poller/headers.py), health
+(poller/health.py), subscriptions (poller/subscriptions.py), the retry schedule
+(poller/retry.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from poller.errors import InvalidEndpoint
+from poller.schema import ON_FAILED_HEAD
+from poller.signing import Scheme, check_scheme, scheme_of
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_AGE_LIMIT = 365 * 86400.0  # a year: longer is a typo, not a policy
+
+
+def could_be_name(name: object) -> bool:
+    """Whether ``name`` is a name an endpoint can have. Lookups check it first: a name
+    that no endpoint can have (a NUL, say) is *unknown*, not a database error."""
+    return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise InvalidEndpoint(
+            "endpoint name must be 1-64 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def check_on_failed_head(value: object) -> str | None:
+    if value is None or value in ON_FAILED_HEAD:
+        return value
+    raise InvalidEndpoint(f"on_failed_head must be one of {', '.join(ON_FAILED_HEAD)}")
+
+
+def positive(value: Any, what: str, *, integer: bool) -> Any:
+    """``value`` if it is a positive integer (``integer``) or number of seconds; None stays."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidEndpoint(f"{what} must be a positive number")
+    if integer and (not isinstance(value, int) or value < 1):
+        raise InvalidEndpoint(f"{what} must be a positive integer")
+    if not integer and (not math.isfinite(value) or value <= 0):
+        raise InvalidEndpoint(f"{what} must be a positive number of seconds")
+    return value
+
+
+def check_max_age(value: Any) -> float | None:
+    """An age limit in seconds, up to a year."""
+    seconds = positive(value, "max_age", integer=False)
+    if seconds is not None and seconds > MAX_AGE_LIMIT:
+        raise InvalidEndpoint("max_age must be at most 365 days")
+    return None if seconds is None else float(seconds)
+
+
+def signing_scheme(signing: object, key: str | None) -> Scheme:
+    """The scheme asked for (default: a given key's, else HMAC); a given key must be of it."""
+    if signing is None:
+        return Scheme.HMAC_SHA256 if key is None else scheme_of(key)
+    scheme = check_scheme(signing)
+    if key is not None and scheme_of(key) is not scheme:
+        raise InvalidEndpoint(f"the secret given is a {scheme_of(key)} key, not {scheme}")
+    return scheme
