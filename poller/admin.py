@@ -176,7 +176,8 @@ def plan_retry(
     force: bool = False,
     where: FailedFilter | None = None,
 ) -> RetryPlan:
-    """Which messages a retry would send again: failed ones (delivered with ``force``)."""
+    """Which messages a retry would send again: failed and cancelled ones (delivered with
+    ``force``)."""
     query = select(outbox.c.id, outbox.c.status)
     if ids:
         query = query.where(outbox.c.id.in_(ids))
@@ -185,7 +186,7 @@ def plan_retry(
     else:
         return RetryPlan([], {})
     rows = dict(conn.execute(query.order_by(outbox.c.id)).all())
-    allowed = {"failed", "delivered"} if force else {"failed"}
+    allowed = {"failed", "cancelled", "delivered"} if force else {"failed", "cancelled"}
     skipped = {
         i: f"is {s}"
         + (
@@ -222,7 +223,10 @@ def retry_messages(
             )
             changed = conn.execute(
                 update(outbox)
-                .where(outbox.c.id.in_(chunk), outbox.c.status.in_(("failed", "delivered")))
+                .where(
+                    outbox.c.id.in_(chunk),
+                    outbox.c.status.in_(("failed", "cancelled", "delivered")),
+                )
                 .values(
                     status="pending",
                     next_attempt_at=func.now(),
@@ -230,6 +234,7 @@ def retry_messages(
                     max_attempts=outbox.c.attempts + budget,
                     failed_at=None,
                     delivered_at=None,
+                    cancelled_at=None,
                     claim_expires_at=None,
                     updated_at=func.now(),
                 )
@@ -274,6 +279,7 @@ def purge_counts(
     for status, column, older in (
         ("delivered", outbox.c.delivered_at, delivered_older),
         ("failed", outbox.c.failed_at, failed_older),
+        ("cancelled", outbox.c.cancelled_at, failed_older),  # kept as long as failures
     ):
         if older is not None:
             counts[status] = conn.execute(

@@ -115,6 +115,11 @@ class Endpoint:
     max_age: float | None = None
     """Seconds after its creation a message may still be sent; older, it ends ``failed``
     (``expired``) at its next claim. None: no limit."""
+    held_until: datetime | None = None
+    """Paused by an operator (poller/cancel.py) until then; None with :attr:`held_by`: until
+    resumed."""
+    held_by: str | None = None
+    """Who paused it; None: not paused."""
     headers: Headers = field(repr=False, default=())
     """Sent with every delivery and lookup (poller/headers.py); the values are credentials."""
     secret_sealed: bool = False
@@ -134,6 +139,13 @@ class Endpoint:
             return ()
         keys = self.signing_secrets(datetime.now(UTC))
         return tuple(k for k in map(public_key, keys) if k is not None)
+
+    @property
+    def paused(self) -> bool:
+        """Whether an operator's pause holds its messages now."""
+        return self.held_by is not None and (
+            self.held_until is None or self.held_until > datetime.now(UTC)
+        )
 
     @property
     def header_names(self) -> tuple[str, ...]:

@@ -144,6 +144,7 @@ def retention_plan(
     plan = (
         ("delivered", queries.PURGE_DELIVERED, delivered_age),
         ("failed", queries.PURGE_FAILED, failed_age),
+        ("cancelled", queries.PURGE_CANCELLED, failed_age),  # kept as long as failures
         ("spent_keys", queries.PURGE_SPENT_KEYS, keys_age),
         ("events", queries.PURGE_EVENTS, events_age),
     )

@@ -76,7 +76,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from poller import queries
 from poller.endpoint_checks import could_be_name
 
-ENDED = frozenset({"delivered", "failed"})
+ENDED = frozenset({"delivered", "failed"})  # how a poller's completion ends a message
 
 
 @dataclass(slots=True)
@@ -201,6 +201,7 @@ def skip_messages(conn: Connection, ids: Sequence[int], *, who: str) -> list[int
     Only messages with an ordering key that are not in flight are skipped; the
     ids skipped are returned.
     """
+    conn.execute(queries.LOCK_KEYS_OF_MESSAGES, {"ids": list(ids)})  # before their rows
     skipped = [
         row.id for row in conn.execute(queries.SKIP_MESSAGES, {"ids": list(ids), "who": who})
     ]

@@ -68,6 +68,20 @@ def moment(value: str | datetime, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
+def deadline(value: str | datetime, now: datetime | None = None) -> datetime:
+    """A duration from now (``2h``) or an ISO 8601 time, in the future → an aware datetime."""
+    now = now or datetime.now(UTC)
+    if not isinstance(value, datetime) and is_duration(str(value)):
+        try:
+            return now + duration(value)
+        except OverflowError:
+            raise InvalidInput(f"{value!r} from now is after the year 9999") from None
+    when = moment(value, now)
+    if when <= now:
+        raise InvalidInput(f"{value!r} is not in the future")
+    return when
+
+
 def row_id(value: str | int, what: str = "message") -> int:
     """A message or event id: a whole number from 1 to 2**63-1."""
     if isinstance(value, int) and not isinstance(value, bool):

@@ -17,7 +17,8 @@ fenced by ``claim_token``, see poller/claims.py)::
        │                   │ graceful shutdown ─────────────▶ pending, attempt not counted
        │                   │                                  (at most MAX_REFUNDS times)
        │                   └ claim lease expired ───────────▶ pending + needs_lookup, or failed
-       └──── admin retry ◀── failed
+       └──── admin retry ◀── failed, cancelled
+    waiting, pending ──admin cancel──▶ cancelled (only an operator cancels; in_flight never)
 
 A message with an ``ordering_key`` is ``waiting`` while an earlier message of
 its (endpoint, key) has not ended; only the key's head is ever ``pending``
@@ -60,7 +61,8 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-STATUSES = ("waiting", "pending", "in_flight", "delivered", "failed")
+STATUSES = ("waiting", "pending", "in_flight", "delivered", "failed", "cancelled")
+ENDED = ("delivered", "failed", "cancelled")  # terminal; only an operator cancels
 ON_FAILED_HEAD = ("block", "skip")
 ATTEMPT_KINDS = ("send", "lookup", "manual", "expiry")
 BUCKETS = 256
@@ -106,6 +108,10 @@ endpoints = Table(
     # The claim statement skips the endpoint until then: CIRCUIT_HOLD while its circuit
     # is not closed, a Retry-After's end after a 429. Not a setting: updated_at stays.
     Column("paused_until", DateTime(timezone=True)),
+    # An operator's pause (poller endpoints pause): while held_by is set, its messages
+    # wait until held_until (NULL: until resumed); health, attempts, circuit untouched.
+    Column("held_until", DateTime(timezone=True)),
+    Column("held_by", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # Fan-out (poller/fanout.py): the event types published events reach it by (names
@@ -217,6 +223,7 @@ outbox = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("delivered_at", DateTime(timezone=True)),
     Column("failed_at", DateTime(timezone=True)),
+    Column("cancelled_at", DateTime(timezone=True)),  # poller admin cancel
     # Ordered delivery: the key. A key's messages are inserted under its row lock in
     # poller_ordering_keys, so their ids grow in the order transactions took the key:
     # the id is the message's position in its key.
@@ -226,7 +233,7 @@ outbox = Table(
     UniqueConstraint("endpoint_id", "idempotency_key", name="uq_poller_outbox_endpoint_key"),
     CheckConstraint("payload IS NOT NULL OR event_id IS NOT NULL", name="payload_or_event"),
     CheckConstraint(
-        "status IN ('waiting', 'pending', 'in_flight', 'delivered', 'failed')",
+        "status IN ('waiting', 'pending', 'in_flight', 'delivered', 'failed', 'cancelled')",
         name="status_valid",
     ),
     CheckConstraint("status <> 'waiting' OR ordering_key IS NOT NULL", name="waiting_is_ordered"),
@@ -270,6 +277,9 @@ outbox = Table(
     ),
     Index(
         "ix_poller_outbox_delivered", "delivered_at", postgresql_where=text("status = 'delivered'")
+    ),
+    Index(
+        "ix_poller_outbox_cancelled", "cancelled_at", postgresql_where=text("status = 'cancelled'")
     ),
     # An event's deliveries (admin show, replay, the events' retention).
     Index("ix_poller_outbox_event", "event_id", postgresql_where=text("event_id IS NOT NULL")),

@@ -73,6 +73,8 @@ def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
                 endpoints.c.name,
                 endpoints.c.enabled,
                 endpoints.c.paused_until,
+                endpoints.c.held_until,
+                endpoints.c.held_by,
                 health_table.c.state,
             ).join(health_table, health_table.c.endpoint_id == endpoints.c.id, isouter=True)
         )
@@ -83,8 +85,9 @@ def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
     return {
         "totals": totals,
         "endpoints": per_endpoint,
-        # Why an endpoint's pending messages may be waiting: ok, disabled, circuit open,
-        # circuit half-open, paused (Retry-After). ``held``: pending behind such endpoints.
+        # Why an endpoint's pending messages may be waiting: ok, disabled, paused by
+        # operator (poller/cancel.py), circuit open, circuit half-open, paused
+        # (Retry-After). ``held``: pending behind such endpoints.
         "endpoint_states": {name: states.get(name, "ok") for name in per_endpoint},
         "pending_held": held,
         "oldest_due_pending_seconds": float(oldest_due) if oldest_due is not None else None,
@@ -99,9 +102,18 @@ def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
     }
 
 
+def _held(row: Any) -> bool:
+    """Whether an operator's pause holds the endpoint (of a row with held_by, held_until)."""
+    return row.held_by is not None and (
+        row.held_until is None or row.held_until > datetime.now(UTC)
+    )
+
+
 def _endpoint_state(row: Any) -> str:
     if not row.enabled:
         return "disabled"
+    if _held(row):
+        return "paused by operator"
     if row.state in ("open", "half_open"):
         return "circuit " + str(row.state).replace("_", "-")
     if row.paused_until is not None and row.paused_until > datetime.now(UTC):
@@ -193,6 +205,10 @@ def health_report(conn: Connection, name: str | None = None) -> list[dict[str, A
                 "failing_since": r.failing_since,
                 "last_error": r.last_error,
                 "paused_until": paused,
+                # an operator's pause (poller/cancel.py): by whom, until when (None: resume)
+                "paused_by_operator": {"by": r.held_by, "until": r.held_until}
+                if _held(r)
+                else None,
                 "success_ratio_1h": _ratio(r.ok_1h, r.sends_1h),
                 "sends_1h": r.sends_1h,
                 "success_ratio_24h": _ratio(r.ok_24h, r.sends_24h),

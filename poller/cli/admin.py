@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from poller.cli import holds
 from poller.cli.common import command_engine, settings_and_url
 from poller.cli.lazy import lazy
 from poller.cli.output import (
@@ -493,3 +494,6 @@ def leases(as_json: bool) -> None:
             for r in rows
         ],
     )
+
+
+admin.add_command(holds.cancel)

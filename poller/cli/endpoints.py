@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from poller import logs
+from poller.cli import holds
 from poller.cli.common import command_engine
 from poller.cli.endpoint_options import (
     header_changes,
@@ -80,6 +81,10 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "headers": list(endpoint.header_names),  # names only: the values are credentials
         "retry_schedule": list(endpoint.retry_schedule) if endpoint.retry_schedule else None,
         "max_age": endpoint.max_age,
+        # An operator's pause (poller/cancel.py): until when (None: until resumed), by whom.
+        "paused": {"until": endpoint.held_until, "by": endpoint.held_by}
+        if endpoint.paused
+        else None,
     }
 
 
@@ -261,6 +266,11 @@ def _shown_field(name: str, value: Any) -> Any:
         return ", ".join(value) or "none"
     if name == "retry_schedule":
         return ", ".join(f"{s:g}s" for s in value) if value else "default"
+    if name == "paused":
+        if value is None:
+            return "no"
+        until = iso(value["until"]) if value["until"] else "'poller endpoints resume'"
+        return f"paused until {until} (by {value['by']})"
     if name == "max_age":
         return "none" if value is None else f"{value:g}s"
     return _shown(value)
@@ -311,6 +321,11 @@ def health_(name: str | None, as_json: bool) -> None:
 def _state(r: dict[str, Any]) -> str:
     if not r["enabled"]:
         return f"disabled: {r['disabled_reason']}"
+    if r["paused_by_operator"] is not None:
+        until = r["paused_by_operator"]["until"]
+        return f"paused by {r['paused_by_operator']['by']} " + (
+            f"until {iso(until)}" if until else "until resumed"
+        )
     if r["circuit"] == "open":
         return f"circuit open since {age(r['opened_at'])}, probe {age(r['next_probe_at'])}"
     if r["circuit"] == "half_open":
@@ -460,3 +475,7 @@ def remove(name: str, force: bool, yes: bool) -> None:
     with command_engine().begin() as conn:
         deleted = api.remove_endpoint(conn, name, force=force)
     click.echo(f"endpoint {name} removed" + (f" with {deleted} messages" if deleted else ""))
+
+
+endpoints.add_command(holds.pause)
+endpoints.add_command(holds.resume)

@@ -61,6 +61,18 @@ class Since(click.ParamType[datetime]):
             self.fail(str(exc), param, ctx)
 
 
+class Until(click.ParamType[datetime]):
+    """A duration from now (``2h``) or an ISO 8601 time (:func:`poller.parse.deadline`)."""
+
+    name = "until"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return parse.deadline(value)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
 class RowId(click.ParamType[int]):
     """A message or event id (:func:`poller.parse.row_id`)."""
 

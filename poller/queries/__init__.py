@@ -14,13 +14,15 @@ migrated schema.
 
 The statements live in one module per part of the flow — ``enqueue``,
 ``claims``, ``health``, ``cluster`` (election, shards), ``maintenance``, ``ordering``,
-``publish`` (fan-out, replay), ``reports`` (operational events, stats) — and are all
+``publish`` (fan-out, replay), ``reports`` (operational events, stats), ``cancel``
+(operators' holds: cancel, pause) — and are all
 reachable here as ``queries.NAME``.
 """
 
 from __future__ import annotations
 
 from poller.queries._registry import STATEMENTS, Statement
+from poller.queries.cancel import *  # noqa: F403
 from poller.queries.claims import *  # noqa: F403
 from poller.queries.cluster import *  # noqa: F403
 from poller.queries.enqueue import *  # noqa: F403

@@ -31,7 +31,8 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
 # visited in a fresh random order each time and each one's rows come, oldest
 # due first, from its own partial index. So one endpoint's backlog, or a slow
 # endpoint at its cap, never starves the others, and a disabled endpoint's
-# rows wait. So do a paused endpoint's (paused_until: its circuit is not
+# rows wait, and so do the rows of one an operator paused (held_by, held_until:
+# poller/cancel.py). So do a paused endpoint's (paused_until: its circuit is not
 # closed, or it answered 429/503 with Retry-After) and a rate-limited one's:
 # CLAIM_GOVERNED (poller/queries/health.py) takes those, at most ten times a
 # second, so this statement only reads two more columns of each endpoint.
@@ -54,6 +55,7 @@ CLAIM_BATCH = _statement(
         FROM poller_endpoints e
         LEFT JOIN busy ON busy.endpoint_id = e.id
         WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+          AND (e.held_by IS NULL OR e.held_until <= now())
           AND e.rate_limit IS NULL AND (e.paused_until IS NULL OR e.paused_until <= now())
         ORDER BY md5(CAST(e.id AS text) || :salt)
     ), due AS (

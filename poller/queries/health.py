@@ -38,6 +38,7 @@ CLAIM_GOVERNED = _statement(
         JOIN poller_endpoint_health h ON h.endpoint_id = e.id
         LEFT JOIN busy ON busy.endpoint_id = e.id
         WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+          AND (e.held_by IS NULL OR e.held_until <= now())
           AND ((h.state = 'closed' AND e.rate_limit IS NOT NULL
                 AND (e.paused_until IS NULL OR e.paused_until <= now()))
                OR (h.state = 'open' AND h.open_until <= now())
@@ -120,7 +121,7 @@ HEALTH_REPORT = _statement(
     """
     SELECT e.id, e.name, e.enabled, e.disabled_reason, e.rate_limit,
            coalesce(e.rate_burst, CAST(greatest(1, ceil(e.rate_limit)) AS integer)) AS rate_burst,
-           e.circuit_failures, e.circuit_cooldown, e.paused_until,
+           e.circuit_failures, e.circuit_cooldown, e.paused_until, e.held_until, e.held_by,
            h.state, h.consecutive_failures, h.cooldown, h.opened_at, h.open_until, h.probe_at,
            h.opens, h.probes, h.last_success_at, h.last_failure_at, h.failing_since,
            h.last_error,

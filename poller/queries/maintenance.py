@@ -5,7 +5,7 @@ from __future__ import annotations
 from poller.queries._registry import statement as _statement
 
 
-# Retention: delete up to :limit delivered (or failed) rows older than :age
+# Retention: delete up to :limit delivered (failed, cancelled) rows older than :age
 # seconds, with their attempts (cascade), keeping their keys as spent keys so
 # the same key cannot start a second message. Small batches keep locks short.
 # The failed head of a blocked ordering key is kept: its key waits on it.
@@ -35,6 +35,7 @@ def _purge(status: str, since: str) -> str:
 
 PURGE_DELIVERED = _statement("PURGE_DELIVERED", _purge("delivered", "delivered_at"))
 PURGE_FAILED = _statement("PURGE_FAILED", _purge("failed", "failed_at"))
+PURGE_CANCELLED = _statement("PURGE_CANCELLED", _purge("cancelled", "cancelled_at"))
 
 # Spent keys past POLLER_RETENTION_KEYS: from then on the key may start a new message.
 PURGE_SPENT_KEYS = _statement(
@@ -79,6 +80,8 @@ GAUGE_STATUS = _statement(
     SELECT 'failed', count(*) FROM poller_outbox WHERE status = 'failed'
     UNION ALL
     SELECT 'waiting', count(*) FROM poller_outbox WHERE status = 'waiting'
+    UNION ALL
+    SELECT 'cancelled', count(*) FROM poller_outbox WHERE status = 'cancelled'
     """,
 )
 

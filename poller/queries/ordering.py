@@ -76,6 +76,22 @@ SET_ORDERING_HEADS = _statement(
     """,
 )
 
+# Admin skip, first: lock the key rows of these ordered messages (waiting for a
+# poller's hand-on to commit), so no poller promotes one of them while the skip
+# changes it — a poller's hand-on skips a key someone holds.
+LOCK_KEYS_OF_MESSAGES = _statement(
+    "LOCK_KEYS_OF_MESSAGES",
+    """
+    SELECT k.endpoint_id, k.ordering_key
+    FROM poller_outbox o
+    JOIN poller_ordering_keys k
+      ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key
+    WHERE o.id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY k.endpoint_id, k.ordering_key
+    FOR UPDATE OF k
+    """,
+)
+
 # Admin skip: lock the rows of the keys these messages head (before ADVANCE_KEYS,
 # in the same transaction), waiting for them. Pollers use TAKE_KEYS_OF_HEADS.
 LOCK_KEYS_OF_HEADS = _statement(
@@ -131,7 +147,7 @@ ENDED_HEADS = _statement(
     SELECT k.head_id AS id
     FROM poller_ordering_keys k
     JOIN poller_outbox o ON o.id = k.head_id
-    WHERE o.status IN ('delivered', 'failed') AND k.blocked_since IS NULL
+    WHERE o.status IN ('delivered', 'failed', 'cancelled') AND k.blocked_since IS NULL
     ORDER BY k.endpoint_id, k.ordering_key
     LIMIT :limit
     FOR UPDATE OF k SKIP LOCKED
@@ -139,7 +155,7 @@ ENDED_HEADS = _statement(
 )
 
 # These heads ended. A delivered head — or a failed one on a ``skip`` endpoint,
-# or one an operator skipped — hands the key to its next waiting message (the
+# or one an operator skipped or cancelled — hands the key to its next waiting message (the
 # lowest id), which becomes pending; with none waiting the key's row goes, and
 # the next enqueue on the key starts pending. A failed head on a ``block``
 # endpoint stays the head and marks the key blocked. Messages that are not
@@ -150,14 +166,15 @@ ADVANCE_KEYS = _statement(
     f"""
     WITH ended AS (
         SELECT o.endpoint_id, o.ordering_key, o.id,
-               (o.status = 'delivered' OR e.on_failed_head = 'skip'
+               (o.status IN ('delivered', 'cancelled') OR e.on_failed_head = 'skip'
                 OR o.id = ANY(CAST(:skipped AS bigint[]))) AS moves_on
         FROM poller_outbox o
         JOIN poller_ordering_keys k
           ON k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key
          AND k.head_id = o.id
         JOIN poller_endpoints e ON e.id = o.endpoint_id
-        WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.status IN ('delivered', 'failed')
+        WHERE o.id = ANY(CAST(:ids AS bigint[]))
+          AND o.status IN ('delivered', 'failed', 'cancelled')
     ), successor AS (
         SELECT ended.endpoint_id, ended.ordering_key, ended.id AS ended_id, nxt.id AS next_id
         FROM ended

@@ -31,7 +31,7 @@ OPEN_COUNTS = _statement(
     " UNION ALL ".join(
         f"SELECT endpoint_id, '{status}' AS status, count(*) AS n FROM poller_outbox "
         f"WHERE status = '{status}' GROUP BY endpoint_id"
-        for status in ("pending", "in_flight", "waiting", "failed")
+        for status in ("pending", "in_flight", "waiting", "failed", "cancelled")
     ),
 )
 DELIVERED_COUNTS = _statement(

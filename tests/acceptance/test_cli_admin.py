@@ -190,6 +190,7 @@ async def test_failed_show_retry_and_stats(run, db_url: str, engine: Engine) -> 
         "in_flight": 0,
         "delivered": 0,
         "failed": 2,
+        "cancelled": 0,
     }
     assert stats["endpoints"]["billing"]["failed"] == 2 and stats["failed_last_hour"] == 2
 
@@ -220,7 +221,7 @@ async def test_purge_removes_only_what_it_says(run, db_url: str, engine: Engine)
             {"i": ids[0]},
         )
     code, out, _ = run("admin", "purge", "--failed-older-than", "30d", "--dry-run", "--json")
-    assert _json(out)["would_delete"] == {"failed": 1} and row(engine, ids[0])
+    assert _json(out)["would_delete"] == {"failed": 1, "cancelled": 0} and row(engine, ids[0])
     assert run("admin", "purge", "--failed-older-than", "30d")[0] == 2  # asks first
     code, out, _ = run("admin", "purge", "--failed-older-than", "30d", "--yes")
     assert code == 0 and "deleted 1 failed" in out

@@ -344,7 +344,7 @@ class Recording(Receiver):
 
 @contextlib.asynccontextmanager
 async def recording(secret: str) -> AsyncIterator[tuple[Recording, str]]:
-    receiver = Recording(secrets=[secret])
+    receiver = Recording(keys=[secret])
     port = await receiver.start()
     try:
         yield receiver, f"http://127.0.0.1:{port}"

@@ -36,7 +36,7 @@ async def receiver_for(
 ) -> AsyncIterator[Receiver]:
     """A receiver of its own for endpoint ``name`` (made here), checking its signatures."""
     secret = new_secret()
-    receiver = Receiver(secrets=[secret], faults=faults)
+    receiver = Receiver(keys=[secret], faults=faults)
     port = await receiver.start()
     try:
         url = f"http://127.0.0.1:{port}/{name}"
