@@ -48,7 +48,14 @@ def dashboard_disagrees(engine: Any) -> list[str]:
                 problems.append(f"dashboard: {path} carries unescaped markup")
             if path == "/" and page.status_code == 200:
                 shown = dict(re.findall(r'data-status="(\w+)">([\d,]+)<', page.text))
-                for status in ("pending", "in_flight", "waiting", "delivered", "failed"):
+                for status in (
+                    "pending",
+                    "in_flight",
+                    "waiting",
+                    "delivered",
+                    "failed",
+                    "cancelled",
+                ):
                     have = int(shown.get(status, "-1").replace(",", ""))
                     if have != counts.get(status, 0):
                         problems.append(

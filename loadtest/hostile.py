@@ -118,6 +118,7 @@ class HostileReceiver:
         self.applied: set[str] = set()
         self.badly_signed: set[str] = set()
         self.first_arrival: dict[str, int] = {}  # key -> rank of its first POST's arrival
+        self.last_arrival: dict[str, float] = {}  # key -> time.time() its last request came
         self.positions: dict[str, set[int]] = {}  # key -> webhook-ordering-seq values it came with
         self.behaviours: Counter[str] = Counter()
         self.lookups = 0
@@ -186,6 +187,7 @@ class HostileReceiver:
         key = headers.get("webhook-id", "")
         self.posts[key] += 1
         self.first_arrival.setdefault(key, len(self.first_arrival))
+        self.last_arrival[key] = time.time()
         if "webhook-ordering-seq" in headers:
             seq = headers["webhook-ordering-seq"]
             self.positions.setdefault(key, set()).add(int(seq) if seq.isdigit() else -1)
@@ -270,6 +272,7 @@ class HostileReceiver:
 
     async def _lookup(self, key: str, writer: asyncio.StreamWriter) -> bool:
         self.lookups += 1
+        self.last_arrival[key] = time.time()
         behaviour = _draw(self.rng, LOOKUP_BEHAVIOURS)
         if behaviour == "honest":
             found = key in self.applied

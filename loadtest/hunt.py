@@ -15,20 +15,24 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   flight (up to 3 claim leases) and commits or rolls them back, and commits a
   burst;
 * the operator replays, retries failed messages, skips blocked heads,
-  disables and re-enables the endpoint, changes its URL, rotates its secret —
-  through the functions the CLI and the dashboard call — and re-enables the
-  endpoint when the pollers disabled it;
+  disables and re-enables the endpoint, changes its URL, rotates its secret
+  (to the other signature scheme), cancels open messages and pauses the
+  endpoint for 1.5 s — through the functions the CLI and the dashboard call —
+  and re-enables the endpoint when the pollers disabled it;
 * the configuration's extremes are drawn too: ``max_attempts`` 1, the
   endpoint's ``max_in_flight`` 1, the endpoint's own retry schedule (20 ms, or
-  0.3 s then 1 s, beside the global 50–400 ms), ``POLLER_DISABLE_AFTER`` 2 s, the breaker off
-  or after 3 failures with cool-downs of 0.2–0.8 s, and the shortest claim
-  lease the request timeout allows (3 s for 1 s).
+  0.3 s then 1 s, beside the global 50–400 ms), HMAC or ed25519 signatures,
+  ``POLLER_DISABLE_AFTER`` 2 s, the breaker off or after 3 failures with
+  cool-downs of 0.2–0.8 s, and the shortest claim lease the request timeout
+  allows (3 s for 1 s).
 
 When all is settled the rows and the receiver must agree (loadtest/hunt_check.py
 checks them):
 
-* every committed message is ``delivered`` or ``failed``: none pending, none
-  in flight, nothing rolled back stored;
+* every committed message is ``delivered``, ``failed`` or ``cancelled``: none
+  pending, none in flight, nothing rolled back stored; only the operator
+  cancelled, and no POST of a cancelled message arrived after its cancel;
+  nothing was sent or looked up while the operator's pause held;
 * ``attempts ≤ max_attempts``, ``refunds ≤ MAX_REFUNDS`` and
   ``probe_refunds ≤ MAX_PROBE_REFUNDS`` on every row;
 * POSTs that arrived per key ≤ send attempts recorded for its message (every
@@ -95,7 +99,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from loadtest.hostile import HostileReceiver
-from loadtest.hunt_actors import OPERATOR_ACTIONS, application, operator, write
+from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, operator, write
 from loadtest.hunt_check import check
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Message, migrate
@@ -136,6 +140,7 @@ class Plan:
     disable_after: float = 0.0  # POLLER_DISABLE_AFTER (0: never)
     retry_schedule: list[float] | None = None  # the endpoint's own (None: the global one)
     signing: str = "hmac-sha256"  # or ed25519: the receiver verifies with the public key
+    holds: list[tuple[float, str]] = field(default_factory=list)  # (seconds, cancel|pause)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -175,6 +180,9 @@ class Plan:
             plan.max_attempts = 1
         plan.retry_schedule = rng.choice([None, None, [0.02], [0.3, 1.0]])
         plan.signing = rng.choice(["hmac-sha256", "ed25519"])
+        plan.holds = sorted(
+            (rng.uniform(1.0, duration + 2), rng.choice(HOLDS)) for _ in range(rng.randint(0, 3))
+        )
         return plan
 
     def describe(self) -> str:
@@ -194,7 +202,7 @@ class Plan:
             )
             + (f", burst@{self.burst_at:.1f}s" if self.burst_at else "")
             + "; operator: "
-            + ", ".join(f"{action}@{at:.1f}s" for at, action in self.operator)
+            + ", ".join(f"{action}@{at:.1f}s" for at, action in sorted(self.operator + self.holds))
         )
 
 
@@ -222,6 +230,8 @@ class Run:
     auto_disabled: list[tuple[float, str]] = field(default_factory=list)
     disabled_windows: list[tuple[float, float]] = field(default_factory=list)  # (from, to)
     url_changes: int = 0
+    cancel_times: dict[int, float] = field(default_factory=dict)  # id -> last cancel's commit
+    pause_windows: list[tuple[float, float]] = field(default_factory=list)  # (paused, until)
 
     def committed_now(self, keys: set[str]) -> None:
         self.committed |= keys
@@ -392,7 +402,7 @@ def _inject(
 OPEN_ROWS = text(
     """
     SELECT count(*) FROM poller_outbox o
-    WHERE o.status IN ('pending', 'in_flight')
+    WHERE o.status IN ('pending', 'in_flight')  -- delivered, failed, cancelled: ended
        OR (o.status = 'waiting' AND NOT EXISTS (
             SELECT 1 FROM poller_ordering_keys k JOIN poller_outbox h ON h.id = k.head_id
             WHERE k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key
@@ -524,6 +534,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             "target": target,
             "delivered": statuses["delivered"],
             "failed": statuses["failed"],
+            "cancelled": statuses["cancelled"],
             "posts": sum(receiver.posts.values()),
             "lookups": receiver.lookups,
             "behaviours": dict(receiver.behaviours),
@@ -550,6 +561,7 @@ def summary(result: dict[str, Any]) -> str:
     return (
         f"{result['plan']} → {result['messages']} messages in {result['seconds']}s: "
         f"delivered {result['delivered']}, failed {result['failed']}, "
+        f"cancelled {result['cancelled']}, "
         f"{result['posts']} POSTs, {result['lookups']} lookups, "
         f"{len(result['injected'])}/{result['planned']} faults injected; {verdict}"
     )

@@ -9,7 +9,8 @@ the CLI and the dashboard call:
   commits or rolls back; and commits one burst of many messages at once;
 * **the operator** replays the endpoint's events, retries failed messages,
   skips the failed heads of blocked keys, disables and re-enables the endpoint,
-  changes its URL and rotates its secret; and, like an operator on call,
+  changes its URL, rotates its secret, cancels open messages (and some in
+  flight, which it must refuse) and pauses the endpoint; and, like an operator on call,
   re-enables an endpoint the pollers disabled (``POLLER_DISABLE_AFTER``), noting
   when, so the verdict can check that it was disabled when it should have been.
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
@@ -32,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from poller import Event, Message, enqueue_many, publish_many
 from poller.admin import retry_messages
+from poller.cancel import cancel_messages, pause_endpoint
 from poller.endpoints import get_endpoint, rotate_secret, set_enabled, update_endpoint
 from poller.errors import PollerError
 from poller.keyring import Keyring
@@ -47,6 +49,9 @@ ENDPOINT = "hostile"
 OPERATOR = "hunt-operator"
 BURST = 60  # messages in the application's one big transaction
 OPERATOR_ACTIONS = ("replay", "retry", "skip", "disable_enable", "url", "rotate")
+HOLDS = ("cancel", "pause")  # drawn apart (Plan.holds), after the rest: seeds keep their plans
+CANCELLED_AT_ONCE = 12  # open messages one cancel picks at random, with 3 in flight
+PAUSE = 1.5  # seconds an operator's pause holds the endpoint
 
 
 def _wait_until(began: float, at: float, stop: threading.Event) -> bool:
@@ -105,8 +110,9 @@ def operator(
     keyring: Keyring,
     stop: threading.Event,
 ) -> None:
-    """The operator's actions at the planned times (plan.operator), then on call."""
-    for at, action in run.plan.operator:
+    """The operator's actions at the planned times (plan.operator, plan.holds), then on
+    call."""
+    for at, action in sorted(run.plan.operator + run.plan.holds):
         if not _wait_until(run.began, at, stop):
             break
         try:
@@ -182,6 +188,21 @@ def _act(
         with engine.begin() as conn:
             update_endpoint(conn, ENDPOINT, url=f"{base_url}{path}", allow_private=True)
         run.health_resets.append(time.time())
+    elif action == "cancel":  # open ones, and some in flight (refused: their polls decide)
+        with engine.connect() as conn:
+            ids = [r.id for r in conn.execute(
+                text("(SELECT id FROM poller_outbox WHERE status IN ('pending', 'waiting') "
+                     "ORDER BY random() LIMIT :n) UNION ALL (SELECT id FROM poller_outbox "
+                     "WHERE status = 'in_flight' LIMIT 3)"),
+                {"n": CANCELLED_AT_ONCE},
+            )]  # fmt: skip
+        done = cancel_messages(engine, ids, who=OPERATOR)
+        run.cancel_times.update(dict.fromkeys(done.cancelled, time.time()))
+    elif action == "pause":  # resumes by itself
+        with engine.begin() as conn:
+            until = datetime.now(UTC) + timedelta(seconds=PAUSE)
+            pause_endpoint(conn, ENDPOINT, until=until, who=OPERATOR)
+        run.pause_windows.append((time.time(), until.timestamp()))
     elif action == "rotate":  # to the other scheme: both kinds of signature in the overlap
         with engine.begin() as conn:
             current = get_endpoint(conn, ENDPOINT, keyring=keyring).signing

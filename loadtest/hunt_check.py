@@ -205,6 +205,32 @@ def unfanned_events(conn: Any, run: Run) -> tuple[list[str], set[str]]:
     return sorted(wrong), reached_nothing
 
 
+def held_sends(conn: Any, run: Run) -> list[str]:
+    """Sends and lookups that started while the operator's pause held the endpoint: from
+    half a second after it committed (a claim just before may still be starting) to its
+    end. A freeze overlapping the pause excuses it (a frozen poller's claim wakes late)."""
+    frozen = [(b, e) for kind, _, b, e in run.fault_log if kind == "freeze"]
+    windows = [
+        (paused + 0.5, until - 0.05)
+        for paused, until in run.pause_windows
+        if not any(b <= until and paused <= e for b, e in frozen)
+    ]
+    if not windows:
+        return []
+    found = conn.execute(
+        text(
+            "SELECT o.idempotency_key, a.kind, extract(epoch FROM a.started_at) AS at "
+            "FROM poller_delivery_attempts a JOIN poller_outbox o ON o.id = a.message_id "
+            "WHERE a.kind IN ('send', 'lookup') AND a.started_at IS NOT NULL"
+        )
+    )
+    return sorted(
+        f"{r.kind} of {r.idempotency_key} at {float(r.at):.2f}"
+        for r in found
+        if any(b < float(r.at) < e for b, e in windows)
+    )
+
+
 def check(
     engine: Any, run: Run, receiver: HostileReceiver, db_url: str, logs: list[Path]
 ) -> list[str]:
@@ -221,6 +247,7 @@ def check(
             )
         }
         expired = expired_live_claims(conn, run)
+        paused = held_sends(conn, run)
         miscounted = miscounted_failures(conn)
         missed = missed_disables(conn, run)
         sends = Counter(
@@ -280,9 +307,27 @@ def check(
             sorted(
                 k
                 for k, r in rows.items()
-                if r.status not in ("delivered", "failed") and k not in behind_blocked
+                if r.status not in ("delivered", "failed", "cancelled") and k not in behind_blocked
             ),
         ),
+        (
+            "cancelled, but not by the operator",
+            sorted(
+                k
+                for k, r in rows.items()
+                if r.status == "cancelled" and r.id not in run.cancel_times
+            ),
+        ),
+        (
+            "sent or looked up after their cancel",
+            sorted(
+                k
+                for k, r in rows.items()
+                if r.status == "cancelled"
+                and receiver.last_arrival.get(k, 0.0) > run.cancel_times.get(r.id, 0.0) + 0.05
+            ),
+        ),
+        ("sent or looked up while the operator's pause held", paused),
         (
             "delivered out of order (first arrivals of an ordering key not by position)",
             out_of_order(rows, receiver, run.operator_ids),
