@@ -34,7 +34,8 @@ from sqlalchemy.orm import Session
 from poller import Event, Message, enqueue_many, publish_many
 from poller.admin import retry_messages
 from poller.cancel import cancel_messages, pause_endpoint
-from poller.endpoints import get_endpoint, rotate_secret, set_enabled, update_endpoint
+from poller.endpoint_keys import rotate_secret
+from poller.endpoints import get_endpoint, set_enabled, update_endpoint
 from poller.errors import PollerError
 from poller.keyring import Keyring
 from poller.ordering import blocked_keys, skip_messages

@@ -21,6 +21,7 @@ not sent (DNS, refused, TLS, connect/pool timeout)    retry (known not delivered
 sent, no answer (read timeout, reset, bad response)   unknown: retry + lookup
 ====================================================  ==========================
 
+A TLS failure includes a client certificate the receiver refused (poller/tls.py).
 The sender (poller/senders.py) reads the body only up to its cap and drops
 the connection, so a receiver streaming gigabytes costs nothing; the first
 :data:`EXCERPT_CAP` characters are kept, decoded leniently (invalid UTF-8 and
@@ -125,6 +126,7 @@ def _excerpt(data: bytes) -> str:
 async def _exchange(
     sender: Sender,
     method: str,
+    endpoint: Endpoint,
     url: str,
     headers: Mapping[str, str],
     body: bytes,
@@ -132,8 +134,11 @@ async def _exchange(
 ) -> tuple[Reply | SendError, datetime, float]:
     started_at = datetime.now(UTC)
     began = time.perf_counter()
+    tls = endpoint.tls  # its client certificate, its CA (poller/tls.py)
     try:
-        result: Reply | SendError = await sender.request(method, url, headers, body, timeout)
+        result: Reply | SendError = await sender.request(
+            method, url, headers, body, timeout, None if tls is None else tls.context()
+        )
     except SendError as exc:
         result = exc
     return result, started_at, (time.perf_counter() - began) * 1000
@@ -162,7 +167,7 @@ async def send(
         headers[ORDERING_KEY_HEADER] = msg.ordering_key
         headers[ORDERING_SEQ_HEADER] = str(msg.position or msg.id)
     reply, started_at, duration_ms = await _exchange(
-        sender, "POST", endpoint.url, headers, body, timeout
+        sender, "POST", endpoint, endpoint.url, headers, body, timeout
     )
     if isinstance(reply, SendError):
         return _failed_exchange(reply, started_at, duration_ms)
@@ -192,7 +197,9 @@ async def lookup(
     url = endpoint.lookup_url.replace(LOOKUP_PLACEHOLDER, quote(msg.idempotency_key, safe=""))
     headers = webhook_headers(endpoint, msg.idempotency_key, b"", user_agent)
     headers.pop("Content-Type")
-    reply, started_at, duration_ms = await _exchange(sender, "GET", url, headers, b"", timeout)
+    reply, started_at, duration_ms = await _exchange(
+        sender, "GET", endpoint, url, headers, b"", timeout
+    )
     if isinstance(reply, SendError):
         return LookupAnswer.ERROR, _failed_exchange(reply, started_at, duration_ms)
     status = reply.status

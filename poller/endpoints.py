@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, func, insert, select, update
@@ -53,8 +53,10 @@ from poller.retry import check_schedule
 from poller.schema import BUCKETS, endpoints, outbox
 from poller.settings import default_settings
 from poller.signing import SECRET_PREFIX as SECRET_PREFIX
-from poller.signing import Scheme, check_key, check_scheme, new_key, public_key, scheme_of
+from poller.signing import Scheme, check_key, new_key, public_key, scheme_of
 from poller.subscriptions import check_subscription_settings
+from poller.tls import PLAIN_PREFIX as TLS_PLAIN
+from poller.tls import TLSSettings, check_tls
 from poller.urls import check_lookup_url, check_url
 
 Conn = Session | Connection
@@ -122,6 +124,12 @@ class Endpoint:
     """Who paused it; None: not paused."""
     headers: Headers = field(repr=False, default=())
     """Sent with every delivery and lookup (poller/headers.py); the values are credentials."""
+    client_cert: str | None = None
+    """PEM client certificate for mutual TLS (poller/tls.py)."""
+    client_key: str | None = field(repr=False, default=None)
+    """Its private key (stored sealed like the secret); never shown."""
+    ca_bundle: str | None = None
+    """PEM CA certificates its certificate chains to: then only they are trusted for it."""
     secret_sealed: bool = False
     """True when the stored secret is encrypted (POLLER_SECRETS_KEY)."""
     secret_error: str | None = None
@@ -148,6 +156,13 @@ class Endpoint:
         )
 
     @property
+    def tls(self) -> TLSSettings | None:
+        """Its own TLS settings, if it has any (poller/tls.py)."""
+        if self.client_cert is None and self.ca_bundle is None:
+            return None
+        return TLSSettings(self.client_cert, self.client_key, self.ca_bundle)
+
+    @property
     def header_names(self) -> tuple[str, ...]:
         """What may be shown of :attr:`headers`: their names."""
         return tuple(name for name, _ in self.headers)
@@ -167,8 +182,11 @@ class Endpoint:
                 values["previous_secret"] = keyring.open(row.previous_secret)
             if row.headers is not None:
                 values["headers"] = header_codec.loads(keyring.open(row.headers, HEADERS_PLAIN))
+            if row.client_key is not None:
+                values["client_key"] = keyring.open(row.client_key, TLS_PLAIN)
         except SecretUnreadable as exc:
             values.update(secret="", previous_secret=None, headers=(), secret_error=str(exc))
+            values.update(client_cert=None, ca_bundle=None)  # never half a TLS setting
         return cls(**values)
 
     def signing_secrets(self, now: datetime) -> list[str]:
@@ -188,7 +206,7 @@ class Endpoint:
 _STORED_FIELDS = tuple(
     name
     for name in Endpoint.__dataclass_fields__
-    if name not in ("secret_sealed", "secret_error", "headers")
+    if name not in ("secret_sealed", "secret_error", "headers", "client_key")
 )
 
 
@@ -222,6 +240,9 @@ def create_endpoint(
     retry_schedule: Sequence[float] | None = None,
     signing: str | None = None,
     max_age: float | None = None,
+    client_cert: str | None = None,
+    client_key: str | None = None,
+    ca_bundle: str | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -234,6 +255,8 @@ def create_endpoint(
     ``ed25519`` (poller/signing.py): then ``secret`` is a ``whsk_`` key and the
     receiver verifies with :attr:`Endpoint.public_keys`. ``max_age`` (seconds)
     ends older messages ``failed`` (``expired``) instead of sending them.
+    ``client_cert``/``client_key`` (PEM) are for mutual TLS, ``ca_bundle`` (PEM)
+    a private CA (poller/tls.py); the key is sealed like the secret.
     """
     keyring = keyring or default_settings().keyring
     if allow_private is None:
@@ -259,6 +282,7 @@ def create_endpoint(
     check_key(plain)
     values["secret"] = keyring.seal(plain)
     values["headers"] = _sealed_headers(check_headers(headers), keyring)
+    values.update(_tls_columns(check_tls(client_cert, client_key, ca_bundle), keyring))
     if retry_schedule is not None:
         values["retry_schedule"] = list(check_schedule(retry_schedule))
     try:
@@ -269,6 +293,11 @@ def create_endpoint(
             raise EndpointExists(name) from None
         raise
     return CreatedEndpoint(Endpoint.from_row(row, keyring), plain)
+
+
+def _tls_columns(tls: TLSSettings, keyring: Keyring) -> dict[str, Any]:
+    key = None if tls.client_key is None else keyring.seal(tls.client_key)
+    return {"client_cert": tls.client_cert, "client_key": key, "ca_bundle": tls.ca_bundle}
 
 
 def _sealed_headers(headers: Headers, keyring: Keyring) -> str | None:
@@ -292,7 +321,7 @@ def list_endpoints(conn: Conn, *, keyring: Keyring | None = None) -> list[Endpoi
     return [Endpoint.from_row(row, keyring) for row in rows]
 
 
-def _one(conn: Conn, name: str, statement: Any, keyring: Keyring | None = None) -> Endpoint:
+def change_one(conn: Conn, name: str, statement: Any, keyring: Keyring | None = None) -> Endpoint:
     if not could_be_name(name):
         raise UnknownEndpoint(name)
     row = conn.execute(statement.where(endpoints.c.name == name).returning(endpoints)).one_or_none()
@@ -324,6 +353,9 @@ def update_endpoint(
     keyring: Keyring | None = None,
     retry_schedule: Any = None,
     max_age: Any = None,
+    client_cert: Any = None,
+    client_key: str | None = None,
+    ca_bundle: Any = None,
 ) -> Endpoint:
     """Change the given fields (None leaves a field as it is); checked like create.
     A new ``url`` closes the endpoint's circuit (poller/health.py).
@@ -335,18 +367,15 @@ def update_endpoint(
     earlier ones. ``headers`` are merged into the endpoint's (a value of None
     removes that one); ``clear_headers`` drops them all first. A
     ``retry_schedule`` of :data:`DEFAULT` goes back to ``POLLER_RETRY_SCHEDULE``;
-    a ``max_age`` of :data:`DEFAULT` removes the age limit.
+    a ``max_age`` of :data:`DEFAULT` removes the age limit. A new client
+    certificate comes with its key; ``client_cert`` (or ``ca_bundle``) of
+    :data:`DEFAULT` removes it.
     """
     if allow_private is None:
         allow_private = default_settings().allow_private_targets
-    changes: dict[str, Any] = {}
-    if headers or clear_headers:
-        keyring = keyring or default_settings().keyring
-        current = get_endpoint(conn, name, keyring=keyring)
-        if current.secret_error is not None:  # its headers could not be opened: keep them
-            raise SecretUnreadable(f"endpoint {name!r}: {current.secret_error}")
-        new = header_codec.merged(current.headers, headers or {}, clear=clear_headers)
-        changes["headers"] = _sealed_headers(new, keyring)
+    changes = _sealed_changes(
+        conn, name, keyring, headers, clear_headers, client_cert, client_key, ca_bundle
+    )
     if url is not None:
         changes["url"] = check_url(url, allow_private=allow_private)
     if lookup_url is not None:
@@ -369,10 +398,48 @@ def update_endpoint(
     changes.update(_resettable(retry_schedule=retry_schedule, max_age=max_age))
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
-    endpoint = _one(conn, name, update(endpoints).values(**changes, updated_at=func.now()), keyring)
+    endpoint = change_one(
+        conn, name, update(endpoints).values(**changes, updated_at=func.now()), keyring
+    )
     if "url" in changes:  # a new destination: what the old one did says nothing of it
         _reset_health(conn, endpoint.id)
     return endpoint
+
+
+def _sealed_changes(
+    conn: Conn,
+    name: str,
+    keyring: Keyring | None,
+    headers: Mapping[str, str | None] | None,
+    clear_headers: bool,
+    client_cert: Any,
+    client_key: str | None,
+    ca_bundle: Any,
+) -> dict[str, Any]:
+    """The changes to what is stored sealed (headers, the client key): checked against
+    the endpoint's current values, which must open."""
+    tls_given = client_cert is not None or client_key is not None or ca_bundle is not None
+    if not (headers or clear_headers or tls_given):
+        return {}
+    keyring = keyring or default_settings().keyring
+    current = get_endpoint(conn, name, keyring=keyring)
+    if current.secret_error is not None:  # what is sealed could not be opened: keep it
+        raise SecretUnreadable(f"endpoint {name!r}: {current.secret_error}")
+    changes: dict[str, Any] = {}
+    if headers or clear_headers:
+        new = header_codec.merged(current.headers, headers or {}, clear=clear_headers)
+        changes["headers"] = _sealed_headers(new, keyring)
+    if tls_given:
+        cert, key = current.client_cert, current.client_key
+        if client_cert is DEFAULT:
+            cert = key = None
+        else:  # a renewed certificate may keep its key, and a new key needs its certificate
+            cert = current.client_cert if client_cert is None else client_cert
+            key = current.client_key if client_key is None else client_key
+        bundle = current.ca_bundle if ca_bundle is None else ca_bundle
+        bundle = None if bundle is DEFAULT else bundle
+        changes.update(_tls_columns(check_tls(cert, key, bundle), keyring))
+    return changes
 
 
 def _resettable(**given: Any) -> dict[str, Any]:
@@ -399,89 +466,10 @@ def set_enabled(conn: Conn, name: str, enabled: bool, reason: str | None = None)
     said = (reason or "disabled").encode("utf-8", "replace").decode("utf-8")  # lone surrogates
     said = said.replace("\x00", "\ufffd")[:1000]  # PostgreSQL stores no NUL
     values = {"enabled": enabled, "disabled_reason": None if enabled else said}
-    endpoint = _one(conn, name, update(endpoints).values(**values, updated_at=func.now()))
+    endpoint = change_one(conn, name, update(endpoints).values(**values, updated_at=func.now()))
     if enabled:
         _reset_health(conn, endpoint.id)
     return endpoint
-
-
-def rotate_secret(
-    conn: Conn,
-    name: str,
-    keep_old_for: timedelta,
-    *,
-    keyring: Keyring | None = None,
-    signing: str | None = None,
-) -> tuple[Endpoint, str]:
-    """A new signing key; the old one keeps signing too for ``keep_old_for``.
-
-    ``signing`` changes the scheme (poller/signing.py); by default the new key
-    is of the current one. Returns the new key (for ed25519, give the receiver
-    its public key: ``Endpoint.public_keys``).
-    """
-    keyring = keyring or default_settings().keyring
-    if signing is None:
-        current = get_endpoint(conn, name, keyring=keyring)
-        if current.signing is None:  # its key could not be opened: its scheme is unknown
-            raise SecretUnreadable(
-                f"endpoint {name!r}: {current.secret_error}; give the scheme to rotate to"
-            )
-        signing = current.signing
-    secret = new_secret(check_scheme(signing))
-    statement = update(endpoints).values(
-        previous_secret=endpoints.c.secret,
-        secret=keyring.seal(secret),
-        previous_secret_expires_at=func.now() + keep_old_for,
-        updated_at=func.now(),
-    )
-    return _one(conn, name, statement, keyring), secret
-
-
-def reseal_secrets(conn: Conn, *, plain: bool = False, keyring: Keyring | None = None) -> int:
-    """Seal every stored secret again with the keyring's first key (``rotate-key``).
-
-    With ``plain``, store them in plain text again (to stop using POLLER_SECRETS_KEY).
-    All endpoints change in one transaction, or none: a secret no key opens raises
-    SecretUnreadable naming its endpoint. Returns how many endpoints were rewritten.
-    """
-    keyring = keyring or default_settings().keyring
-    if not plain and not keyring.seals:
-        raise SecretUnreadable(
-            "POLLER_SECRETS_KEY is not set: there is no key to encrypt with "
-            "(make one with 'poller endpoints new-key')"
-        )
-    rows = conn.execute(
-        select(
-            endpoints.c.id,
-            endpoints.c.name,
-            endpoints.c.secret,
-            endpoints.c.previous_secret,
-            endpoints.c.headers,
-        )
-        .order_by(endpoints.c.id)
-        .with_for_update()
-    ).all()
-    for row in rows:
-        try:
-            secret = keyring.reseal(row.secret, plain=plain)
-            previous = (
-                None
-                if row.previous_secret is None
-                else keyring.reseal(row.previous_secret, plain=plain)
-            )
-            stored_headers = (
-                None
-                if row.headers is None
-                else keyring.reseal(row.headers, plain=plain, plain_prefix=HEADERS_PLAIN)
-            )
-        except SecretUnreadable as exc:
-            raise SecretUnreadable(f"endpoint {row.name!r}: {exc}") from None
-        conn.execute(
-            update(endpoints)
-            .where(endpoints.c.id == row.id)
-            .values(secret=secret, previous_secret=previous, headers=stored_headers)
-        )
-    return len(rows)
 
 
 def remove_endpoint(conn: Conn, name: str, *, force: bool = False) -> int:

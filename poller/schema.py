@@ -90,6 +90,11 @@ endpoints = Table(
     # Seconds after its creation a message may still be sent; older ones end failed
     # ("expired") at their next claim. NULL: no limit.
     Column("max_age", Float),
+    # TLS (poller/tls.py): a client certificate (PEM) and its key, sealed like secrets,
+    # for mutual TLS; a private CA bundle (PEM) the endpoint's certificate chains to.
+    Column("client_cert", Text),
+    Column("client_key", Text),
+    Column("ca_bundle", Text),
     Column("lookup_url", Text),
     Column("enabled", Boolean, nullable=False, server_default=text("true")),
     Column("disabled_reason", Text),
@@ -126,6 +131,7 @@ endpoints = Table(
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout_positive"),
     CheckConstraint("max_age IS NULL OR max_age > 0", name="max_age_positive"),
+    CheckConstraint("(client_cert IS NULL) = (client_key IS NULL)", name="client_cert_with_key"),
     CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
     CheckConstraint(
         "rate_limit IS NULL OR (rate_limit > 0 AND rate_limit <= 1000000)",

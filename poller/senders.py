@@ -35,6 +35,7 @@ the connection. :func:`make_sender` builds the one the settings ask for.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -53,6 +54,7 @@ from poller.netguard import (
     host_refusal,
     system_resolve,
 )
+from poller.tls import HANDSHAKE_RESET, handshake_reset, tls_failure
 
 if TYPE_CHECKING:
     from poller.settings import Settings
@@ -79,13 +81,20 @@ class SendError(Exception):
 
 class Sender(Protocol):
     async def request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes, timeout: float
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
     ) -> Reply: ...
 
     async def aclose(self) -> None: ...
 
 
 TARGETS_KEPT = 10_000  # parsed URLs and timeouts a sender keeps
+TLS_CLIENTS_KEPT = 256  # httpx clients for endpoints with their own TLS settings
 
 
 def connect_budget(connect_timeout: float, timeout: float) -> float:
@@ -129,12 +138,17 @@ def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
 
 def _aiohttp_error(exc: BaseException) -> SendError:
     """Classify an aiohttp failure by the phase it happened in."""
+    tls_reason = tls_failure(exc)
+    if tls_reason is not None:  # the handshake was refused: the receiver never had it
+        return SendError("TLSError", tls_reason, sent=False)
     message = _message(exc)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return SendError(
             "ConnectTimeout", "connect timeout: no connection within the budget", sent=False
         )
     if isinstance(exc, aiohttp.ClientConnectorError):
+        if exc._conn_key.is_ssl and handshake_reset(exc):  # no public spelling of is_ssl
+            return SendError("TLSError", HANDSHAKE_RESET, sent=False)
         return SendError("ConnectError", _connect_failure(exc), sent=False)
     if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
         return SendError("InvalidURL", message, sent=False)
@@ -220,7 +234,13 @@ class AiohttpSender:
         return self._session
 
     async def request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes, timeout: float
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
     ) -> Reply:
         limits = self._timeouts(timeout)
         response: aiohttp.ClientResponse | None = None
@@ -235,6 +255,7 @@ class AiohttpSender:
                     data=body or None,
                     allow_redirects=False,
                     timeout=limits,
+                    ssl=True if tls is None else tls,  # the endpoint's own (poller/tls.py)
                 )
                 while len(data) < READ_CAP:
                     chunk = await response.content.read(READ_CAP - len(data))
@@ -272,11 +293,15 @@ HTTPX_NOT_SENT = (
 
 
 def guarded_transport(
-    *, limit: int, allow_private: bool, resolve: Resolve = system_resolve
+    *,
+    limit: int,
+    allow_private: bool,
+    resolve: Resolve = system_resolve,
+    tls: ssl.SSLContext | None = None,
 ) -> httpx.AsyncHTTPTransport:
     """httpx's own transport, its connection pool built on the guarded network backend."""
     limits = httpx.Limits(max_connections=limit or None)
-    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0)
+    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=tls or True)
     if allow_private:
         return transport
     pool = transport._pool  # httpx takes no network backend; swap in a pool that has ours
@@ -313,20 +338,49 @@ class HttpxSender:
     ) -> None:
         self._connect_timeout = connect_timeout
         self._allow_private = allow_private
-        self.client = httpx.AsyncClient(
+        self._limit, self._resolve = limit, resolve
+        self.client = self._client(transport)
+        # httpx verifies per client: one more client per TLS context an endpoint has
+        # (poller/tls.py caches contexts, so one per distinct setting), oldest closed.
+        self._tls_clients: dict[ssl.SSLContext, httpx.AsyncClient] = {}
+
+    def _client(
+        self, transport: httpx.AsyncBaseTransport | None, tls: ssl.SSLContext | None = None
+    ) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
             transport=transport
-            or guarded_transport(limit=limit, allow_private=allow_private, resolve=resolve),
+            or guarded_transport(
+                limit=self._limit, allow_private=self._allow_private, resolve=self._resolve, tls=tls
+            ),
             follow_redirects=False,
             trust_env=False,
         )
 
+    async def _client_for(self, tls: ssl.SSLContext | None) -> httpx.AsyncClient:
+        if tls is None:
+            return self.client
+        client = self._tls_clients.get(tls)
+        if client is None:
+            if len(self._tls_clients) >= TLS_CLIENTS_KEPT:
+                oldest = next(iter(self._tls_clients))
+                await self._tls_clients.pop(oldest).aclose()
+            client = self._tls_clients[tls] = self._client(None, tls)
+        return client
+
     async def request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes, timeout: float
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
     ) -> Reply:
         preflight(url, self._allow_private)
         connect = connect_budget(self._connect_timeout, timeout)
+        client = await self._client_for(tls)
         try:
-            request = self.client.build_request(
+            request = client.build_request(
                 method,
                 url,
                 headers=headers,
@@ -339,13 +393,19 @@ class HttpxSender:
         data = bytearray()
         try:
             async with asyncio.timeout(timeout):
-                response = await self.client.send(request, stream=True, follow_redirects=False)
+                response = await client.send(request, stream=True, follow_redirects=False)
                 async for chunk in response.aiter_raw():
                     data += chunk
                     if len(data) >= READ_CAP:
                         break
         except (httpx.HTTPError, TimeoutError) as exc:
             if response is None:
+                tls_reason = tls_failure(exc)
+                if tls_reason is None and isinstance(exc, httpx.ConnectError):
+                    https = request.url.scheme == "https"
+                    tls_reason = HANDSHAKE_RESET if https and handshake_reset(exc) else None
+                if tls_reason is not None:  # the handshake was refused: never had it
+                    raise SendError("TLSError", tls_reason, sent=False) from exc
                 sent = not isinstance(exc, HTTPX_NOT_SENT)
                 name = "ReadTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
                 raise SendError(name, _message(exc), sent=sent) from exc
@@ -359,6 +419,9 @@ class HttpxSender:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        for client in self._tls_clients.values():
+            await client.aclose()
+        self._tls_clients.clear()
 
 
 def make_sender(settings: Settings) -> Sender:

@@ -71,6 +71,60 @@ class AgeLimit(click.ParamType[Any]):
             self.fail(f"{exc} (e.g. 3d, 12h; 'none': no limit)", param, ctx)
 
 
+class PemFile(click.ParamType[Any]):
+    """A PEM file's text (poller/tls.py checks what it holds); with ``removable``, ``none``
+    removes the setting."""
+
+    name = "file"
+
+    def __init__(self, *, removable: bool) -> None:
+        self.removable = removable
+        self.name = "file|none" if removable else "file"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from pathlib import Path
+
+        if value is DEFAULT or (self.removable and str(value).strip().lower() == "none"):
+            return DEFAULT
+        path = Path(str(value))
+        try:
+            if path.stat().st_size > 1024 * 1024:
+                self.fail(f"{str(value)!r} is larger than 1 MiB: not a PEM file", param, ctx)
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self.fail(f"{str(value)!r} does not exist", param, ctx)
+        except UnicodeDecodeError:
+            self.fail(f"{str(value)!r} is not PEM text (binary DER? convert it)", param, ctx)
+        except OSError as exc:
+            self.fail(f"{str(value)!r} cannot be read: {exc.strerror}", param, ctx)
+
+
+def tls_options(func: Any) -> Any:
+    for option in reversed(
+        [
+            click.option(
+                "--client-cert",
+                type=PemFile(removable=True),
+                help="PEM client certificate for mutual TLS, with --client-key ('none' "
+                "removes both).",
+            ),
+            click.option(
+                "--client-key",
+                type=PemFile(removable=False),
+                help="Its unencrypted PEM key (stored encrypted like the secret, never shown).",
+            ),
+            click.option(
+                "--ca-bundle",
+                type=PemFile(removable=True),
+                help="PEM CA certificates the endpoint's certificate chains to: then only "
+                "they are trusted for it ('none' removes it).",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
 def limit_options(func: Any) -> Any:
     for option in reversed(
         [

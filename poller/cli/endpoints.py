@@ -21,6 +21,7 @@ from poller.cli.endpoint_options import (
     signing_option,
     subscription_changes,
     subscription_options,
+    tls_options,
 )
 from poller.cli.lazy import lazy
 from poller.cli.output import (
@@ -37,11 +38,13 @@ from poller.cli.output import (
 from poller.health import DEFAULT
 
 if TYPE_CHECKING:
+    from poller import endpoint_keys as keys
     from poller import endpoints as api
     from poller import keyring, stats
     from poller import settings as config
 else:
     api = lazy("poller.endpoints")
+    keys = lazy("poller.endpoint_keys")
     stats = lazy("poller.stats")
     keyring = lazy("poller.keyring")
     config = lazy("poller.settings")
@@ -82,6 +85,7 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "retry_schedule": list(endpoint.retry_schedule) if endpoint.retry_schedule else None,
         "max_age": endpoint.max_age,
         # An operator's pause (poller/cancel.py): until when (None: until resumed), by whom.
+        "tls": endpoint.tls.summary() if endpoint.tls else None,  # subjects, never the key
         "paused": {"until": endpoint.held_until, "by": endpoint.held_by}
         if endpoint.paused
         else None,
@@ -100,6 +104,7 @@ def endpoints() -> None:
 @subscription_options
 @header_option
 @signing_option
+@tls_options
 @json_option
 def add(
     name: str,
@@ -162,6 +167,7 @@ def add(
 @subscription_options
 @header_option
 @click.option("--clear-headers", is_flag=True, help="Drop every header (before any --header).")
+@tls_options
 @json_option
 def update(
     name: str,
@@ -266,6 +272,8 @@ def _shown_field(name: str, value: Any) -> Any:
         return ", ".join(value) or "none"
     if name == "retry_schedule":
         return ", ".join(f"{s:g}s" for s in value) if value else "default"
+    if name == "tls":
+        return _shown_tls(value)
     if name == "paused":
         if value is None:
             return "no"
@@ -274,6 +282,20 @@ def _shown_field(name: str, value: Any) -> Any:
     if name == "max_age":
         return "none" if value is None else f"{value:g}s"
     return _shown(value)
+
+
+def _shown_tls(value: dict[str, Any] | None) -> str:
+    if value is None:
+        return "system CAs, no client certificate"
+    cert, bundle = value["client_cert"], value["ca_bundle"]
+    parts = [
+        f"client certificate {cert['subject']} (by {cert['issuer']}, expires "
+        f"{iso(cert['expires'])})"
+        if cert
+        else "no client certificate",
+        f"trusts only {', '.join(bundle)}" if bundle else "system CAs",
+    ]
+    return "; ".join(parts)
 
 
 def _shown(value: Any) -> Any:
@@ -385,7 +407,7 @@ def rotate_secret(
     signs for a while. --signing changes the scheme, both signing during the overlap."""
     confirm(f"rotate the secret of endpoint {name}?", yes)
     with command_engine().begin() as conn:
-        endpoint, secret = api.rotate_secret(conn, name, keep_old_for, signing=signing)
+        endpoint, secret = keys.rotate_secret(conn, name, keep_old_for, signing=signing)
     public = endpoint.public_keys[0] if endpoint.signing == "ed25519" else None
     if as_json:
         emit_json(
@@ -460,7 +482,7 @@ def rotate_key(plain: bool, yes: bool) -> None:
     what = "store every signing secret in plain text" if plain else "re-encrypt every secret"
     confirm(f"{what}?", yes)
     with command_engine().begin() as conn:
-        count = api.reseal_secrets(conn, plain=plain)
+        count = keys.reseal_secrets(conn, plain=plain)
     how = "in plain text" if plain else f"encrypted with the first key of {keyring.ENV_NAME}"
     click.echo(f"{count} endpoints' secrets stored {how}")
 

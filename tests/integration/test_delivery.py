@@ -218,8 +218,8 @@ async def test_bad_tls_certificate_is_known_not_sent(tmp_path) -> None:  # type:
     finally:
         await sender.aclose()
         server.close()
-    assert attempt.verdict is Verdict.RETRY and attempt.error_class == "ConnectError"
-    assert "certificate" in (attempt.error_message or "").lower()
+    assert attempt.verdict is Verdict.RETRY and attempt.error_class == "TLSError"
+    assert "unknown CA (a self-signed certificate" in (attempt.error_message or "")
 
 
 def test_permanent_statuses_fail_at_once() -> None:

@@ -13,7 +13,8 @@ from sqlalchemy import Engine, text
 
 from poller.cli import cli
 from poller.delivery import lookup, send
-from poller.endpoints import create_endpoint, get_endpoint, reseal_secrets, update_endpoint
+from poller.endpoint_keys import reseal_secrets
+from poller.endpoints import create_endpoint, get_endpoint, update_endpoint
 from poller.errors import InvalidEndpoint
 from poller.headers import MAX_BYTES, MAX_HEADERS, check_headers
 from poller.keyring import Keyring, new_key

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
+from poller import endpoint_keys
 from poller import endpoints as api
 from poller.cli import cli
 from poller.errors import ConfigurationError, SecretUnreadable
@@ -107,7 +108,7 @@ def test_endpoints_written_with_a_key_are_sealed_and_read_back_plain(engine: Eng
     with pytest.raises(SecretUnreadable, match="endpoint 'a'"):
         without_key.signing_secrets(read.created_at)
     with engine.begin() as conn:  # rotation keeps both sealed and both signing
-        _, new = api.rotate_secret(conn, "a", timedelta(hours=1), keyring=ring)
+        _, new = endpoint_keys.rotate_secret(conn, "a", timedelta(hours=1), keyring=ring)
     secret, previous = stored(engine, "a")
     assert secret.startswith("fernet:") and previous is not None and previous.startswith("fernet:")
     with engine.connect() as conn:
@@ -119,7 +120,7 @@ def test_reseal_moves_every_secret_to_the_first_key_and_back_to_plain(engine: En
     plain = make_endpoint(engine, "plain", keyring=Keyring())
     old = make_endpoint(engine, "old", keyring=Keyring([K1]))
     with engine.begin() as conn:
-        assert api.reseal_secrets(conn, keyring=Keyring([K2, K1])) == 2
+        assert endpoint_keys.reseal_secrets(conn, keyring=Keyring([K2, K1])) == 2
     only_new = Keyring([K2])
     with engine.connect() as conn:
         found = {e.name: e for e in api.list_endpoints(conn, keyring=only_new)}
@@ -128,7 +129,7 @@ def test_reseal_moves_every_secret_to_the_first_key_and_back_to_plain(engine: En
         "old": (old.secret, True),
     }
     with engine.begin() as conn:
-        assert api.reseal_secrets(conn, plain=True, keyring=only_new) == 2
+        assert endpoint_keys.reseal_secrets(conn, plain=True, keyring=only_new) == 2
     assert stored(engine, "plain") == (plain.secret, None)
     assert stored(engine, "old") == (old.secret, None)
 
@@ -138,10 +139,10 @@ def test_reseal_changes_nothing_when_one_secret_cannot_be_opened(engine: Engine)
     make_endpoint(engine, "b", keyring=Keyring([K2]))
     before = stored(engine, "a"), stored(engine, "b")
     with pytest.raises(SecretUnreadable, match="endpoint 'b'"), engine.begin() as conn:
-        api.reseal_secrets(conn, keyring=Keyring([K1]))
+        endpoint_keys.reseal_secrets(conn, keyring=Keyring([K1]))
     assert (stored(engine, "a"), stored(engine, "b")) == before
     with pytest.raises(SecretUnreadable, match="not set"), engine.begin() as conn:
-        api.reseal_secrets(conn, keyring=Keyring())
+        endpoint_keys.reseal_secrets(conn, keyring=Keyring())
 
 
 # -- the poller -----------------------------------------------------------------------

@@ -18,11 +18,11 @@ from sqlalchemy.orm import Session
 
 from poller import Message, enqueue_many
 from poller.cli import cli
+from poller.endpoint_keys import rotate_secret
 from poller.endpoints import (
     create_endpoint,
     get_endpoint,
     new_secret,
-    rotate_secret,
     update_endpoint,
 )
 from poller.errors import InvalidEndpoint
