@@ -1,25 +1,6 @@
-"""How deliveries reach the wire: one narrow seam, two implementations, one guard.
+"""The two senders: aiohttp (the default) and httpx, guarded and classified alike.
 
-``Sender.request(method, url, headers, body, timeout)`` returns a
-:class:`Reply` (status, Retry-After, up to :data:`READ_CAP` bytes of body) or
-raises :class:`SendError`, whose ``sent`` flag says whether the receiver may
-have seen the request — the distinction the delivery contract is built on
-(docs/reference/delivery-contract.md):
-
-* ``sent=False`` (*not sent*): DNS failure, connection refused, TLS failure,
-  connect or pool timeout, an invalid URL, a private target refused. Known
-  not delivered.
-* ``sent=True`` (*unknown*): no answer after the connection was made — read
-  timeout, connection reset or closed after sending, an unparseable answer.
-
-**Two budgets.** ``timeout`` bounds the whole exchange (a slow-drip body
-cannot hold a claim past its lease; a status already received still counts).
-Inside it, the *connect budget* — ``min(connect_timeout, timeout / 2)`` —
-bounds getting a connection (pool wait, DNS, TCP, TLS) and is enforced by the
-client itself, so it always fires first: a failure within it is *not sent*,
-and running out of the whole budget after it is *unknown*. A blackholed host
-is therefore a connect timeout, never a "maybe delivered".
-
+The seam they implement, its answer and its error are in poller/wire.py.
 :class:`AiohttpSender` is the default: it delivers more per second than httpx
 on the same machine (the figures are in docs/explanation/performance.md).
 :class:`HttpxSender` uses httpx with the same guard and the same
@@ -27,101 +8,41 @@ classification; its ``transport`` argument is for tests
 (``httpx.MockTransport``) and owns its own connections.
 
 Both refuse private targets at the connection seam (poller/netguard.py)
-unless they are allowed, never follow redirects, verify TLS, ignore proxy
-environment variables, and read the body only up to READ_CAP before dropping
-the connection. :func:`make_sender` builds the one the settings ask for.
+unless they are allowed, never follow redirects, verify TLS (with an
+endpoint's own client certificate and CA, poller/tls.py), ignore proxy
+environment variables — ``POLLER_PROXY_URL`` alone routes them through a
+proxy, to the address they checked (poller/proxy.py) — and read the body only
+up to READ_CAP before dropping the connection. :func:`make_sender` builds the
+one the settings ask for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import httpcore
 import httpx
 import yarl
 
-from poller.netguard import (
-    PRIVATE_HINT,
-    GuardedBackend,
-    Resolve,
-    guarded_socket,
-    host_refusal,
-    system_resolve,
-)
+from poller.netguard import GuardedBackend, Resolve, guarded_socket, system_resolve
+from poller.proxy import SNI, WROTE, Proxy, ProxyBackend, Route
 from poller.tls import HANDSHAKE_RESET, handshake_reset, tls_failure
+from poller.wire import READ_CAP as READ_CAP
+from poller.wire import TARGETS_KEPT, connect_budget, error_text, preflight
+from poller.wire import Reply as Reply
+from poller.wire import Sender as Sender
+from poller.wire import SendError as SendError
 
 if TYPE_CHECKING:
     from poller.settings import Settings
 
-READ_CAP = 64 * 1024
 NO_CEILING = 1e9  # aiohttp rounds timeouts of 5 s or more up to whole seconds unless told not to
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    status: int
-    retry_after: str | None
-    body: bytes
-
-
-class SendError(Exception):
-    """The exchange failed; ``sent`` tells whether the receiver may have the request."""
-
-    def __init__(self, error_class: str, message: str, *, sent: bool) -> None:
-        super().__init__(message)
-        self.error_class = error_class
-        self.sent = sent
-
-
-class Sender(Protocol):
-    async def request(
-        self,
-        method: str,
-        url: str,
-        headers: Mapping[str, str],
-        body: bytes,
-        timeout: float,
-        tls: ssl.SSLContext | None = None,
-    ) -> Reply: ...
-
-    async def aclose(self) -> None: ...
-
-
-TARGETS_KEPT = 10_000  # parsed URLs and timeouts a sender keeps
 TLS_CLIENTS_KEPT = 256  # httpx clients for endpoints with their own TLS settings
-
-
-def connect_budget(connect_timeout: float, timeout: float) -> float:
-    """The share of ``timeout`` allowed for getting a connection (it must end first)."""
-    return min(connect_timeout, timeout / 2)
-
-
-def _message(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
-
-
-def preflight(url: str, allow_private: bool) -> None:
-    """Refuse a URL before any I/O: unparseable, or a private literal host / ``localhost``.
-
-    Only a courtesy (a clear error, no DNS query): the guard at connect time is
-    what holds, for every spelling and every DNS answer.
-    """
-    try:
-        host = urlsplit(url).hostname
-    except ValueError as exc:
-        raise SendError("InvalidURL", _message(exc), sent=False) from exc
-    if not host:
-        raise SendError("InvalidURL", f"{url!r} has no host", sent=False)
-    if not allow_private:
-        reason = host_refusal(host)
-        if reason is not None:
-            raise SendError("ConnectError", f"refused: {reason}; {PRIVATE_HINT}", sent=False)
 
 
 # --- aiohttp ---------------------------------------------------------------------
@@ -136,12 +57,22 @@ def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
     return f"cannot connect to {exc.host}:{exc.port}: {reason}"[:500]
 
 
-def _aiohttp_error(exc: BaseException) -> SendError:
+def _aiohttp_error(exc: BaseException, route: Route | None = None) -> SendError:
     """Classify an aiohttp failure by the phase it happened in."""
+    if route is not None and isinstance(exc, aiohttp.ClientHttpProxyError):
+        return route.refused(exc.status, exc.message)  # the tunnel was refused: not sent
+    if route is not None and isinstance(exc, aiohttp.ClientProxyConnectionError):
+        return route.unreachable(exc.os_error)
+    if route is not None and isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return SendError(
+            "ConnectTimeout",
+            f"connect timeout: no tunnel through proxy {route.proxy.shown} within the budget",
+            sent=False,
+        )
     tls_reason = tls_failure(exc)
     if tls_reason is not None:  # the handshake was refused: the receiver never had it
         return SendError("TLSError", tls_reason, sent=False)
-    message = _message(exc)
+    message = error_text(exc)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return SendError(
             "ConnectTimeout", "connect timeout: no connection within the budget", sent=False
@@ -176,9 +107,13 @@ class AiohttpSender:
         allow_private: bool = False,
         connect_timeout: float = 5.0,
         resolver: aiohttp.abc.AbstractResolver | None = None,
+        proxy: Proxy | None = None,
+        resolve: Resolve = system_resolve,
     ) -> None:
         self._limit = limit
         self._allow_private = allow_private
+        # With a proxy (poller/proxy.py) the sender resolves and checks targets itself.
+        self._route = None if proxy is None else Route(proxy, resolve, allow_private=allow_private)
         self._connect_timeout = connect_timeout
         self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
@@ -222,7 +157,7 @@ class AiohttpSender:
                 limit_per_host=0,
                 ttl_dns_cache=10,
                 resolver=self._resolver,
-                socket_factory=None if self._allow_private else guarded_socket,
+                socket_factory=self._socket_factory(),
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -232,6 +167,34 @@ class AiohttpSender:
                 trust_env=False,
             )
         return self._session
+
+    def _socket_factory(self) -> Any:
+        route = self._route
+        if route is None:
+            return None if self._allow_private else guarded_socket
+
+        def to_the_proxy(addr_info: tuple[Any, ...]) -> socket.socket:
+            family, type_, proto, _, sockaddr = addr_info
+            route.check_socket(str(sockaddr[0]))
+            return socket.socket(family=family, type=type_, proto=proto)
+
+        return to_the_proxy
+
+    async def _via_proxy(
+        self, route: Route, url: str, headers: Mapping[str, str], timeout: float
+    ) -> tuple[yarl.URL, dict[str, str], dict[str, Any]]:
+        """The URL on its checked address, its headers, and the proxy arguments."""
+        pinned = await route.pin(url, connect_budget(self._connect_timeout, timeout))
+        sent = {**headers, "Host": pinned.host_header}
+        via: dict[str, Any] = {"proxy": route.proxy.url}
+        auth = route.proxy.authorization
+        if pinned.server_hostname is not None:  # https: a tunnel, TLS for the name
+            via["server_hostname"] = pinned.server_hostname
+            if auth is not None:
+                via["proxy_headers"] = {"Proxy-Authorization": auth}
+        elif auth is not None:  # http: the proxy reads it off the request itself
+            sent["Proxy-Authorization"] = auth
+        return yarl.URL(pinned.url), sent, via
 
     async def request(
         self,
@@ -245,8 +208,11 @@ class AiohttpSender:
         limits = self._timeouts(timeout)
         response: aiohttp.ClientResponse | None = None
         data = bytearray()
+        via: dict[str, Any] = {}
         try:
             target = self._target(method, url)  # a URL yarl refuses is a ValueError, as in aiohttp
+            if self._route is not None:
+                target, headers, via = await self._via_proxy(self._route, url, headers, timeout)
             async with asyncio.timeout(timeout):
                 response = await self._get_session().request(
                     method,
@@ -256,6 +222,7 @@ class AiohttpSender:
                     allow_redirects=False,
                     timeout=limits,
                     ssl=True if tls is None else tls,  # the endpoint's own (poller/tls.py)
+                    **via,
                 )
                 while len(data) < READ_CAP:
                     chunk = await response.content.read(READ_CAP - len(data))
@@ -264,7 +231,7 @@ class AiohttpSender:
                     data += chunk
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             if response is None:
-                raise _aiohttp_error(exc) from exc
+                raise _aiohttp_error(exc, self._route) from exc
             # The status arrived; a body cut short or slow does not change the answer.
         finally:
             if response is not None:
@@ -273,6 +240,10 @@ class AiohttpSender:
                 else:
                     response.close()  # drop, never drain, an unread (maybe endless) body
         assert response is not None
+        if self._route is not None:
+            proxy_said = self._route.answer_error(url, response.status)
+            if proxy_said is not None:
+                raise proxy_said
         return Reply(response.status, response.headers.get("Retry-After"), bytes(data))
 
     async def aclose(self) -> None:
@@ -298,10 +269,29 @@ def guarded_transport(
     allow_private: bool,
     resolve: Resolve = system_resolve,
     tls: ssl.SSLContext | None = None,
+    route: Route | None = None,
 ) -> httpx.AsyncHTTPTransport:
-    """httpx's own transport, its connection pool built on the guarded network backend."""
+    """httpx's own transport, its connection pool built on the guarded network backend
+    (with a proxy: a proxy pool whose backend connects to the proxy alone)."""
     limits = httpx.Limits(max_connections=limit or None)
     transport = httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=tls or True)
+    if route is not None:
+        pool = transport._pool
+        assert isinstance(pool, httpcore.AsyncConnectionPool)
+        auth = route.proxy.username
+        transport._pool = httpcore.AsyncHTTPProxy(
+            proxy_url=route.proxy.url,
+            proxy_auth=None if auth is None else (auth, route.proxy.password or ""),
+            ssl_context=pool._ssl_context,
+            max_connections=pool._max_connections,
+            max_keepalive_connections=pool._max_keepalive_connections,
+            keepalive_expiry=pool._keepalive_expiry,
+            http1=pool._http1,
+            http2=pool._http2,
+            retries=0,
+            network_backend=ProxyBackend(route),
+        )
+        return transport
     if allow_private:
         return transport
     pool = transport._pool  # httpx takes no network backend; swap in a pool that has ours
@@ -335,10 +325,12 @@ class HttpxSender:
         connect_timeout: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
         resolve: Resolve = system_resolve,
+        proxy: Proxy | None = None,
     ) -> None:
         self._connect_timeout = connect_timeout
         self._allow_private = allow_private
         self._limit, self._resolve = limit, resolve
+        self._route = None if proxy is None else Route(proxy, resolve, allow_private=allow_private)
         self.client = self._client(transport)
         # httpx verifies per client: one more client per TLS context an endpoint has
         # (poller/tls.py caches contexts, so one per distinct setting), oldest closed.
@@ -350,7 +342,11 @@ class HttpxSender:
         return httpx.AsyncClient(
             transport=transport
             or guarded_transport(
-                limit=self._limit, allow_private=self._allow_private, resolve=self._resolve, tls=tls
+                limit=self._limit,
+                allow_private=self._allow_private,
+                resolve=self._resolve,
+                tls=tls,
+                route=self._route,
             ),
             follow_redirects=False,
             trust_env=False,
@@ -379,16 +375,22 @@ class HttpxSender:
         preflight(url, self._allow_private)
         connect = connect_budget(self._connect_timeout, timeout)
         client = await self._client_for(tls)
+        target = url
+        if self._route is not None:  # to the checked address, through the proxy
+            pinned = await self._route.pin(url, connect)
+            target, headers = pinned.url, {**headers, "Host": pinned.host_header}
+            SNI.set(pinned.server_hostname)
+            WROTE.set(False)
         try:
             request = client.build_request(
                 method,
-                url,
+                target,
                 headers=headers,
                 content=body,
                 timeout=httpx.Timeout(timeout, connect=connect, pool=connect),
             )
         except (httpx.InvalidURL, ValueError) as exc:  # nothing was sent: no connection yet
-            raise SendError("InvalidURL", _message(exc), sent=False) from exc
+            raise SendError("InvalidURL", error_text(exc), sent=False) from exc
         response: httpx.Response | None = None
         data = bytearray()
         try:
@@ -400,22 +402,40 @@ class HttpxSender:
                         break
         except (httpx.HTTPError, TimeoutError) as exc:
             if response is None:
-                tls_reason = tls_failure(exc)
-                if tls_reason is None and isinstance(exc, httpx.ConnectError):
-                    https = request.url.scheme == "https"
-                    tls_reason = HANDSHAKE_RESET if https and handshake_reset(exc) else None
-                if tls_reason is not None:  # the handshake was refused: never had it
-                    raise SendError("TLSError", tls_reason, sent=False) from exc
-                sent = not isinstance(exc, HTTPX_NOT_SENT)
-                name = "ReadTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
-                raise SendError(name, _message(exc), sent=sent) from exc
+                raise self._failure(exc, request.url.scheme == "https") from exc
         finally:
             if response is not None:
                 await response.aclose()
         assert response is not None
+        if self._route is not None:
+            proxy_said = self._route.answer_error(url, response.status_code)
+            if proxy_said is not None:
+                raise proxy_said
         return Reply(
             response.status_code, response.headers.get("retry-after"), bytes(data[:READ_CAP])
         )
+
+    def _failure(self, exc: BaseException, https: bool) -> SendError:
+        """What a failure before any answer was, by the phase it happened in."""
+        tls_reason = tls_failure(exc)
+        if tls_reason is None and isinstance(exc, httpx.ConnectError):
+            tls_reason = HANDSHAKE_RESET if https and handshake_reset(exc) else None
+        if tls_reason is not None:  # the handshake was refused: never had it
+            return SendError("TLSError", tls_reason, sent=False)
+        if self._route is not None:
+            if isinstance(exc, httpx.ProxyError):  # the tunnel was refused
+                status, _, message = str(exc).partition(" ")
+                if status.isdigit():
+                    return self._route.refused(int(status), message)
+            if not WROTE.get() and not isinstance(exc, HTTPX_NOT_SENT):  # a hang on CONNECT
+                return SendError(
+                    "ProxyError",
+                    f"proxy {self._route.proxy.shown} did not open the tunnel: {error_text(exc)}",
+                    sent=False,
+                )
+        sent = not isinstance(exc, HTTPX_NOT_SENT)
+        name = "ReadTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+        return SendError(name, error_text(exc), sent=sent)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -427,8 +447,7 @@ class HttpxSender:
 def make_sender(settings: Settings) -> Sender:
     """The shared HTTP sender the settings ask for (``POLLER_HTTP_CLIENT``)."""
     limit, allow = settings.concurrency, settings.allow_private_targets
+    proxy, connect = settings.proxy, settings.connect_timeout
     if settings.http_client == "aiohttp":
-        return AiohttpSender(
-            limit=limit, allow_private=allow, connect_timeout=settings.connect_timeout
-        )
-    return HttpxSender(limit=limit, allow_private=allow, connect_timeout=settings.connect_timeout)
+        return AiohttpSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
+    return HttpxSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)

@@ -21,12 +21,15 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from poller.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from poller.proxy import Proxy
 from poller.health import HealthPolicy
 from poller.keyring import Keyring, keyring_for, parse_keys
 
@@ -44,7 +47,14 @@ RetrySeconds = Annotated[float, Field(gt=0, le=MAX_RETRY_SECONDS)]
 
 ENV_PREFIX = "POLLER_"
 SECRET_FIELDS = frozenset(
-    {"database_url", "redis_url", "secrets_key", "dashboard_token", "dashboard_password"}
+    {
+        "database_url",
+        "redis_url",
+        "secrets_key",
+        "dashboard_token",
+        "dashboard_password",
+        "proxy_url",
+    }
 )
 """Settings whose values never appear in an error message (passwords, keys)."""
 
@@ -114,6 +124,29 @@ class Settings(BaseSettings):
     """LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode."""
     allow_private_targets: bool = False
     """Allow endpoints on private, loopback or link-local addresses (demo, tests)."""
+    proxy_url: SecretStr | None = None
+    """Egress proxy every delivery and lookup goes through, ``http://[user:pass@]host:port``
+    (CONNECT for https targets): deliveries leave from its address. The poller checks
+    each target and asks the proxy for the checked address (poller/proxy.py); proxy
+    environment variables stay ignored. Unset: direct."""
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        from poller.proxy import parse_proxy  # the HTTP stack only when a proxy is set
+
+        parse_proxy(value.get_secret_value())  # ValueError saying what, never the password
+        return value
+
+    @property
+    def proxy(self) -> Proxy | None:
+        """The egress proxy (poller/proxy.py), if one is set."""
+        from poller.proxy import parse_proxy
+
+        return None if self.proxy_url is None else parse_proxy(self.proxy_url.get_secret_value())
+
     metrics_addr: str | None = None
     """``host:port`` for /metrics, /healthz, /readyz (port 0: one the kernel picks, logged);
     unset: not served."""
