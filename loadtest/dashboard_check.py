@@ -36,11 +36,15 @@ def dashboard_disagrees(engine: Any) -> list[str]:
                 {"n": MESSAGES},
             ).scalars()
         ]
+        names = list(
+            conn.execute(text("SELECT name FROM poller_endpoints ORDER BY name LIMIT 5")).scalars()
+        )
     problems = []
     app = create_app(load_settings(), engine, auth.Credentials(TOKEN))
     with TestClient(app, base_url="http://127.0.0.1:8188", raise_server_exceptions=False) as web:
         web.headers["authorization"] = f"Bearer {TOKEN}"
-        for path in [*PAGES, *(f"/messages/{i}" for i in ids)]:
+        pages = [*PAGES, *(f"/endpoints/{n}" for n in names), *(f"/messages/{i}" for i in ids)]
+        for path in pages:
             page = web.get(path)
             if page.status_code != 200:
                 problems.append(f"dashboard: {path} answered {page.status_code}")

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from poller import admin, parse, stats
 from poller.dashboard.web import action, dashboard, page, who
-from poller.endpoints import set_enabled
+from poller.endpoints import Endpoint, get_endpoint, set_enabled
 from poller.errors import InvalidInput, MessageNotFound, PollerError, UnknownEndpoint
 from poller.ordering import blocked_keys
 from poller.replay import replay
@@ -221,6 +221,27 @@ ENDPOINT_COLUMNS = (
 
 
 @page
+async def endpoint_page(request: Request) -> Response:
+    """One endpoint's delivery settings and health: header names, never their values;
+    TLS subjects, never the key; the public key of an ed25519 endpoint."""
+    board = dashboard(request)
+    name = request.path_params["name"]
+
+    def read(conn: Connection) -> tuple[Endpoint, dict[str, Any]]:
+        found = get_endpoint(conn, name)
+        return found, stats.endpoint_health(conn, found.id)
+
+    found, health = await board.read(read)
+    return board.render(
+        request,
+        "endpoint.html",
+        e=found,
+        health=health,
+        tls=found.tls.summary() if found.tls else None,
+    )
+
+
+@page
 async def endpoint_list(request: Request) -> Response:
     board = dashboard(request)
 
@@ -408,6 +429,7 @@ def routes() -> list[Route]:
         Route("/messages/{id:int}/retry", confirm_retry_one, methods=["GET"]),
         Route("/messages/{id:int}/retry", retry_one, methods=["POST"]),
         Route("/endpoints", endpoint_list),
+        Route("/endpoints/{name:str}", endpoint_page),
         Route(f"/endpoints/{{name:str}}/{verbs}", _verb(confirm_endpoint), methods=["GET"]),
         Route(f"/endpoints/{{name:str}}/{verbs}", _verb(endpoint_action), methods=["POST"]),
         Route("/leases", leases),

@@ -308,6 +308,40 @@ def test_no_signing_secret_in_any_page(engine: Engine, web: TestClient) -> None:
         assert secret not in page and core not in page, path
 
 
+def test_the_endpoint_page_shows_names_subjects_and_public_keys_never_values(
+    engine: Engine, web: TestClient
+) -> None:
+    from poller.cancel import pause_endpoint
+    from poller.endpoints import create_endpoint
+    from tests.integration.pki import authority, issue
+
+    ca = authority()
+    mine = issue(ca, "billing", client=True)
+    token = "Bearer planted-dashboard-credential"
+    with engine.begin() as conn:
+        created = create_endpoint(
+            conn, "billing", "https://127.0.0.1:9/h", signing="ed25519",
+            headers={"Authorization": token}, client_cert=mine.cert, client_key=mine.key,
+            ca_bundle=ca.cert, retry_schedule=[5.0, 300.0], max_age=86400.0,
+        )  # fmt: skip
+        pause_endpoint(conn, "billing", who="ops:ann")
+    page = web.get("/endpoints/billing")
+    assert page.status_code == 200
+    text = page.text
+    (public,) = created.endpoint.public_keys
+    for shown in (public, "Authorization", "CN=billing", "CN=Test Root CA", "5s, 300s", "86400s",
+                  "by ops:ann", "ed25519"):  # fmt: skip
+        assert shown in text, shown
+    for hidden in ("planted-dashboard-credential", created.secret, "PRIVATE KEY",
+                   mine.key.splitlines()[1]):  # fmt: skip
+        assert hidden not in text
+    listing = web.get("/endpoints").text
+    assert 'href="/endpoints/billing"' in listing and "paused by ops:ann" in listing
+    assert "planted" not in listing
+    assert web.get("/endpoints/nope").status_code == 404
+    assert web.get("/endpoints/%00").status_code == 404
+
+
 def test_failed_pages_by_keyset(engine: Engine, web: TestClient) -> None:
     make_endpoint(engine, "billing")
     make_endpoint(engine, "ledger")
