@@ -21,7 +21,8 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   and re-enables the endpoint when the pollers disabled it;
 * the configuration's extremes are drawn too: ``max_attempts`` 1, the
   endpoint's ``max_in_flight`` 1, the endpoint's own retry schedule (20 ms, or
-  0.3 s then 1 s, beside the global 50–400 ms), HMAC or ed25519 signatures,
+  0.3 s then 1 s, beside the global 50–400 ms), HMAC or ed25519 signatures, an
+  egress proxy,
   ``POLLER_DISABLE_AFTER`` 2 s, the breaker off or after 3 failures with
   cool-downs of 0.2–0.8 s, and the shortest claim lease the request timeout
   allows (3 s for 1 s).
@@ -61,6 +62,8 @@ checks them):
 * every request, POST or lookup, carries the endpoint's ``Authorization``
   header (sealed at rest too), whatever the operator changed meanwhile;
 * every attempt row names its message's endpoint;
+* with a proxy drawn (``POLLER_PROXY_URL``, one seed in two), every request the
+  receiver got came through it, and no poller's log holds its password;
 * the dashboard, over the final database: every page and the first failed
   messages' pages answer 200 with no unescaped markup, and the overview's
   counts are the database's (loadtest/dashboard_check.py);
@@ -98,9 +101,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
 from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, operator, write
-from loadtest.hunt_check import check
+from loadtest.hunt_check import check, proxy_disagrees
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Message, migrate
 from poller.db import sync_engine
@@ -141,6 +145,7 @@ class Plan:
     retry_schedule: list[float] | None = None  # the endpoint's own (None: the global one)
     signing: str = "hmac-sha256"  # or ed25519: the receiver verifies with the public key
     holds: list[tuple[float, str]] = field(default_factory=list)  # (seconds, cancel|pause)
+    proxy: bool = False  # every request through an egress proxy (POLLER_PROXY_URL)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -183,6 +188,7 @@ class Plan:
         plan.holds = sorted(
             (rng.uniform(1.0, duration + 2), rng.choice(HOLDS)) for _ in range(rng.randint(0, 3))
         )
+        plan.proxy = rng.random() < 0.5
         return plan
 
     def describe(self) -> str:
@@ -195,7 +201,8 @@ class Plan:
             f"p0 with {self.processes} process(es), faults: {faults}; "
             f"max_in_flight {self.max_in_flight or 'default'}, "
             f"disable_after {self.disable_after or 'never'}, "
-            f"retry schedule {self.retry_schedule or 'global'}, {self.signing}; application: "
+            f"retry schedule {self.retry_schedule or 'global'}, {self.signing}"
+            f"{', through a proxy' if self.proxy else ''}; application: "
             + ", ".join(
                 f"{'commit' if c else 'rollback'} after {h:.1f}s@{at:.1f}s"
                 for at, h, c in self.lingers
@@ -437,11 +444,18 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
     secret = new_secret(plan.signing)
     credential = ("Authorization", f"Bearer hunt-{seed}-{new_key()[:12]}")  # sealed, sent
     receiver = HostileReceiver(seed, public_key(secret) or secret, credential)
+    proxy_password = f"hunt-{new_key()[:12]}"  # must reach no log or output
+    proxy = ThreadedProxy(credentials=("hunt", proxy_password)) if plan.proxy else None
     stop = threading.Event()
     fleet: Fleet | None = None
     began = time.monotonic()
     try:
         url = receiver.start()
+        via = (
+            {}
+            if proxy is None
+            else {"POLLER_PROXY_URL": f"http://hunt:{proxy_password}@{proxy.start()}"}
+        )
         with engine.begin() as conn:
             create_endpoint(
                 conn,
@@ -480,6 +494,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             POLLER_CIRCUIT_COOLDOWN_MAX="0.8",
             POLLER_DISABLE_AFTER=str(plan.disable_after),
             **({"POLLER_REDIS_URL": redis_url} if redis_url else {}),
+            **via,
         )
         fleet = Fleet(env, plan.pollers, tmp, run)
         # max_in_flight 1 drains a few a second against this receiver: the extreme is in
@@ -524,6 +539,10 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
         fleet.check()
         fleet.stop_all()
         problems = check(engine, run, receiver, db_url, [p.log for p in fleet.procs])
+        if proxy is not None:
+            problems += proxy_disagrees(
+                receiver, proxy.proxy, proxy_password, [p.log for p in fleet.procs]
+            )
         statuses = Counter(
             s for (s,) in engine.connect().execute(text("SELECT status FROM poller_outbox"))
         )
@@ -550,6 +569,8 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 if proc.popen.poll() is None:
                     proc.stop(timeout=5, graceful=False)
         receiver.stop()
+        if proxy is not None:
+            proxy.stop()
         engine.dispose()
         if redis is not None:
             redis.stop()

@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from loadtest.cli_check import cli_disagrees
 from loadtest.dashboard_check import dashboard_disagrees
+from loadtest.forward_proxy import ForwardProxy
 from loadtest.hostile import HostileReceiver
 from poller.outcomes import MAX_PROBE_REFUNDS, MAX_REFUNDS
 
@@ -229,6 +230,27 @@ def held_sends(conn: Any, run: Run) -> list[str]:
         for r in found
         if any(b < float(r.at) < e for b, e in windows)
     )
+
+
+def proxy_disagrees(
+    receiver: HostileReceiver, proxy: ForwardProxy, password: str, logs: list[Path]
+) -> list[str]:
+    """With a proxy drawn: every request the receiver got came through it (it forwards
+    each absolute-form request on a connection of its own), and no poller's log holds
+    the proxy's password."""
+    problems = []
+    arrived = sum(receiver.posts.values()) + receiver.lookups
+    if arrived > proxy.forwarded:
+        problems.append(
+            f"{arrived - proxy.forwarded} requests reached the receiver around the proxy "
+            f"({arrived} arrived, {proxy.forwarded} forwarded)"
+        )
+    leaked = [
+        log.name for log in logs if log.exists() and password in log.read_text("utf-8", "replace")
+    ]
+    if leaked:
+        problems.append(f"the proxy's password is in the logs of {leaked}")
+    return problems
 
 
 def check(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.forward_proxy import ForwardProxy
 from poller.delivery import Verdict, send
 from poller.errors import ConfigurationError
 from poller.proxy import Proxy, parse_proxy
@@ -18,7 +19,6 @@ from poller.receiver import Receiver
 from poller.senders import AiohttpSender, HttpxSender, Sender
 from poller.settings import load_settings
 from tests.integration.pki import authority, issue, tls_server
-from tests.integration.proxy_server import ForwardProxy
 from tests.integration.test_delivery import _endpoint, _message
 
 PASSWORD = "s3cret-proxy-pw"  # must never appear in an error

@@ -1,16 +1,21 @@
-"""A forward proxy on 127.0.0.1 for the proxy tests: CONNECT tunnels and absolute-form
-requests, basic auth, and the failures a real one has (a refused tunnel, a hang, a 502).
+"""A forward proxy on 127.0.0.1 for the proxy tests and the fault hunt: CONNECT tunnels and
+absolute-form requests, basic auth, and the failures a real one has (a refused tunnel, a
+hang, a 502).
 
-It records what it was asked (``asked``: ``CONNECT 1.2.3.4:443``, ``POST http://…``) and
-how many connections it took, and sends every upstream connection to ``upstream``
-(127.0.0.1 and a port) when one is set — so a test target can have a global address
-that the poller checks as global, while nothing leaves this machine."""
+It records what it was asked (``asked``: ``CONNECT 1.2.3.4:443``, ``POST http://…``),
+how many connections it took and how many absolute-form requests it forwarded (one per
+connection: it answers ``Connection: close``), and sends every upstream connection to
+``upstream`` (127.0.0.1 and a port) when one is set — so a test target can have a global
+address that the poller checks as global, while nothing leaves this machine.
+:class:`ThreadedProxy` runs one on its own thread and event loop (the hunt's)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
+import threading
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -25,6 +30,7 @@ class ForwardProxy:
         self.credentials, self.mode, self.upstream = credentials, mode, upstream
         self.asked: list[str] = []
         self.connections = 0
+        self.forwarded = 0  # absolute-form requests sent on to the receiver
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -104,14 +110,42 @@ class ForwardProxy:
                 "latin-1"
             )
         )
-        await self._pipe(reader, writer, up_reader, up_writer)
+        self.forwarded += 1
+        await self._forward(
+            reader, writer, up_reader, up_writer, int(headers.get("content-length", "0") or 0)
+        )
+
+    async def _forward(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+        length: int,
+    ) -> None:
+        """The request's body on, then the answer back with ``Connection: close``: one
+        request per connection to the proxy."""
+        try:
+            if length:
+                up_writer.write(await reader.readexactly(length))
+                await up_writer.drain()
+            head = await up_reader.readuntil(b"\r\n\r\n")
+            status, _, rest = head.partition(b"\r\n")
+            kept = [h for h in rest.split(b"\r\n") if not h.lower().startswith(b"connection:")]
+            writer.write(b"\r\n".join([status, b"Connection: close", *kept]))
+            while chunk := await up_reader.read(65536):
+                writer.write(chunk)
+                await writer.drain()
+        finally:
+            up_writer.close()
+            self._writers.discard(up_writer)
 
     async def _connect(
         self, host: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.upstream is not None:
             host, port = self.upstream
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, limit=2**20)
         self._writers.add(writer)
         return reader, writer
 
@@ -135,3 +169,38 @@ class ForwardProxy:
         finally:
             up_writer.close()
             self._writers.discard(up_writer)
+
+
+class ThreadedProxy:
+    """A :class:`ForwardProxy` on its own thread and event loop, for a caller without one."""
+
+    def __init__(self, **options: Any) -> None:
+        self.proxy = ForwardProxy(**options)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._address = ""
+        self._thread = threading.Thread(target=self._run, name="forward-proxy", daemon=True)
+
+    def start(self) -> str:
+        """Its ``host:port``."""
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the forward proxy did not start")
+        return self._address
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._address = await self.proxy.start()
+        self._ready.set()
+        await self._stop.wait()
+        await self.proxy.stop()
