@@ -17,6 +17,9 @@ Used by the demo, the tests and the load test, and a model for real receivers:
   applied, so a load generator can compute latency from its own commit times;
   ``GET /counts`` — how many times each key arrived.
 
+With ``required`` headers (``--require-header``), a POST without them is answered
+401, like an API gateway that wants a bearer token.
+
 Faults, each drawn per request: ``fail_rate`` answers ``status`` (default 500,
 with ``Retry-After`` if set) without applying; ``drop_after_process_rate``
 applies the message and then closes the connection without answering (the
@@ -68,6 +71,7 @@ class Stats:
     applied: int = 0
     duplicates: int = 0
     bad_signatures: int = 0
+    unauthorized: int = 0  # POSTs without a required header (``required``)
     failed_injected: int = 0
     dropped_injected: int = 0
     lookups_found: int = 0
@@ -85,6 +89,7 @@ class Stats:
             "unique": self.applied,
             "duplicates": self.duplicates,
             "bad_signatures": self.bad_signatures,
+            "unauthorized": self.unauthorized,
             "failed_injected": self.failed_injected,
             "dropped_injected": self.dropped_injected,
             "lookups_found": self.lookups_found,
@@ -122,8 +127,17 @@ def verify(verifier: Verifier, headers: dict[bytes, bytes], body: bytes, now: fl
 class Receiver:
     """The receiver's state and request handling; :meth:`start` serves it."""
 
-    def __init__(self, keys: list[str] | None = None, faults: Faults | None = None) -> None:
+    def __init__(
+        self,
+        keys: list[str] | None = None,
+        faults: Faults | None = None,
+        required: dict[str, str] | None = None,
+    ) -> None:
         self.verifier = Verifier(keys or [])  # whsec_ secrets and whpk_ public keys
+        # Headers a POST must carry, as an API gateway wants a bearer token: else 401.
+        self.required = {
+            k.lower().encode("latin-1"): v.encode("latin-1") for k, v in (required or {}).items()
+        }
         self.faults = faults or Faults()
         self.stats = Stats()
         self.applied: dict[str, int] = {}  # key -> times received
@@ -166,6 +180,9 @@ class Receiver:
         if self.verifier and not verify(self.verifier, headers, body, now):
             self.stats.bad_signatures += 1
             return 401, {}, b"bad signature"
+        if any(headers.get(name) != value for name, value in self.required.items()):
+            self.stats.unauthorized += 1
+            return 401, {}, b"missing credential"
         key = headers.get(b"webhook-id", b"").decode("latin-1")
         rng = self.faults.rng
         if self.faults.fail_rate and rng.random() < self.faults.fail_rate:

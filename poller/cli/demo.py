@@ -52,6 +52,7 @@ from poller.receiver import Faults, Receiver
 from poller.senders import make_sender
 from poller.service import Poller, serve
 from poller.settings import load_settings
+from poller.signing import public_key
 
 # The default schedule waits 5 s, 5 min, 30 min… between attempts: right for a real
 # receiver, far too slow to watch. The demo retries after 0.2, 0.5 and 1 s instead.
@@ -167,7 +168,15 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
     broken = Receiver([secret], Faults(fail_rate=1.0, status=500))
     healthy_url = f"http://127.0.0.1:{await healthy.start()}"
     broken_url = f"http://127.0.0.1:{await broken.start()}"
-    subscribers = {name: Receiver([secret]) for name, _, _ in SUBSCRIBERS}
+    # ledger signs with ed25519: its receiver holds the public key alone. analytics sits
+    # behind a gateway that wants a bearer token: the endpoint sends it as a header.
+    ledger_key, token = new_secret("ed25519"), f"Bearer demo-{new_secret()[6:18]}"
+    keys = {"ledger": ledger_key, "analytics": secret, "acme-hooks": secret}
+    subscribers = {
+        "ledger": Receiver([public_key(ledger_key) or ""]),
+        "analytics": Receiver([secret], required={"Authorization": token}),
+        "acme-hooks": Receiver([secret]),
+    }
     engine = sync_engine(url)
     with engine.begin() as conn:
         for name, event_types, tenant in SUBSCRIBERS:
@@ -176,10 +185,11 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
                 conn,
                 name,
                 f"http://127.0.0.1:{port}/{name}",
-                secret=secret,
+                secret=keys[name],
                 allow_private=True,
                 event_types=event_types,
                 tenant=tenant,
+                headers={"Authorization": token} if name == "analytics" else None,
             )
     with engine.begin() as conn:
         create_endpoint(
@@ -202,6 +212,11 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
     console.print(
         f"receivers: orders → {healthy_url} (5 % 5xx, 2 % dropped after processing), "
         f"legacy → {broken_url} (answers 500 until the orders are delivered, 3 attempts)"
+    )
+    console.print(
+        f"ledger signs with ed25519 (v1a): its receiver verifies with the public key "
+        f"{public_key(ledger_key)} alone; analytics sends an Authorization header its "
+        "receiver requires (sealed at rest, shown by name only)"
     )
     schedule = ", ".join(f"{s:g}" for s in DEMO_SETTINGS["retry_schedule"])
     console.print(
@@ -450,6 +465,14 @@ async def _summary(
         (
             "fan-out applied: " + " / ".join(subscribers),
             " / ".join(str(r.stats.applied) for r in subscribers.values()),
+        ),
+        (
+            "ledger (ed25519, public key only): bad signatures",
+            subscribers["ledger"].stats.bad_signatures,
+        ),
+        (
+            "analytics (bearer header required): refused",
+            subscribers["analytics"].stats.unauthorized,
         ),
     ]
     for label, value in rows:

@@ -22,6 +22,13 @@ from poller.signing import Verifier
     multiple=True,
     help="whpk_ public key of an ed25519 endpoint: verifies v1a signatures (repeatable).",
 )
+@click.option(
+    "--require-header",
+    "required",
+    multiple=True,
+    metavar="'NAME: VALUE'",
+    help="A header every POST must carry, else 401 (repeatable), e.g. 'Authorization: Bearer x'.",
+)
 @click.option("--fail-rate", default=0.0, type=click.FloatRange(0, 1), show_default=True)
 @click.option(
     "--status",
@@ -65,6 +72,7 @@ def receiver(
     port: int,
     secrets: tuple[str, ...],
     public_keys: tuple[str, ...],
+    required: tuple[str, ...],
     fail_rate: float,
     status: int,
     retry_after: str | None,
@@ -84,6 +92,12 @@ def receiver(
     ``enqueued_at`` field (epoch seconds) in the payload when there is one.
     """
     keys = [*secrets, *public_keys]
+    wanted = {}
+    for given in required:
+        name, colon, value = given.partition(":")
+        if not colon or not name.strip() or not value.strip():
+            raise click.BadParameter("give 'NAME: VALUE'", param_hint="--require-header")
+        wanted[name.strip()] = value.strip()
     try:
         Verifier(keys)
     except ValueError as exc:
@@ -111,6 +125,6 @@ def receiver(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await serve(Receiver(keys, faults), host, port, stop=stop)
+        await serve(Receiver(keys, faults, wanted), host, port, stop=stop)
 
     event_loop_run(main())

@@ -39,6 +39,10 @@ def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
     assert int(_row(out, "delivered")) == 500 + 75
     assert re.search(r"75\s+deliveries\s+to\s+3\s+subscribed\s+endpoints", out)
     assert _row(out, "fan-out applied: ledger / analytics / acme-hooks") == "25 / 25 / 25"
+    # ledger's receiver holds only the ed25519 public key; analytics' requires a bearer token
+    assert _row(out, "ledger (ed25519, public key only): bad signatures") == "0"
+    assert _row(out, "analytics (bearer header required): refused") == "0"
+    assert "verifies with the public key" in out and "whpk_" in out
     assert int(_row(out, "failed")) == 0
     opened, probes = (int(n) for n in _row(out, "circuits opened / probes sent").split(" / "))
     assert opened == 1 and probes >= 1
