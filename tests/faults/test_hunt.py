@@ -241,3 +241,54 @@ def test_the_checker_catches_disorder_and_a_stranded_waiting_message(
     problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
     assert any("out of order" in p and "billing:1 before billing:0" in p for p in problems)
     assert any("not settled" in p and "stranded" in p for p in problems)
+
+
+def test_the_checker_catches_what_the_operators_holds_and_the_proxy_are_for(
+    engine, endpoint, db_url, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """A cancel nobody made, a POST after a cancel, a send while a pause held; requests
+    around the proxy, and its password in a log."""
+    import time
+
+    from sqlalchemy import text
+
+    from loadtest.hunt_check import proxy_disagrees
+
+    first, second, third = seed_messages(engine, 3)
+    now = time.time()
+    with engine.begin() as conn:
+        keys = dict(conn.execute(text("SELECT id, idempotency_key FROM poller_outbox")).all())
+        conn.execute(text("UPDATE poller_outbox SET status = 'cancelled' WHERE id <> :i"),
+                     {"i": third})  # fmt: skip
+        conn.execute(text("UPDATE poller_outbox SET status = 'delivered' WHERE id = :i"),
+                     {"i": third})  # fmt: skip
+        conn.execute(
+            text(
+                "INSERT INTO poller_delivery_attempts (message_id, endpoint_id, attempt, kind, "
+                "poller_id, outcome, started_at) SELECT id, endpoint_id, 1, 'send', 'p1', "
+                "'delivered', to_timestamp(:at) FROM poller_outbox WHERE id = :i"
+            ),
+            {"i": third, "at": now - 5},
+        )
+    run = Run(PLAN)  # type: ignore[arg-type]
+    run.committed = set(keys.values())
+    run.cancel_times = {second: now - 10}  # first: cancelled by nobody
+    run.pause_windows = [(now - 7, now - 3)]
+    receiver = SimpleNamespace(
+        posts={keys[third]: 1}, applied={keys[third]}, badly_signed=set(),
+        uncredentialed=set(), first_arrival={}, positions={},
+        last_arrival={keys[second]: now - 9}, lookups=0,  # after its cancel
+    )  # fmt: skip
+    problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
+    assert any("cancelled, but not by the operator" in p and keys[first] in p for p in problems)
+    assert any("after their cancel" in p and keys[second] in p for p in problems)
+    assert any("while the operator's pause held" in p and keys[third] in p for p in problems)
+    log = tmp_path / "p0.log"
+    log.write_text("connecting through http://hunt:pw-123@127.0.0.1:1\n")
+    proxy = SimpleNamespace(forwarded=1)
+    found = proxy_disagrees(receiver, proxy, "pw-123", [log])  # type: ignore[arg-type]
+    assert any("around the proxy" in p for p in found) is False  # 1 POST, 1 forwarded
+    receiver.lookups = 2
+    found = proxy_disagrees(receiver, proxy, "pw-123", [log])  # type: ignore[arg-type]
+    assert any("2 requests reached the receiver around the proxy" in p for p in found)
+    assert any("password is in the logs" in p for p in found)
