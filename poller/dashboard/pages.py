@@ -13,6 +13,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from poller import admin, parse, stats
+from poller.cancel import pause_endpoint, resume_endpoint
 from poller.dashboard.web import action, dashboard, page, who
 from poller.endpoints import Endpoint, get_endpoint, set_enabled
 from poller.errors import InvalidInput, MessageNotFound, PollerError, UnknownEndpoint
@@ -401,6 +402,18 @@ async def endpoint_action(request: Request) -> Response:
             )
             log.info("dashboard: %s replayed to %s: %s", actor, name, result.as_dict())
             n = result.queued + result.resent
+        elif verb in ("pause", "resume"):  # poller/cancel.py: until resumed, health untouched
+
+            def hold() -> None:
+                with board.engine.begin() as conn:
+                    if verb == "pause":
+                        pause_endpoint(conn, name, who=actor)
+                    else:
+                        resume_endpoint(conn, name)
+
+            await board.act(hold)
+            log.info("dashboard: %s %sd endpoint %s", actor, verb, name)
+            n = 1
         else:
             enabled = verb == "enable"
 
@@ -439,7 +452,7 @@ def routes() -> list[Route]:
 
 def _verb(handler: Any) -> Any:
     async def checked(request: Request) -> Response:
-        if request.path_params["verb"] not in ("enable", "disable", "replay"):
+        if request.path_params["verb"] not in ("enable", "disable", "replay", "pause", "resume"):
             return dashboard(request).error(request, 404, "no such action")
         response: Response = await handler(request)
         return response

@@ -442,6 +442,13 @@ def test_disable_enable_and_replay_an_endpoint(engine: Engine, web: TestClient) 
     replayed = web.post("/endpoints/billing/replay", data={"csrf": token, "since": "1h"})
     assert replayed.status_code == 303
     assert web.post("/endpoints/billing/replay", data={"csrf": token}).status_code == 400
+    assert "health, attempts and circuit are left alone" in web.get("/endpoints/billing/pause").text
+    assert web.post("/endpoints/billing/pause", data={"csrf": token}).status_code == 303
+    listing = web.get("/endpoints").text
+    assert "paused by dashboard:token@testclient" in listing and "/billing/resume" in listing
+    assert web.post("/endpoints/billing/resume", data={"csrf": token}).status_code == 303
+    assert "/billing/pause" in web.get("/endpoints").text
+    assert web.post("/endpoints/nobody/pause", data={"csrf": token}).status_code == 404
 
 
 def test_read_only_changes_nothing(engine: Engine) -> None:
