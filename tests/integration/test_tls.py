@@ -13,6 +13,7 @@ from sqlalchemy import Engine, text
 
 from poller.cli import cli
 from poller.delivery import Verdict, send
+from poller.endpoint_keys import reseal_secrets
 from poller.endpoints import create_endpoint, get_endpoint, update_endpoint
 from poller.errors import InvalidEndpoint
 from poller.keyring import Keyring, new_key
@@ -193,6 +194,12 @@ def test_the_key_is_sealed_at_rest_and_never_shown(
     assert code == 0 and json.loads(out)["tls"]["client_cert"] is None
     with engine.begin() as conn:
         assert update_endpoint(conn, "billing", ca_bundle=ca.cert, keyring=Keyring([key])).tls
+        update_endpoint(
+            conn, "billing", client_cert=mine.cert, client_key=mine.key, keyring=Keyring([key])
+        )
+        reseal_secrets(conn, plain=True, keyring=Keyring([key]))  # rotate-key --plain
+        stored = conn.execute(text("SELECT client_key FROM poller_endpoints")).scalar_one()
+    assert stored == mine.key  # in plain text again, whole
 
 
 async def test_an_endpoint_created_with_tls_delivers_through_the_poller_path(
