@@ -46,7 +46,11 @@ def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
     assert int(_row(out, "failed")) == 0
     opened, probes = (int(n) for n in _row(out, "circuits opened / probes sent").split(" / "))
     assert opened == 1 and probes >= 1
-    assert "event endpoint.circuit_opened legacy: 5 failed sends in a row" in out
+    # 5 or more: two completions may land in one judgement; rich may wrap the line
+    opened_line = (
+        r"event\s+endpoint\.circuit_opened\s+legacy:\s+\d+\s+failed\s+sends\s+in\s+a\s+row"
+    )
+    assert re.search(opened_line, out), out
     assert "event endpoint.circuit_closed legacy" in out
     assert int(_row(out, "still open")) == 0
     assert int(_row(out, "rolled-back message stored")) == 0

@@ -170,7 +170,7 @@ def test_run_flags_are_validated_like_the_settings_they_override(
 
 def test_the_reference_receiver_warns_when_it_checks_no_signature(tmp_path: Path) -> None:
     with receiver(tmp_path) as (proc, _):
-        assert "warning: no --secret given" in proc.output()
+        assert "warning: no --secret or --public-key given" in proc.output()
     (tmp_path / "signed").mkdir()
     with receiver(tmp_path / "signed", "--secret", "whsec_" + "A" * 32) as (proc, _):
         assert "warning" not in proc.output()
