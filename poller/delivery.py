@@ -159,10 +159,14 @@ async def send(
     timeout: float,
     user_agent: str,
     permanent_statuses: Sequence[int] = (),
+    trace: Mapping[str, str] | None = None,
 ) -> Attempt:
-    """POST the message to the endpoint once and classify the result."""
+    """POST the message to the endpoint once and classify the result; ``trace``: the
+    ``traceparent`` headers to send (poller/tracing.py)."""
     body = msg.payload.encode("utf-8")
     headers = webhook_headers(endpoint, msg.idempotency_key, body, user_agent)
+    if trace:
+        headers.update(trace)
     if msg.ordering_key is not None:  # poller/ordering.py: a receiver can check the order
         headers[ORDERING_KEY_HEADER] = msg.ordering_key
         headers[ORDERING_SEQ_HEADER] = str(msg.position or msg.id)
@@ -191,12 +195,15 @@ async def lookup(
     *,
     timeout: float,
     user_agent: str,
+    trace: Mapping[str, str] | None = None,
 ) -> tuple[LookupAnswer, Attempt]:
     """Ask the endpoint whether it processed the message (signed GET on its lookup_url)."""
     assert endpoint.lookup_url is not None
     url = endpoint.lookup_url.replace(LOOKUP_PLACEHOLDER, quote(msg.idempotency_key, safe=""))
     headers = webhook_headers(endpoint, msg.idempotency_key, b"", user_agent)
     headers.pop("Content-Type")
+    if trace:
+        headers.update(trace)
     reply, started_at, duration_ms = await _exchange(
         sender, "GET", endpoint, url, headers, b"", timeout
     )

@@ -39,6 +39,7 @@ from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import backoff
 from poller.senders import Sender
 from poller.settings import Settings
+from poller.tracing import propagated
 
 log = logging.getLogger("poller.dispatcher")
 CHILDREN_KEPT = 50_000  # labelled metric children a dispatcher keeps (endpoints × outcomes)
@@ -194,9 +195,21 @@ class Dispatcher:
             return outcomes.expired(msg, endpoint.max_age or 0.0, age)
         if self._lease_short(msg, timeout, "lookup" if looks_up else "send"):
             return outcomes.released(msg)
+        trace = (
+            propagated(msg.traceparent, msg.tracestate)
+            if msg.traceparent is not None
+            and endpoint.trace_context
+            and self.settings.trace_propagation
+            else None
+        )  # the application's trace, continued by the receiver (poller/tracing.py)
         if looks_up:
             answer, attempt = await delivery.lookup(
-                self.sender, endpoint, msg, timeout=timeout, user_agent=self.user_agent
+                self.sender,
+                endpoint,
+                msg,
+                timeout=timeout,
+                user_agent=self.user_agent,
+                trace=trace,
             )
             self._child(metrics.LOOKUPS, answer.value).inc()
             self._observe("lookup", endpoint, attempt)
@@ -216,6 +229,7 @@ class Dispatcher:
             timeout=timeout,
             user_agent=self.user_agent,
             permanent_statuses=self.settings.permanent_statuses,
+            trace=trace,
         )
         self._observe("send", endpoint, attempt)
         outcome = delivery.to_outcome(

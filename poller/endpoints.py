@@ -117,6 +117,8 @@ class Endpoint:
     max_age: float | None = None
     """Seconds after its creation a message may still be sent; older, it ends ``failed``
     (``expired``) at its next claim. None: no limit."""
+    trace_context: bool = True
+    """Whether deliveries carry the message's trace context to it (poller/tracing.py)."""
     held_until: datetime | None = None
     """Paused by an operator (poller/cancel.py) until then; None with :attr:`held_by`: until
     resumed."""
@@ -243,6 +245,7 @@ def create_endpoint(
     client_cert: str | None = None,
     client_key: str | None = None,
     ca_bundle: str | None = None,
+    trace_context: bool | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -275,6 +278,7 @@ def create_endpoint(
         "secret": secret if secret is not None else new_secret(scheme),
         "bucket": bucket_for(name),
         "on_failed_head": check_on_failed_head(on_failed_head) or "block",
+        "trace_context": trace_context is not False,  # on unless refused
         **check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
         **check_subscription_settings(event_types, tenant, payload_filter),
     }
@@ -356,6 +360,7 @@ def update_endpoint(
     client_cert: Any = None,
     client_key: str | None = None,
     ca_bundle: Any = None,
+    trace_context: bool | None = None,
 ) -> Endpoint:
     """Change the given fields (None leaves a field as it is); checked like create.
     A new ``url`` closes the endpoint's circuit (poller/health.py).
@@ -391,6 +396,8 @@ def update_endpoint(
             changes[field_name] = positive(value, field_name, integer=integer)
     if on_failed_head is not None:
         changes["on_failed_head"] = check_on_failed_head(on_failed_head)
+    if trace_context is not None:
+        changes["trace_context"] = bool(trace_context)
     changes.update(
         check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown)
     )

@@ -71,6 +71,7 @@ from poller.names import check_event_type, check_key, check_ordering_key
 from poller.payloads import JsonDefault, serialise_payload
 from poller.settings import default_settings
 from poller.subscriptions import check_tenant
+from poller.tracing import trace_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,7 @@ def _publish_one_steps(event: _CheckedEvent) -> Steps:
         "deliver_at": event.deliver_at,
         "delay": event.delay,
         "notify": settings.notify,
+        **trace_params(),  # kept with the event; its rows read it (poller/tracing.py)
     }
     row = (yield queries.PUBLISH, params)[0]
     if row.event_id is None:
@@ -219,7 +221,7 @@ def _publish_many_steps(events: Sequence[_CheckedEvent]) -> Steps:
     keys = [e.ordering_key for e in unique if e.ordering_key is not None]
     if keys:  # before the events get their ids, which are their positions
         yield queries.LOCK_KEY_NAMES, {"ordering_keys": keys}
-    inserted = yield queries.PUBLISH_EVENTS, _columns(unique)
+    inserted = yield queries.PUBLISH_EVENTS, {**_columns(unique), **trace_params()}
     new_ids = {(r.tenant, r.idempotency_key): int(r.id) for r in inserted}
     results: dict[tuple[str | None, str], Published] = {}
     old = [e for e in unique if e.ident not in new_ids]

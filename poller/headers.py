@@ -17,8 +17,9 @@ visible ASCII, or space at either end; the headers that frame or route the
 request (``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection`` and
 the other hop-by-hop ones, ``Content-Type``, ``Content-Encoding``, ``Expect``,
 ``Proxy-*``); the poller's own (``webhook-*``, ``Idempotency-Key``,
-``User-Agent``); the same name twice (names are case-insensitive); more than
-:data:`MAX_HEADERS` headers or :data:`MAX_BYTES` bytes in all.
+``User-Agent``, ``traceparent``, ``tracestate``); the same name twice (names are
+case-insensitive); more than :data:`MAX_HEADERS` headers or :data:`MAX_BYTES` bytes in
+all.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ RESERVED = frozenset(
         "idempotency-key",
         "user-agent",
         "cookie",
+        "traceparent",  # the delivery's trace context (poller/tracing.py)
+        "tracestate",
     }
 )
 """Names refused whatever their case: they frame, route or identify the request."""

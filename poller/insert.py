@@ -28,6 +28,7 @@ from poller import queries
 from poller.errors import EnqueueError, IdempotencyConflict, IdempotencyKeySpent, NaiveDatetime
 from poller.ordering import Positions
 from poller.settings import default_settings
+from poller.tracing import trace_params
 
 MAX_DELAY = 100 * 365.25 * 86400.0  # seconds: deliver_after as a timedelta
 
@@ -132,7 +133,9 @@ def insert_rows(unique: Sequence[NewRow], endpoints: Mapping[str, Row[Any]]) -> 
         "statuses": statuses,
         "event_ids": [m.event_id for m in unique],
     }
-    inserted = yield queries.ENQUEUE_MANY, columns
+    # A published event's rows read its trace context; an enqueued message keeps its own.
+    trace = trace_params(stored=bool(unique) and unique[0].event_id is None)
+    inserted = yield queries.ENQUEUE_MANY, {**columns, **trace}
     heads = positions.finish(inserted) if positions is not None else None
     if heads is not None:
         yield queries.SET_ORDERING_HEADS, heads

@@ -56,6 +56,7 @@ from poller.insert import (
 from poller.names import check_event_type, check_key, check_ordering_key
 from poller.payloads import JsonDefault, serialise_payload
 from poller.settings import default_settings
+from poller.tracing import trace_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,7 @@ def _enqueue_one_steps(message: NewRow) -> Steps:
         "deliver_at": message.deliver_at,
         "delay": message.delay,
         "notify": settings.notify,
+        **trace_params(),  # the application's span, if it has one (poller/tracing.py)
     }
     inserted = yield queries.ENQUEUE_ONE, params
     if inserted:

@@ -53,6 +53,8 @@ class ClaimedMessage:
     refunds: int = 0  # attempts handed back by graceful shutdowns so far
     ordering_key: str | None = None  # ordered delivery: the key
     position: int | None = None  # its position in the key: the event's id, else the message's
+    traceparent: str | None = None  # the application's trace context (poller/tracing.py)
+    tracestate: str | None = None
     probe: bool = False  # sent to test an open circuit (poller/health.py)
     probe_refunds: int = 0  # attempts handed back after failed probes so far
 

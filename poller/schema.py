@@ -117,6 +117,9 @@ endpoints = Table(
     # wait until held_until (NULL: until resumed); health, attempts, circuit untouched.
     Column("held_until", DateTime(timezone=True)),
     Column("held_by", Text),
+    # Whether deliveries carry the message's trace context (traceparent) to it: off for
+    # third parties that should not see the application's trace ids.
+    Column("trace_context", Boolean, nullable=False, server_default=text("true")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # Fan-out (poller/fanout.py): the event types published events reach it by (names
@@ -182,6 +185,10 @@ event_log = Table(
     Column("idempotency_key", Text, nullable=False),
     Column("tenant", Text),
     Column("ordering_key", Text),
+    # The application's W3C trace context when it published/enqueued inside a span
+    # (poller/tracing.py); a delivery continues that trace.
+    Column("traceparent", Text),
+    Column("tracestate", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # How many endpoints it reached when published (0 is allowed, and counted).
     Column("fanned_out", Integer, nullable=False, server_default=text("0")),
@@ -234,6 +241,10 @@ outbox = Table(
     # poller_ordering_keys, so their ids grow in the order transactions took the key:
     # the id is the message's position in its key.
     Column("ordering_key", Text),
+    # The application's W3C trace context when it published/enqueued inside a span
+    # (poller/tracing.py); a delivery continues that trace.
+    Column("traceparent", Text),
+    Column("tracestate", Text),
     # The published event this row delivers (poller/fanout.py); NULL for enqueue's rows.
     Column("event_id", BigInteger, ForeignKey("poller_events.id", ondelete="RESTRICT")),
     UniqueConstraint("endpoint_id", "idempotency_key", name="uq_poller_outbox_endpoint_key"),

@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     """LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode."""
     allow_private_targets: bool = False
     """Allow endpoints on private, loopback or link-local addresses (demo, tests)."""
+    trace_propagation: bool = True
+    """Send a message's trace context (``traceparent``, ``tracestate``) to its receiver
+    when the application enqueued it inside an OpenTelemetry span (poller/tracing.py);
+    an endpoint can refuse it (``--no-trace-context``)."""
     proxy_url: SecretStr | None = None
     """Egress proxy every delivery and lookup goes through, ``http://[user:pass@]host:port``
     (CONNECT for https targets): deliveries leave from its address. The poller checks

@@ -160,6 +160,13 @@ def limit_options(func: Any) -> Any:
                 "'default': POLLER_RETRY_SCHEDULE).",
             ),
             click.option(
+                "--trace-context/--no-trace-context",
+                default=None,
+                help="Send the message's trace context (traceparent) to it, when the "
+                "application enqueued inside an OpenTelemetry span (the default); "
+                "--no-trace-context for a third party that should not see trace ids.",
+            ),
+            click.option(
                 "--max-age",
                 type=AgeLimit(),
                 help="Messages older than this end failed (expired) instead of being sent, "

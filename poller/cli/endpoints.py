@@ -84,6 +84,7 @@ def _public(endpoint: api.Endpoint) -> dict[str, Any]:
         "headers": list(endpoint.header_names),  # names only: the values are credentials
         "retry_schedule": list(endpoint.retry_schedule) if endpoint.retry_schedule else None,
         "max_age": endpoint.max_age,
+        "trace_context": endpoint.trace_context,
         # An operator's pause (poller/cancel.py): until when (None: until resumed), by whom.
         "tls": endpoint.tls.summary() if endpoint.tls else None,  # subjects, never the key
         "paused": {"until": endpoint.held_until, "by": endpoint.held_by}

@@ -16,14 +16,21 @@ CLAIMING = """SET status = 'in_flight',
         claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision)),
         updated_at = now()"""
 # A published event's rows have no payload of their own: the event's is read once
-# per row claimed (coalesce evaluates the subquery only for those rows).
+# per row claimed (coalesce evaluates the subquery only for those rows); so is its
+# trace context (poller/tracing.py), an enqueued message's being its own.
 CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
     CAST(coalesce(o.payload, (SELECT ev.payload FROM poller_events ev WHERE ev.id = o.event_id))
          AS text) AS payload,
     o.idempotency_key, o.attempts, o.max_attempts, o.claim_token,
     o.claim_expires_at, o.needs_lookup, o.created_at,
     e.updated_at AS endpoint_updated_at, o.refunds, o.ordering_key,
-    CASE WHEN o.ordering_key IS NOT NULL THEN coalesce(o.event_id, o.id) END AS position"""
+    CASE WHEN o.ordering_key IS NOT NULL THEN coalesce(o.event_id, o.id) END AS position,
+    CASE WHEN o.event_id IS NULL THEN o.traceparent
+         ELSE (SELECT ev.traceparent FROM poller_events ev WHERE ev.id = o.event_id) END
+        AS traceparent,
+    CASE WHEN o.event_id IS NULL THEN o.tracestate
+         ELSE (SELECT ev.tracestate FROM poller_events ev WHERE ev.id = o.event_id) END
+        AS tracestate"""
 
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.
 # Each enabled endpoint gets at most its free in-flight room (its max_in_flight

@@ -16,12 +16,13 @@ ENQUEUE_ONE = _statement(
     WITH ins AS (
         INSERT INTO poller_outbox
             (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts,
-             next_attempt_at)
+             next_attempt_at, traceparent, tracestate)
         SELECT e.id, e.bucket, :event_type, CAST(:payload AS json), :idempotency_key,
                coalesce(CAST(:max_attempts AS integer), e.max_attempts,
                         CAST(:default_max_attempts AS integer)),
                coalesce(CAST(:deliver_at AS timestamptz),
-                        now() + make_interval(secs => CAST(:delay AS double precision)))
+                        now() + make_interval(secs => CAST(:delay AS double precision))),
+               CAST(:traceparent AS text), CAST(:tracestate AS text)
         FROM poller_endpoints e
         WHERE e.name = :endpoint AND e.enabled
           AND NOT EXISTS (SELECT 1 FROM poller_spent_keys k
@@ -74,10 +75,11 @@ ENQUEUE_MANY = _statement(
     """
     INSERT INTO poller_outbox
         (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts, next_attempt_at,
-         ordering_key, status, event_id)
+         ordering_key, status, event_id, traceparent, tracestate)
     SELECT m.endpoint_id, m.bucket, m.event_type, m.payload, m.idempotency_key, m.max_attempts,
            coalesce(m.deliver_at, now() + make_interval(secs => m.delay)),
-           m.ordering_key, coalesce(m.status, 'pending'), m.event_id
+           m.ordering_key, coalesce(m.status, 'pending'), m.event_id,
+           CAST(:traceparent AS text), CAST(:tracestate AS text)
     FROM unnest(
         CAST(:endpoint_ids AS bigint[]), CAST(:buckets AS smallint[]),
         CAST(:event_types AS text[]), CAST(:payloads AS json[]),

@@ -42,9 +42,11 @@ PUBLISH = _statement(
         FROM poller_endpoints e, doc
         WHERE e.enabled AND {reaches("e", "doc.matching", "doc.j", "CAST(:tenant AS text)")}
     ), ev AS (
-        INSERT INTO poller_events (event_type, payload, idempotency_key, tenant, fanned_out)
+        INSERT INTO poller_events
+            (event_type, payload, idempotency_key, tenant, fanned_out, traceparent, tracestate)
         SELECT :event_type, CAST(:payload AS json), :idempotency_key, :tenant,
-               (SELECT count(*) FROM targets)
+               (SELECT count(*) FROM targets), CAST(:traceparent AS text),
+               CAST(:tracestate AS text)
         ON CONFLICT ((coalesce(tenant, '')), idempotency_key) DO NOTHING
         RETURNING id
     ), ins AS (
@@ -106,8 +108,10 @@ PUBLISH_SKIPPED = _statement(
 PUBLISH_EVENTS = _statement(
     "PUBLISH_EVENTS",
     """
-    INSERT INTO poller_events (event_type, payload, idempotency_key, tenant, ordering_key)
-    SELECT m.event_type, m.payload, m.idempotency_key, m.tenant, m.ordering_key
+    INSERT INTO poller_events
+        (event_type, payload, idempotency_key, tenant, ordering_key, traceparent, tracestate)
+    SELECT m.event_type, m.payload, m.idempotency_key, m.tenant, m.ordering_key,
+           CAST(:traceparent AS text), CAST(:tracestate AS text)
     FROM unnest(
         CAST(:event_types AS text[]), CAST(:payloads AS json[]),
         CAST(:idempotency_keys AS text[]), CAST(:tenants AS text[]),

@@ -345,6 +345,8 @@ def test_publishing_for_a_tenant_reads_only_its_endpoints(engine: Engine) -> Non
             "deliver_at": None,
             "delay": 0.0,
             "notify": False,
+            "traceparent": None,
+            "tracestate": None,
         }
         plan = "\n".join(
             r[0] for r in conn.execute(text("EXPLAIN " + queries.STATEMENTS["PUBLISH"]), params)

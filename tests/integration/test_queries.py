@@ -27,6 +27,8 @@ ONE = {
     "deliver_at": None,
     "delay": 0.0,
     "notify": True,
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "tracestate": "vendor=x",
 }
 MANY = {
     "endpoint_ids": [1],
@@ -40,11 +42,13 @@ MANY = {
     "ordering_keys": ["o"],
     "statuses": ["pending"],
     "event_ids": [None],
+    "traceparent": None,
+    "tracestate": None,
 }
 KEYS = {"endpoint_ids": [1], "ordering_keys": ["o"]}
 PUBLISH = {
     **{k: ONE[k] for k in ("event_type", "payload", "idempotency_key", "default_max_attempts")},
-    **{k: ONE[k] for k in ("deliver_at", "delay", "notify")},
+    **{k: ONE[k] for k in ("deliver_at", "delay", "notify", "traceparent", "tracestate")},
     "tenant": "acme",
 }
 EVENTS = {
@@ -53,6 +57,8 @@ EVENTS = {
     "idempotency_keys": ["k", "l"],
     "tenants": [None, "acme"],
     "ordering_keys": [None, "o"],
+    "traceparent": None,
+    "tracestate": None,
 }
 COMPLETE = {
     **outcomes_json(
