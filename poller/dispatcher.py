@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from poller import __version__, delivery, metrics, outcomes
 from poller.claims import clean_text
@@ -39,7 +39,10 @@ from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import backoff
 from poller.senders import Sender
 from poller.settings import Settings
-from poller.tracing import propagated
+from poller.tracing import propagated, valid_traceparent
+
+if TYPE_CHECKING:
+    from poller.otel import Telemetry
 
 log = logging.getLogger("poller.dispatcher")
 CHILDREN_KEPT = 50_000  # labelled metric children a dispatcher keeps (endpoints × outcomes)
@@ -73,8 +76,10 @@ class Dispatcher:
         completer: Completer,
         *,
         on_room: Callable[[], None] = lambda: None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
+        self.telemetry = telemetry  # the attempt spans (poller/otel.py); None: off
         self.sender = sender
         self.endpoints = endpoints
         self.completer = completer
@@ -84,6 +89,7 @@ class Dispatcher:
         self.in_flight: dict[int, int] = defaultdict(int)  # endpoint id -> deliveries
         self._sending: set[int] = set()  # message ids whose request may be on the wire
         self._released: set[int] = set()  # released by drain(): their task writes nothing
+        self._span_ids: dict[int, str] = {}  # message id -> its send's span, for the log
         # Labelled metric children, looked up once (prometheus' labels() locks and builds
         # a key on every call; per message that was a measurable share of a delivery).
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
@@ -195,22 +201,8 @@ class Dispatcher:
             return outcomes.expired(msg, endpoint.max_age or 0.0, age)
         if self._lease_short(msg, timeout, "lookup" if looks_up else "send"):
             return outcomes.released(msg)
-        trace = (
-            propagated(msg.traceparent, msg.tracestate)
-            if msg.traceparent is not None
-            and endpoint.trace_context
-            and self.settings.trace_propagation
-            else None
-        )  # the application's trace, continued by the receiver (poller/tracing.py)
         if looks_up:
-            answer, attempt = await delivery.lookup(
-                self.sender,
-                endpoint,
-                msg,
-                timeout=timeout,
-                user_agent=self.user_agent,
-                trace=trace,
-            )
+            answer, attempt = await self._look_up(msg, endpoint, timeout)
             self._child(metrics.LOOKUPS, answer.value).inc()
             self._observe("lookup", endpoint, attempt)
             if answer is LookupAnswer.FOUND or (answer is LookupAnswer.ERROR and not expired):
@@ -222,15 +214,7 @@ class Dispatcher:
             if self._lease_short(msg, timeout, "send"):  # the lookup took the lease
                 return outcomes.released(msg)
         self._sending.add(msg.id)
-        attempt = await delivery.send(
-            self.sender,
-            endpoint,
-            msg,
-            timeout=timeout,
-            user_agent=self.user_agent,
-            permanent_statuses=self.settings.permanent_statuses,
-            trace=trace,
-        )
+        attempt = await self._send(msg, endpoint, timeout)
         self._observe("send", endpoint, attempt)
         outcome = delivery.to_outcome(
             msg, attempt, self.settings, delivery.schedule_of(endpoint, self.settings)
@@ -243,6 +227,72 @@ class Dispatcher:
             outcome = dataclasses.replace(outcome, pause=pause)
             metrics.ENDPOINT_PAUSES.inc()
         return outcome
+
+    # -- one exchange, traced (poller/otel.py, poller/tracing.py) ---------------------
+
+    def _trace_headers(
+        self, endpoint: Endpoint, msg: ClaimedMessage, span: Any
+    ) -> dict[str, str] | None:
+        """What the receiver gets of the trace: the attempt's span as its parent, else the
+        application's context as stored; nothing when the message has none, or the
+        endpoint or POLLER_TRACE_PROPAGATION refuses it."""
+        if msg.traceparent is None or not endpoint.trace_context:
+            return None
+        if not self.settings.trace_propagation:
+            return None
+        if span is not None and self.telemetry is not None:
+            headers = self.telemetry.headers(span)
+            if headers is not None:
+                return headers
+        return propagated(msg.traceparent, msg.tracestate)
+
+    async def _look_up(
+        self, msg: ClaimedMessage, endpoint: Endpoint, timeout: float
+    ) -> tuple[LookupAnswer, delivery.Attempt]:
+        telemetry = self.telemetry
+        span = None if telemetry is None else telemetry.start("lookup", endpoint, msg)
+        try:
+            answer, attempt = await delivery.lookup(
+                self.sender,
+                endpoint,
+                msg,
+                timeout=timeout,
+                user_agent=self.user_agent,
+                trace=self._trace_headers(endpoint, msg, span),
+            )
+        except BaseException:
+            if span is not None:
+                span.end()
+            raise
+        if telemetry is not None:
+            telemetry.finish(span, attempt, answer.value, failed=answer is LookupAnswer.ERROR)
+        return answer, attempt
+
+    async def _send(
+        self, msg: ClaimedMessage, endpoint: Endpoint, timeout: float
+    ) -> delivery.Attempt:
+        telemetry = self.telemetry
+        span = None if telemetry is None else telemetry.start("send", endpoint, msg)
+        if span is not None:
+            self._span_ids[msg.id] = f"{span.get_span_context().span_id:016x}"
+        try:
+            attempt = await delivery.send(
+                self.sender,
+                endpoint,
+                msg,
+                timeout=timeout,
+                user_agent=self.user_agent,
+                permanent_statuses=self.settings.permanent_statuses,
+                trace=self._trace_headers(endpoint, msg, span),
+            )
+        except BaseException:
+            if span is not None:
+                span.end()
+            raise
+        if telemetry is not None:
+            failed = attempt.verdict is not Verdict.DELIVERED
+            telemetry.finish(span, attempt, attempt.verdict.value, failed=failed)
+        return attempt
 
     def _schedule(self, msg: ClaimedMessage) -> tuple[float, ...]:
         endpoint = self.endpoints.get(msg.endpoint_id)
@@ -287,6 +337,7 @@ class Dispatcher:
 
     def _record(self, outcome: Outcome, msg: ClaimedMessage) -> None:
         name = self._name(msg)
+        span_id = self._span_ids.pop(msg.id, None)
         # Final states by their name (a last attempt's "unknown" or "crashed" is "failed"),
         # so alerts on outcome="failed" count exactly the messages that failed for good.
         final = outcome.status in ("delivered", "failed")
@@ -306,6 +357,10 @@ class Dispatcher:
             "status_code": outcome.status_code,
             "error": outcome.error_message,
         }
+        if msg.traceparent is not None and valid_traceparent(msg.traceparent):
+            # the trace this delivery belongs to, and its attempt's span (poller/otel.py)
+            fields["trace_id"] = msg.traceparent[3:35]
+            fields["span_id"] = span_id or msg.traceparent[36:52]
         if outcome.status == "failed":
             log.warning(
                 "message %d failed for good: %s", msg.id, outcome.error_message, extra=fields

@@ -104,6 +104,10 @@ OLDEST_DUE_SECONDS = Gauge(
     "Age of the oldest due pending message, per endpoint (maintenance leader).",
     ["endpoint"],
 )
+SPANS_DROPPED = Counter(
+    "webhook_poller_spans_dropped_total",
+    "Finished spans dropped: the export queue was full, or the collector refused them.",
+)
 MESSAGES = Gauge("webhook_poller_messages", "Messages by status (maintenance leader).", ["status"])
 ORDERING_BLOCKED_KEYS = Gauge(
     "webhook_poller_ordering_blocked_keys",

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -58,6 +58,9 @@ from poller.settings import Settings
 from poller.shards import ClaimScope, ShardManager, check_cluster
 from poller.supervise import Supervisor
 
+if TYPE_CHECKING:
+    from poller.otel import Telemetry
+
 log = logging.getLogger("poller.service")
 
 UNSCOPED = ClaimScope(None, None, 1, maintenance=True)  # no election: everything
@@ -78,6 +81,7 @@ class Poller:
         scope: Callable[[], ClaimScope] = lambda: UNSCOPED,
         on_refused: Callable[[list[int]], None] | None = None,
         supervisor: Supervisor | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -105,7 +109,12 @@ class Poller:
         )
         self.endpoints = EndpointCache()
         self.dispatcher = Dispatcher(
-            settings, sender, self.endpoints, self.completer, on_room=self._room_freed
+            settings,
+            sender,
+            self.endpoints,
+            self.completer,
+            on_room=self._room_freed,
+            telemetry=telemetry,
         )
         self.claimer = Claimer(
             settings,
@@ -257,6 +266,7 @@ async def serve(
     elector: Elector | None = None,
     ready: asyncio.Future[Poller] | None = None,
     on_event: Sequence[EventHook] = (),
+    telemetry: Telemetry | None = None,
 ) -> Poller:
     """A whole poller: shard leadership, claiming and delivering, until ``stop``.
 
@@ -264,7 +274,8 @@ async def serve(
     delivery has been written (graceful stop), so shards pass straight on.
     ``ready`` receives the Poller once it runs (tests and the demo watch it).
     ``on_event``: callables given each operational event (poller/events.py)
-    after the change it reports committed; they must not block.
+    after the change it reports committed; they must not block. ``telemetry``: the
+    attempt spans (poller/otel.py); None: off.
     Raises ServiceCrashed when a loop crashed (after stopping gracefully).
     """
     backend = elector.backend if elector is not None else settings.election_backend
@@ -290,6 +301,7 @@ async def serve(
         scope=manager.scope,
         on_refused=manager.refused,
         supervisor=supervisor,
+        telemetry=telemetry,
     )
     poller.on_event.extend(on_event)
     holder.append(poller)

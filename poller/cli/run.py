@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from poller import logs, processes
+from poller import logs, otel, processes
 from poller.cli.common import settings_and_url
 from poller.db import poller_engine
 from poller.errors import ServiceCrashed
@@ -22,6 +22,7 @@ from poller.service import Poller, serve
 from poller.settings import Settings
 
 T = TypeVar("T")
+FLUSH_SPANS = 5.0  # seconds a graceful stop gives the exporter
 EXIT_CRASHED = 70  # EX_SOFTWARE: a loop crashed; the poller stopped gracefully, restart it
 
 
@@ -42,6 +43,7 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
         loop.add_signal_handler(signum, on_signal, signum)
     engine = poller_engine(url, settings, pool_size=4, max_overflow=4)
     sender = make_sender(settings)
+    telemetry = otel.setup()  # OTEL_EXPORTER_OTLP_ENDPOINT… (poller/otel.py); else None
     ready: asyncio.Future[Poller] = loop.create_future()
     helpers: list[asyncio.Task[None]] = []
     if processes.ENV_SUPERVISOR in os.environ:  # a child of `poller run --processes N`
@@ -56,11 +58,19 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
             poller_id=poller_id,
             stop=stop,
             ready=ready,
+            telemetry=telemetry,
         )
     finally:
         for helper in helpers:
             helper.cancel()
         await sender.aclose()
+        if telemetry is not None:  # flush the spans queued, for a bounded time
+            try:
+                await asyncio.wait_for(asyncio.to_thread(telemetry.shutdown), FLUSH_SPANS)
+            except TimeoutError:
+                logging.getLogger("poller").warning(
+                    "spans not exported within %gs of stopping: dropped", FLUSH_SPANS
+                )
         await engine.dispose()
 
 

@@ -158,3 +158,34 @@ async def test_propagation_off_sends_nothing(
 
         await wait_for(arrived, timeout=10)
     assert "traceparent" not in got[0]
+
+
+async def test_a_deliverys_log_lines_carry_its_trace(
+    engine: Engine, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    answers = [b"HTTP/1.1 500 X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"]
+
+    async def fail_once(reader, writer):  # type: ignore[no-untyped-def]
+        await servers.read_request(reader)
+        ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        writer.write(answers.pop() if answers else ok)
+        await writer.drain()
+
+    async with servers.raw_server(fail_once) as url:
+        with engine.begin() as conn:
+            create_endpoint(conn, "billing", f"{url}/billing")
+        with Session(engine) as session, session.begin(), trace.use_span(_span()):
+            enqueue(session, endpoint="billing", event_type="e", payload={}, idempotency_key="k")
+        caplog.set_level("INFO", logger="poller.dispatcher")
+        async with running_poller(db_url, fast_settings()):
+
+            async def delivered() -> bool:
+                with engine.connect() as conn:
+                    return conn.execute(text("SELECT status FROM poller_outbox")).scalar() == (
+                        "delivered"
+                    )
+
+            await wait_for(delivered, timeout=10)
+    (retried,) = [r for r in caplog.records if "failed (HTTP 500), retrying" in r.getMessage()]
+    assert retried.trace_id == f"{TRACE_ID:032x}"  # type: ignore[attr-defined]
+    assert retried.span_id == f"{SPAN_ID:016x}"  # type: ignore[attr-defined]  # no exporter
