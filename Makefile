@@ -46,7 +46,7 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
 
-bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered, beside a dead endpoint, a key held open, publish vs enqueue, a 1M backlog and the purge, the dashboard on 1M rows
+bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s vs raw aiohttp, ordered vs unordered, beside a dead endpoint, a key held open, publish vs enqueue, a 1M backlog and the purge, the dashboard on 1M rows, tracing off/on/dead collector
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.deliveries --processes 1,2
 	$(BIN)/python -m loadtest.ordered
@@ -55,6 +55,7 @@ bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s v
 	$(BIN)/python -m loadtest.publish
 	$(BIN)/python -m loadtest.backlog
 	$(BIN)/python -m loadtest.dashboard
+	$(BIN)/python -m loadtest.tracing_bench
 
 loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults
 	FAULTS=$(FAULTS) $(BIN)/python -m loadtest.run
