@@ -115,7 +115,7 @@ def drain(tmp: Path, engine: Any, url: str, mode: str, otel: dict[str, str], mes
             POLLER_BATCH_SIZE="100",
             POLLER_ALLOW_PRIVATE_TARGETS="true",
             **otel,
-        ),  # fmt: skip
+        ),
         tmp / f"poller-{mode}.log",
     )
     try:
