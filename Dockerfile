@@ -4,12 +4,12 @@ WORKDIR /src
 COPY pyproject.toml README.md CHANGELOG.md alembic.ini ./
 COPY poller ./poller
 COPY db ./db
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'  # OpenTelemetry export included
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin poller
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links=/wheels webhook-poller \
+RUN pip install --no-cache-dir --no-index --find-links=/wheels 'webhook-poller[otel]' \
     && rm -rf /wheels
 USER poller
 ENV POLLER_LOG_FORMAT=json
