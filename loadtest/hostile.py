@@ -119,6 +119,7 @@ class HostileReceiver:
         self.badly_signed: set[str] = set()
         self.first_arrival: dict[str, int] = {}  # key -> rank of its first POST's arrival
         self.last_arrival: dict[str, float] = {}  # key -> time.time() its last request came
+        self.traces: dict[str, set[str]] = {}  # key -> trace ids of its requests ('' for none)
         self.positions: dict[str, set[int]] = {}  # key -> webhook-ordering-seq values it came with
         self.behaviours: Counter[str] = Counter()
         self.lookups = 0
@@ -181,6 +182,8 @@ class HostileReceiver:
         length = int(headers.get("content-length", "0") or 0)
         if self.credential and headers.get(self.credential[0]) != self.credential[1]:
             self.uncredentialed.add(headers.get("webhook-id", path))  # the endpoint's header
+        parent = headers.get("traceparent", "")  # the trace it came in: its trace id
+        self.traces.setdefault(headers.get("webhook-id", path), set()).add(parent[3:35])
         if method == "GET" and path.startswith("/lookup/"):
             await reader.readexactly(length)
             return await self._lookup(unquote(path.removeprefix("/lookup/")), writer)

@@ -64,6 +64,10 @@ checks them):
 * every attempt row names its message's endpoint;
 * with a proxy drawn (``POLLER_PROXY_URL``, one seed in two), every request the
   receiver got came through it, and no poller's log holds its password;
+* half the feeder's transactions run inside an application's span: every request
+  of their messages carries that trace (``traceparent``), every other request none;
+  with tracing drawn (one seed in two) the pollers export spans to a sink, and some
+  arrive;
 * the dashboard, over the final database: every page and the first failed
   messages' pages answer 200 with no unescaped markup, and the overview's
   counts are the database's (loadtest/dashboard_check.py);
@@ -98,6 +102,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, TraceFlags
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -105,6 +111,7 @@ from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
 from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, operator, write
 from loadtest.hunt_check import check, proxy_disagrees
+from loadtest.otlp_sink import Sink
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Message, migrate
 from poller.db import sync_engine
@@ -146,6 +153,7 @@ class Plan:
     signing: str = "hmac-sha256"  # or ed25519: the receiver verifies with the public key
     holds: list[tuple[float, str]] = field(default_factory=list)  # (seconds, cancel|pause)
     proxy: bool = False  # every request through an egress proxy (POLLER_PROXY_URL)
+    tracing: bool = False  # the pollers export spans over OTLP (to a sink in the hunt)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -189,6 +197,7 @@ class Plan:
             (rng.uniform(1.0, duration + 2), rng.choice(HOLDS)) for _ in range(rng.randint(0, 3))
         )
         plan.proxy = rng.random() < 0.5
+        plan.tracing = rng.random() < 0.5
         return plan
 
     def describe(self) -> str:
@@ -202,7 +211,8 @@ class Plan:
             f"max_in_flight {self.max_in_flight or 'default'}, "
             f"disable_after {self.disable_after or 'never'}, "
             f"retry schedule {self.retry_schedule or 'global'}, {self.signing}"
-            f"{', through a proxy' if self.proxy else ''}; application: "
+            f"{', through a proxy' if self.proxy else ''}"
+            f"{', exporting spans' if self.tracing else ''}; application: "
             + ", ".join(
                 f"{'commit' if c else 'rollback'} after {h:.1f}s@{at:.1f}s"
                 for at, h, c in self.lingers
@@ -238,6 +248,7 @@ class Run:
     disabled_windows: list[tuple[float, float]] = field(default_factory=list)  # (from, to)
     url_changes: int = 0
     cancel_times: dict[int, float] = field(default_factory=dict)  # id -> last cancel's commit
+    trace_ids: dict[str, str] = field(default_factory=dict)  # key -> the span it was fed in
     pause_windows: list[tuple[float, float]] = field(default_factory=list)  # (paused, until)
 
     def committed_now(self, keys: set[str]) -> None:
@@ -337,6 +348,12 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def _span(tx: int) -> NonRecordingSpan:
+    """The application's span for transaction ``tx``: its own trace id, sampled."""
+    trace_id = (0x5EED << 100) | tx
+    return NonRecordingSpan(SpanContext(trace_id, tx | 1, False, TraceFlags(1)))
+
+
 def _feed(engine: Any, run: Run, messages: int) -> None:
     n = tx = 0
     while len(run.committed) < messages:
@@ -354,8 +371,9 @@ def _feed(engine: Any, run: Run, messages: int) -> None:
         ]
         n += size
         keys = {m.idempotency_key for m in batch}
+        span = _span(tx) if tx % 2 == 0 else None  # half inside an application's span
         try:
-            with Session(engine) as session:
+            with Session(engine) as session, trace.use_span(span or INVALID_SPAN):
                 write(session, batch, publish=tx % 3 == 0)  # one in three published
                 if tx % 7 == 0:
                     session.rollback()
@@ -363,6 +381,9 @@ def _feed(engine: Any, run: Run, messages: int) -> None:
                     continue
                 session.commit()
             run.committed_now(keys)
+            if span is not None:
+                trace_id = f"{span.get_span_context().trace_id:032x}"
+                run.trace_ids.update(dict.fromkeys(keys, trace_id))
         except Exception:  # PostgreSQL restarting: this transaction did not commit
             time.sleep(0.2)
         time.sleep(0.01)
@@ -426,6 +447,39 @@ def _open_rows(engine: Any) -> int:
         return -1
 
 
+class Egress:
+    """What a seed's requests go through and report to: an egress proxy (``plan.proxy``)
+    and an OTLP sink for the pollers' spans (``plan.tracing``)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.password = f"hunt-{new_key()[:12]}"  # must reach no log or output
+        self.proxy = ThreadedProxy(credentials=("hunt", self.password)) if plan.proxy else None
+        self.sink = Sink() if plan.tracing else None
+
+    def start(self) -> dict[str, str]:
+        """The pollers' environment for them."""
+        env = {}
+        if self.proxy is not None:
+            env["POLLER_PROXY_URL"] = f"http://hunt:{self.password}@{self.proxy.start()}"
+        if self.sink is not None:
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=self.sink.__enter__(), OTEL_SERVICE_NAME="hunt")
+        return env
+
+    def disagrees(self, receiver: HostileReceiver, logs: list[Path]) -> list[str]:
+        problems = []
+        if self.sink is not None and not self.sink.requests:
+            problems.append("tracing on, but no span was exported")
+        if self.proxy is not None:
+            problems += proxy_disagrees(receiver, self.proxy.proxy, self.password, logs)
+        return problems
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.sink is not None:
+            self.sink.__exit__(None, None, None)
+
+
 def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]:
     """One seed's run; ``problems`` lists every broken invariant."""
     plan = Plan.draw(seed, duration=8.0)
@@ -444,18 +498,13 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
     secret = new_secret(plan.signing)
     credential = ("Authorization", f"Bearer hunt-{seed}-{new_key()[:12]}")  # sealed, sent
     receiver = HostileReceiver(seed, public_key(secret) or secret, credential)
-    proxy_password = f"hunt-{new_key()[:12]}"  # must reach no log or output
-    proxy = ThreadedProxy(credentials=("hunt", proxy_password)) if plan.proxy else None
+    egress = Egress(plan)
     stop = threading.Event()
     fleet: Fleet | None = None
     began = time.monotonic()
     try:
         url = receiver.start()
-        via = (
-            {}
-            if proxy is None
-            else {"POLLER_PROXY_URL": f"http://hunt:{proxy_password}@{proxy.start()}"}
-        )
+        via = egress.start()
         with engine.begin() as conn:
             create_endpoint(
                 conn,
@@ -539,10 +588,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
         fleet.check()
         fleet.stop_all()
         problems = check(engine, run, receiver, db_url, [p.log for p in fleet.procs])
-        if proxy is not None:
-            problems += proxy_disagrees(
-                receiver, proxy.proxy, proxy_password, [p.log for p in fleet.procs]
-            )
+        problems += egress.disagrees(receiver, [p.log for p in fleet.procs])
         statuses = Counter(
             s for (s,) in engine.connect().execute(text("SELECT status FROM poller_outbox"))
         )
@@ -569,8 +615,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 if proc.popen.poll() is None:
                     proc.stop(timeout=5, graceful=False)
         receiver.stop()
-        if proxy is not None:
-            proxy.stop()
+        egress.stop()
         engine.dispose()
         if redis is not None:
             redis.stop()

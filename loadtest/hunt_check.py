@@ -351,6 +351,14 @@ def check(
         ),
         ("sent or looked up while the operator's pause held", paused),
         (
+            "sent in a trace other than the one they were enqueued in",
+            sorted(
+                f"{k} ({sorted(ids)} != {run.trace_ids.get(k, '')!r})"
+                for k, ids in getattr(receiver, "traces", {}).items()
+                if k in rows and ids != {run.trace_ids.get(k, "")}
+            ),
+        ),
+        (
             "delivered out of order (first arrivals of an ordering key not by position)",
             out_of_order(rows, receiver, run.operator_ids),
         ),

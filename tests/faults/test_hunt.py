@@ -246,8 +246,8 @@ def test_the_checker_catches_disorder_and_a_stranded_waiting_message(
 def test_the_checker_catches_what_the_operators_holds_and_the_proxy_are_for(
     engine, endpoint, db_url, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    """A cancel nobody made, a POST after a cancel, a send while a pause held; requests
-    around the proxy, and its password in a log."""
+    """A cancel nobody made, a POST after a cancel, a send while a pause held, a request in
+    another trace than its message's; requests around the proxy, its password in a log."""
     import time
 
     from sqlalchemy import text
@@ -278,11 +278,16 @@ def test_the_checker_catches_what_the_operators_holds_and_the_proxy_are_for(
         posts={keys[third]: 1}, applied={keys[third]}, badly_signed=set(),
         uncredentialed=set(), first_arrival={}, positions={},
         last_arrival={keys[second]: now - 9}, lookups=0,  # after its cancel
+        traces={keys[third]: {"5eed" * 8}},  # a trace it was never enqueued in
     )  # fmt: skip
     problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
     assert any("cancelled, but not by the operator" in p and keys[first] in p for p in problems)
     assert any("after their cancel" in p and keys[second] in p for p in problems)
     assert any("while the operator's pause held" in p and keys[third] in p for p in problems)
+    assert any("trace other than the one they were enqueued in" in p for p in problems)
+    run.trace_ids = {keys[third]: "5eed" * 8}  # enqueued in that span: continuing it is right
+    problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
+    assert not any("trace other than" in p for p in problems)
     log = tmp_path / "p0.log"
     log.write_text("connecting through http://hunt:pw-123@127.0.0.1:1\n")
     proxy = SimpleNamespace(forwarded=1)
