@@ -346,7 +346,13 @@ class Dispatcher:
         ).inc()
         if outcome.status == "delivered":
             latency = (datetime.now(UTC) - msg.created_at).total_seconds()
-            self._child(metrics.LATENCY_SECONDS, name).observe(max(0.0, latency))
+            # an exemplar names the delivery's trace (OpenMetrics scrapes show it)
+            exemplar = (
+                {"trace_id": msg.traceparent[3:35], "span_id": span_id or msg.traceparent[36:52]}
+                if msg.traceparent is not None and valid_traceparent(msg.traceparent)
+                else None
+            )
+            self._child(metrics.LATENCY_SECONDS, name).observe(max(0.0, latency), exemplar)
             return
         fields = {
             "message_id": msg.id,

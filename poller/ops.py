@@ -44,7 +44,17 @@ class Ops:
             {"status": "crashed", "reason": self.supervisor.failure}, status=503
         )
 
-    async def metrics(self, _: web.Request) -> web.Response:
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text; OpenMetrics (with exemplars: the trace of a delivery's latency)
+        to a scraper that asks for it (``Accept: application/openmetrics-text``)."""
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            from prometheus_client import REGISTRY
+            from prometheus_client.openmetrics import exposition
+
+            return web.Response(
+                body=exposition.generate_latest(REGISTRY),  # type: ignore[no-untyped-call]
+                headers={"Content-Type": exposition.CONTENT_TYPE_LATEST},
+            )
         body = generate_latest()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

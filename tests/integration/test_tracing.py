@@ -189,3 +189,37 @@ async def test_a_deliverys_log_lines_carry_its_trace(
     (retried,) = [r for r in caplog.records if "failed (HTTP 500), retrying" in r.getMessage()]
     assert retried.trace_id == f"{TRACE_ID:032x}"  # type: ignore[attr-defined]
     assert retried.span_id == f"{SPAN_ID:016x}"  # type: ignore[attr-defined]  # no exporter
+
+
+async def test_the_latency_metric_names_a_deliverys_trace_in_openmetrics(
+    engine: Engine, db_url: str, seen: tuple[str, list[dict[str, str]]]
+) -> None:
+    import httpx
+
+    from poller.embedded import free_port
+
+    url, got = seen
+    port = free_port()
+    with engine.begin() as conn:
+        create_endpoint(conn, "exemplary", f"{url}/exemplary")
+    with Session(engine) as session, session.begin(), trace.use_span(_span()):
+        enqueue(session, endpoint="exemplary", event_type="e", payload={}, idempotency_key="x")
+    async with running_poller(db_url, fast_settings(metrics_addr=f"127.0.0.1:{port}")):
+
+        async def arrived() -> bool:
+            return len(got) == 1
+
+        await wait_for(arrived, timeout=10)
+        async with httpx.AsyncClient() as http:
+            metrics_url = f"http://127.0.0.1:{port}/metrics"
+            open_metrics = (
+                await http.get(metrics_url, headers={"Accept": "application/openmetrics-text"})
+            ).text
+            plain = (await http.get(metrics_url)).text
+    line = next(
+        ln for ln in open_metrics.splitlines()
+        if ln.startswith("webhook_poller_commit_to_delivery_seconds_bucket") and 'endpoint="exemplary"' in ln
+        and "trace_id" in ln
+    )  # fmt: skip
+    assert f'trace_id="{TRACE_ID:032x}"' in line
+    assert "trace_id" not in plain  # the Prometheus text format has no exemplars
