@@ -216,10 +216,10 @@ async def test_the_latency_metric_names_a_deliverys_trace_in_openmetrics(
                 await http.get(metrics_url, headers={"Accept": "application/openmetrics-text"})
             ).text
             plain = (await http.get(metrics_url)).text
+    bucket = "webhook_poller_commit_to_delivery_seconds_bucket"
     line = next(
         ln for ln in open_metrics.splitlines()
-        if ln.startswith("webhook_poller_commit_to_delivery_seconds_bucket") and 'endpoint="exemplary"' in ln
-        and "trace_id" in ln
+        if ln.startswith(bucket) and 'endpoint="exemplary"' in ln and "trace_id" in ln
     )  # fmt: skip
     assert f'trace_id="{TRACE_ID:032x}"' in line
     assert "trace_id" not in plain  # the Prometheus text format has no exemplars
