@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -38,6 +39,9 @@ from poller.health import GOVERN_INTERVAL
 from poller.schema import NOTIFY_CHANNEL
 from poller.settings import Settings
 from poller.shards import ClaimScope
+
+if TYPE_CHECKING:
+    from poller.otel import Telemetry
 
 log = logging.getLogger("poller.claimer")
 
@@ -55,8 +59,10 @@ class Claimer:
         *,
         scope: Callable[[], ClaimScope],
         on_refused: Callable[[list[int]], None] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
+        self.telemetry = telemetry  # a span per claim batch (poller/otel.py); None: off
         self.claims = claims
         self.dispatcher = dispatcher
         self.completer = completer
@@ -112,6 +118,7 @@ class Claimer:
     async def _claim(self, limit: int) -> int:
         scope = self.scope()
         asked = time.monotonic()  # the lease runs from the claim, at the latest from here
+        asked_ns = time.time_ns()
         # Rate-limited endpoints and open circuits' probes (poller/health.py): at most
         # ten times a second, in the same transaction as the plain claim.
         governed = asked - self._governed_last >= GOVERN_INTERVAL
@@ -137,6 +144,9 @@ class Claimer:
             self.dispatcher.start(msg)
         if batch.messages:
             metrics.CLAIMED.inc(len(batch.messages))
+            if self.telemetry is not None:
+                parents = [m.traceparent for m in batch.messages if m.traceparent]
+                self.telemetry.batch("claim", asked_ns, parents)
             if governed and (probes := sum(1 for m in batch.messages if m.probe)):
                 metrics.CIRCUIT_PROBES.inc(probes)
                 log.info("claimed %d probe message(s) for open circuits", probes)

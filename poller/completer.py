@@ -33,6 +33,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
@@ -40,6 +41,9 @@ from poller import metrics
 from poller.claims import Claims, CompletionResult
 from poller.db import OutageLog, is_transient
 from poller.outcomes import ClaimedMessage, Outcome
+
+if TYPE_CHECKING:
+    from poller.otel import Telemetry
 
 log = logging.getLogger("poller.completer")
 
@@ -58,8 +62,11 @@ class Completer:
         *,
         batch_limit: int = 100,
         on_promoted: Callable[[], None] = lambda: None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.claims = claims
+        self.telemetry = telemetry  # a span per completion batch (poller/otel.py)
+        self.traces: dict[int, str] = {}  # message id -> its traceparent, with telemetry on
         self.batch_limit = batch_limit
         self.on_promoted = on_promoted  # ordered messages became due: claim them
         self.held: dict[int, int] = {}  # message id -> claim token
@@ -74,6 +81,8 @@ class Completer:
 
     def hold(self, msg: ClaimedMessage, *, claimed_at: float | None = None) -> None:
         self.held[msg.id] = msg.claim_token
+        if self.telemetry is not None and msg.traceparent is not None:
+            self.traces[msg.id] = msg.traceparent
         start = time.monotonic() if claimed_at is None else claimed_at
         self.lease_until[msg.id] = start + self.claims.claim_lease
 
@@ -163,12 +172,16 @@ class Completer:
                     self._queue.task_done()
 
     async def _write(self, batch: list[Outcome]) -> None:
+        began_ns = time.time_ns()
         try:
             result = await self._complete(batch)
         except Exception as exc:
             if is_transient(exc):
                 raise
             result = await self._write_apart(batch, exc)
+        if self.telemetry is not None:
+            parents = [self.traces.pop(o.message_id, "") for o in batch]
+            self.telemetry.batch("complete", began_ns, [p for p in parents if p])
         self._unhold(batch)
         if result.promoted:
             self.on_promoted()

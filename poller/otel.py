@@ -8,6 +8,11 @@ an exporter — ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_E
 ``webhook-poller``), ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER`` and the
 exporter's own variables are read by the SDK as usual. Unset: off, nothing imported.
 
+**Batches** are spans too: each claim and each completion batch, ``claim batch`` /
+``complete batch`` (``INTERNAL``, the start of a trace of their own), with a link to
+each of its messages' traces (up to 128), as the messaging conventions advise for a
+batch.
+
 **The spans.** Each lookup and each send is a ``CLIENT`` span named ``send
 {endpoint}`` or ``lookup {endpoint}``, after the messaging and HTTP-client
 semantic conventions (``messaging.system``, ``messaging.operation.type`` ``send``,
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from poller import metrics
+from poller.tracing import valid_traceparent
 
 log = logging.getLogger("poller.otel")
 if TYPE_CHECKING:
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
     from poller.endpoints import Endpoint
     from poller.outcomes import ClaimedMessage
 
+MAX_LINKS = 128  # a batch span's links to its messages' traces
 QUEUE = 4096  # finished spans waiting for export; more are dropped, and counted
 BATCH = 512
 EXPORT_EVERY = 1.0  # seconds between exports when the queue is not full enough
@@ -120,10 +127,20 @@ class Telemetry:
     """The poller's tracer, and what a delivery attempt's span needs."""
 
     def __init__(self, provider: Any, processor: _Processor) -> None:
-        from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+        from opentelemetry.trace import (
+            Link,
+            SpanContext,
+            SpanKind,
+            Status,
+            StatusCode,
+            TraceFlags,
+            set_span_in_context,
+        )
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self._in_context = set_span_in_context
+        self._link, self._context, self._flags = Link, SpanContext, TraceFlags
+        self._internal = SpanKind.INTERNAL
         self._warned = False
         self._provider = provider
         self._processor = processor
@@ -204,6 +221,34 @@ class Telemetry:
             )
             span.set_status(self._status(self._code.ERROR))
         span.end()
+
+    def batch(self, operation: str, started_ns: int, traceparents: list[str]) -> None:
+        """A span for one claim or completion batch, linked to the messages' contexts (the
+        ones enqueued inside a span; at most :data:`MAX_LINKS`)."""
+        try:
+            links = []
+            for parent in traceparents[:MAX_LINKS]:
+                if valid_traceparent(parent):
+                    context = self._context(
+                        int(parent[3:35], 16), int(parent[36:52], 16), True,
+                        self._flags(int(parent[53:55], 16)),
+                    )  # fmt: skip
+                    links.append(self._link(context))
+            span = self._tracer.start_span(
+                f"{operation} batch",
+                kind=self._internal,
+                links=links,
+                start_time=started_ns,
+                attributes={
+                    "messaging.system": "webhook-poller",
+                    "messaging.operation.type": "receive" if operation == "claim" else "settle",
+                    "messaging.operation.name": operation,
+                    "messaging.batch.message_count": len(traceparents),
+                },
+            )
+            span.end()
+        except Exception:
+            self._failed(f"recording a {operation} batch")
 
     def shutdown(self) -> None:
         """Flush what is queued (bounded) and stop exporting."""

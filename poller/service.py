@@ -106,6 +106,7 @@ class Poller:
             self.claims,
             batch_limit=max(settings.batch_size, 100),
             on_promoted=lambda: self._room_freed(),
+            telemetry=telemetry,
         )
         self.endpoints = EndpointCache()
         self.dispatcher = Dispatcher(
@@ -124,6 +125,7 @@ class Poller:
             self.endpoints,
             scope=scope,
             on_refused=on_refused,
+            telemetry=telemetry,
         )
         self.reclaimer = Reclaimer(self.claims)
         maintenance = lambda: self.scope().maintenance  # noqa: E731 - read at each run

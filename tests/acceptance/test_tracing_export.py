@@ -134,9 +134,12 @@ async def test_one_trace_from_the_request_to_the_receiver(
     assert spans.spans, "no span exported"
     by_name: dict[str, list[Any]] = {}
     for span in spans.spans:
+        assert PLANTED not in str(span), span.name  # no header value, query or payload
+        if span.name.endswith(" batch"):  # a trace of its own, linked to its messages'
+            assert span.links and all(link.trace_id == trace_id for link in span.links)
+            continue
         by_name.setdefault(span.name, []).append(span)
         assert span.trace_id == trace_id and span.parent_span_id == parent, span.name
-        assert PLANTED not in str(span), span.name  # no header value, query or payload
     assert sorted((n, len(s)) for n, s in by_name.items()) == [
         ("lookup billing", 1), ("send analytics", 1), ("send billing", 3), ("send ledger", 1),
     ]  # fmt: skip
@@ -149,6 +152,8 @@ async def test_one_trace_from_the_request_to_the_receiver(
     assert sent["messaging.system"] == "webhook-poller"
     assert sent["messaging.destination.name"] == "billing"
     assert sent["http.request.method"] == "POST"
+    batches = {s.name for s in spans.spans if s.name.endswith(" batch")}
+    assert batches == {"claim batch", "complete batch"}
     # each request carried its own attempt span as the receiver's parent
     exported = {s.span_id.hex() for s in spans.spans}
     for request in seen:
