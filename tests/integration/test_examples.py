@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from datetime import UTC, datetime
 from types import ModuleType
 
@@ -62,3 +63,36 @@ def test_the_first_webhook_tutorial_runs_as_written(
         ("invoice.paid", "invoice:42:paid")
     ]
     assert paid == [(42, True)]
+
+
+def test_the_traced_example_keeps_one_trace_from_the_shop_to_the_receiver(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shop's request span is stored with its webhook; the example's receiver, given
+    what a delivery of that row carries (tests/acceptance/test_tracing_export.py shows a
+    real poller sends it), handles it in that trace."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from poller.tracing import propagated
+
+    example = _example("traced_flask")
+    provider = TracerProvider()
+    monkeypatch.setattr(example, "tracer", provider.get_tracer("shop"))
+    monkeypatch.setenv("POLLER_DATABASE_URL", db_url)
+    make_endpoint(engine, "shop", url="http://127.0.0.1:9/webhooks")
+    with trace.use_span(provider.get_tracer("t").start_span("outer")) as outer:
+        assert example.shop.test_client().post("/orders/7/pay").status_code == 200
+    example.engine().dispose()
+    with engine.connect() as conn:
+        key, payload, parent, state = conn.execute(
+            text("SELECT idempotency_key, payload, traceparent, tracestate FROM poller_outbox")
+        ).one()
+    trace_id = outer.get_span_context().trace_id
+    assert parent is not None and parent[3:35] == f"{trace_id:032x}"
+    body = json.dumps(payload).encode()
+    headers = {**webhook_headers(_endpoint(), key, body, "t"), **propagated(parent, state)}
+    sent = example.receiver.test_client().post("/webhooks", data=body, headers=headers)
+    assert sent.status_code == 204
+    handled_trace, handled_parent = example.handled[0]
+    assert handled_trace == trace_id and f"{handled_parent:016x}" == parent[36:52]
