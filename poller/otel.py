@@ -3,7 +3,8 @@ trace (the ``otel`` extra: ``pip install 'webhook-poller[otel]'``).
 
 **On** when the OpenTelemetry SDK is installed and the standard variables ask for
 an exporter — ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
-(``OTEL_EXPORTER_OTLP_PROTOCOL`` ``http/protobuf``, the default) — and
+(over ``http/protobuf``, the default protocol; another one is refused with a warning,
+and nothing is exported) — and
 ``OTEL_SDK_DISABLED`` is not ``true``; ``OTEL_SERVICE_NAME`` (default
 ``webhook-poller``), ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER`` and the
 exporter's own variables are read by the SDK as usual. Unset: off, nothing imported.
@@ -260,13 +261,23 @@ def setup() -> Telemetry | None:
     None otherwise (nothing of OpenTelemetry imported)."""
     if not wanted():
         return None
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    if protocol != "http/protobuf":
+        logging.getLogger("poller").warning(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=%s: only http/protobuf is supported; not exporting "
+            "traces (point the pollers at the collector's OTLP/HTTP port, 4318)",
+            protocol[:40],
+        )
+        return None
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
     except ImportError:
-        import logging
-
         logging.getLogger("poller").warning(
             "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is not installed: "
             "install webhook-poller[otel] to export traces"
