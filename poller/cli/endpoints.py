@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import logging
 import socket
 from datetime import UTC, datetime, timedelta
@@ -23,6 +22,7 @@ from poller.cli.endpoint_options import (
     subscription_options,
     tls_options,
 )
+from poller.cli.endpoint_view import percent, public, rate, shown_field, state
 from poller.cli.lazy import lazy
 from poller.cli.output import (
     Duration,
@@ -54,43 +54,6 @@ PLAIN_TEXT_NOTE = (
     "signing secrets stored in plain text; set {key} and run "
     "'poller endpoints rotate-key' to encrypt them (see the docs, Secrets at rest)"
 )
-
-
-def _public(endpoint: api.Endpoint) -> dict[str, Any]:
-    """Everything but the secrets."""
-    return {
-        "name": endpoint.name,
-        "url": endpoint.url,
-        "lookup_url": endpoint.lookup_url,
-        "enabled": endpoint.enabled,
-        "disabled_reason": endpoint.disabled_reason,
-        "max_attempts": endpoint.max_attempts,
-        "timeout": endpoint.timeout,
-        "max_in_flight": endpoint.max_in_flight,
-        "bucket": endpoint.bucket,
-        "on_failed_head": endpoint.on_failed_head,
-        "rate_limit": endpoint.rate_limit,
-        "rate_burst": endpoint.rate_burst,
-        "circuit_failures": endpoint.circuit_failures,
-        "circuit_cooldown": endpoint.circuit_cooldown,
-        "event_types": list(endpoint.event_types),
-        "tenant": endpoint.tenant,
-        "payload_filter": endpoint.payload_filter,
-        "created_at": endpoint.created_at,
-        "previous_secret_expires_at": endpoint.previous_secret_expires_at,
-        "secret_encrypted": endpoint.secret_sealed,
-        "signing": endpoint.signing,
-        "public_keys": list(endpoint.public_keys),  # ed25519: what the receiver verifies with
-        "headers": list(endpoint.header_names),  # names only: the values are credentials
-        "retry_schedule": list(endpoint.retry_schedule) if endpoint.retry_schedule else None,
-        "max_age": endpoint.max_age,
-        "trace_context": endpoint.trace_context,
-        # An operator's pause (poller/cancel.py): until when (None: until resumed), by whom.
-        "tls": endpoint.tls.summary() if endpoint.tls else None,  # subjects, never the key
-        "paused": {"until": endpoint.held_until, "by": endpoint.held_by}
-        if endpoint.paused
-        else None,
-    }
 
 
 @click.group()
@@ -151,7 +114,7 @@ def add(
     public_keys = created.endpoint.public_keys
     if as_json:  # an ed25519 key never leaves: the receiver needs only its public key
         emit_json(
-            {**_public(created.endpoint), **({} if public_keys else {"secret": created.secret})}
+            {**public(created.endpoint), **({} if public_keys else {"secret": created.secret})}
         )
         return
     click.echo(f"endpoint {name} created → {url}")
@@ -205,7 +168,7 @@ def update(
             **subscription_changes(event_types, tenant, payload_filter),
         )
     if as_json:
-        emit_json(_public(endpoint))
+        emit_json(public(endpoint))
     else:
         click.echo(f"endpoint {name} updated")
 
@@ -217,7 +180,7 @@ def list_(as_json: bool) -> None:
     with command_engine().connect() as conn:
         found = api.list_endpoints(conn)
     if as_json:
-        emit_json([_public(e) for e in found])
+        emit_json([public(e) for e in found])
         return
     table(
         "endpoints",
@@ -252,11 +215,11 @@ def show(name: str, as_json: bool) -> None:
     with command_engine().connect() as conn:
         endpoint = api.get_endpoint(conn, name)
         health = stats.endpoint_health(conn, endpoint.id)
-    document = {**_public(endpoint), "health": health}
+    document = {**public(endpoint), "health": health}
     if as_json:
         emit_json(document)
         return
-    rows = [(k, _shown_field(k, v)) for k, v in _public(endpoint).items()]
+    rows = [(k, shown_field(k, v)) for k, v in public(endpoint).items()]
     rows += [
         ("last success", f"{iso(health['last_success'])} ({age(health['last_success'])})"),
         ("failures since last success", health["failures_since_last_success"]),
@@ -266,47 +229,6 @@ def show(name: str, as_json: bool) -> None:
         ),
     ]
     table(f"endpoint {name}", ["field", "value"], rows)
-
-
-def _shown_field(name: str, value: Any) -> Any:
-    if name == "headers":
-        return ", ".join(value) or "none"
-    if name == "retry_schedule":
-        return ", ".join(f"{s:g}s" for s in value) if value else "default"
-    if name == "tls":
-        return _shown_tls(value)
-    if name == "paused":
-        if value is None:
-            return "no"
-        until = iso(value["until"]) if value["until"] else "'poller endpoints resume'"
-        return f"paused until {until} (by {value['by']})"
-    if name == "max_age":
-        return "none" if value is None else f"{value:g}s"
-    return _shown(value)
-
-
-def _shown_tls(value: dict[str, Any] | None) -> str:
-    if value is None:
-        return "system CAs, no client certificate"
-    cert, bundle = value["client_cert"], value["ca_bundle"]
-    parts = [
-        f"client certificate {cert['subject']} (by {cert['issuer']}, expires "
-        f"{iso(cert['expires'])})"
-        if cert
-        else "no client certificate",
-        f"trusts only {', '.join(bundle)}" if bundle else "system CAs",
-    ]
-    return "; ".join(parts)
-
-
-def _shown(value: Any) -> Any:
-    if hasattr(value, "isoformat"):
-        return iso(value)
-    if isinstance(value, list):
-        return ", ".join(value) or "none (only enqueue reaches it)"
-    if isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False)
-    return value
 
 
 @endpoints.command(name="health")
@@ -325,12 +247,12 @@ def health_(name: str | None, as_json: bool) -> None:
         [
             (
                 r["name"],
-                _state(r),
+                state(r),
                 r["consecutive_failures"],
                 age(r["last_success_at"]),
-                _percent(r["success_ratio_1h"], r["sends_1h"]),
-                _percent(r["success_ratio_24h"], r["sends_24h"]),
-                _rate(r),
+                percent(r["success_ratio_1h"], r["sends_1h"]),
+                percent(r["success_ratio_24h"], r["sends_24h"]),
+                rate(r),
                 r["pending"],
             )
             for r in report
@@ -339,33 +261,6 @@ def health_(name: str | None, as_json: bool) -> None:
     for r in report:
         if r["last_error"] and (r["circuit"] != "closed" or r["consecutive_failures"]):
             click.echo(f"{r['name']}: last error {safe_text(r['last_error'])}", err=True)
-
-
-def _state(r: dict[str, Any]) -> str:
-    if not r["enabled"]:
-        return f"disabled: {r['disabled_reason']}"
-    if r["paused_by_operator"] is not None:
-        until = r["paused_by_operator"]["until"]
-        return f"paused by {r['paused_by_operator']['by']} " + (
-            f"until {iso(until)}" if until else "until resumed"
-        )
-    if r["circuit"] == "open":
-        return f"circuit open since {age(r['opened_at'])}, probe {age(r['next_probe_at'])}"
-    if r["circuit"] == "half_open":
-        return f"circuit half-open (probe sent {age(r['probe_sent_at'])})"
-    if r["paused_until"] is not None:
-        return f"paused (Retry-After) until {age(r['paused_until'])}"
-    return "ok"
-
-
-def _percent(ratio: float | None, sends: int) -> str:
-    return "-" if ratio is None else f"{ratio:.1%} of {sends}"
-
-
-def _rate(r: dict[str, Any]) -> str:
-    if r["rate_limit"] is None:
-        return "unlimited"
-    return f"{r['rate_limit']:g}/s, burst {r['rate_burst']}, {r['rate_in_use']:.0%} in use"
 
 
 @endpoints.command()
