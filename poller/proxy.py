@@ -45,6 +45,7 @@ import httpcore
 from poller.netguard import (
     PRIVATE_HINT,
     AddressRefused,
+    GuardedBackend,
     Resolve,
     check_address,
     literal_address,
@@ -224,13 +225,13 @@ class Route:
         )
 
 
-class ProxyBackend(httpcore.AsyncNetworkBackend):
+class ProxyBackend(GuardedBackend):
     """httpcore's network backend with a proxy: it connects to the proxy's address alone,
     and opens a tunnel's TLS for the target's name (:data:`SNI`), not its pinned address."""
 
     def __init__(self, route: Route, inner: httpcore.AsyncNetworkBackend | None = None) -> None:
+        super().__init__(route._resolve, inner)
         self._route = route
-        self._inner = inner or httpcore.AnyIOBackend()
 
     async def connect_tcp(
         self,
@@ -241,7 +242,7 @@ class ProxyBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         try:
-            for address in await self._route._resolve(host, port):
+            for address in await self._resolve(host, port):
                 self._route.check_socket(address)
                 stream = await self._inner.connect_tcp(
                     address, port, timeout, local_address, socket_options
@@ -263,14 +264,6 @@ class ProxyBackend(httpcore.AsyncNetworkBackend):
                 f"cannot connect to proxy {self._route.proxy.shown}: {reason}"
             ) from exc
         raise httpcore.ConnectError(f"proxy {host} resolves to no address")
-
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("deliveries never connect to unix sockets")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
 
 
 class _NamedTLS(httpcore.AsyncNetworkStream):

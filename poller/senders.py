@@ -276,38 +276,35 @@ def guarded_transport(
     limits = httpx.Limits(max_connections=limit or None)
     transport = httpx.AsyncHTTPTransport(limits=limits, retries=0, verify=tls or True)
     if route is not None:
-        pool = transport._pool
-        assert isinstance(pool, httpcore.AsyncConnectionPool)
         auth = route.proxy.username
         transport._pool = httpcore.AsyncHTTPProxy(
             proxy_url=route.proxy.url,
             proxy_auth=None if auth is None else (auth, route.proxy.password or ""),
-            ssl_context=pool._ssl_context,
-            max_connections=pool._max_connections,
-            max_keepalive_connections=pool._max_keepalive_connections,
-            keepalive_expiry=pool._keepalive_expiry,
-            http1=pool._http1,
-            http2=pool._http2,
-            retries=0,
             network_backend=ProxyBackend(route),
+            **_pool_settings(transport),
         )
-        return transport
-    if allow_private:
-        return transport
-    pool = transport._pool  # httpx takes no network backend; swap in a pool that has ours
+    elif not allow_private:
+        transport._pool = httpcore.AsyncConnectionPool(
+            network_backend=GuardedBackend(resolve), **_pool_settings(transport)
+        )
+    return transport
+
+
+def _pool_settings(transport: httpx.AsyncHTTPTransport) -> dict[str, Any]:
+    """What httpx set up in its own pool, to build ours on another network backend (httpx
+    takes none)."""
+    pool = transport._pool
     if not isinstance(pool, httpcore.AsyncConnectionPool):  # pragma: no cover - httpx changed
         raise RuntimeError("httpx's transport no longer wraps an httpcore.AsyncConnectionPool")
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=pool._ssl_context,
-        max_connections=pool._max_connections,
-        max_keepalive_connections=pool._max_keepalive_connections,
-        keepalive_expiry=pool._keepalive_expiry,
-        http1=pool._http1,
-        http2=pool._http2,
-        retries=0,
-        network_backend=GuardedBackend(resolve),
-    )
-    return transport
+    return {
+        "ssl_context": pool._ssl_context,
+        "max_connections": pool._max_connections,
+        "max_keepalive_connections": pool._max_keepalive_connections,
+        "keepalive_expiry": pool._keepalive_expiry,
+        "http1": pool._http1,
+        "http2": pool._http2,
+        "retries": 0,
+    }
 
 
 class HttpxSender:
