@@ -129,7 +129,12 @@ class ForwardProxy:
             if length:
                 up_writer.write(await reader.readexactly(length))
                 await up_writer.drain()
-            head = await up_reader.readuntil(b"\r\n\r\n")
+            try:
+                head = await up_reader.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError:  # a hostile receiver's endless head
+                writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+                return
             status, _, rest = head.partition(b"\r\n")
             kept = [h for h in rest.split(b"\r\n") if not h.lower().startswith(b"connection:")]
             writer.write(b"\r\n".join([status, b"Connection: close", *kept]))

@@ -15,10 +15,23 @@ class Sink:
         self.hang, self.requests, self.port = hang, 0, 0
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._answer(reader, writer)
+        except asyncio.CancelledError:  # stopping: end quietly (3.11 logs a cancelled handler)
+            pass
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -40,6 +53,9 @@ class Sink:
         self._ready.set()
         await self._stop.wait()
         server.close()
+        for task in list(self._tasks):  # the exporters' kept-alive (or hung) connections
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def __enter__(self) -> str:
         self._thread.start()
