@@ -42,7 +42,7 @@ from poller.settings import Settings
 from poller.tracing import propagated, valid_traceparent
 
 if TYPE_CHECKING:
-    from poller.otel import Telemetry
+    from poller.otel import Span, Telemetry
 
 log = logging.getLogger("poller.dispatcher")
 CHILDREN_KEPT = 50_000  # labelled metric children a dispatcher keeps (endpoints × outcomes)
@@ -231,7 +231,7 @@ class Dispatcher:
     # -- one exchange, traced (poller/otel.py, poller/tracing.py) ---------------------
 
     def _trace_headers(
-        self, endpoint: Endpoint, msg: ClaimedMessage, span: Any
+        self, endpoint: Endpoint, msg: ClaimedMessage, span: Span | None
     ) -> dict[str, str] | None:
         """What the receiver gets of the trace: the attempt's span as its parent, else the
         application's context as stored; nothing when the message has none, or the
@@ -240,11 +240,7 @@ class Dispatcher:
             return None
         if not self.settings.trace_propagation:
             return None
-        if span is not None and self.telemetry is not None:
-            headers = self.telemetry.headers(span)
-            if headers is not None:
-                return headers
-        return propagated(msg.traceparent, msg.tracestate)
+        return propagated(msg.traceparent if span is None else span.traceparent, msg.tracestate)
 
     async def _look_up(
         self, msg: ClaimedMessage, endpoint: Endpoint, timeout: float
@@ -261,8 +257,8 @@ class Dispatcher:
                 trace=self._trace_headers(endpoint, msg, span),
             )
         except BaseException:
-            if span is not None:
-                span.end()
+            if telemetry is not None:
+                telemetry.end(span)
             raise
         if telemetry is not None:
             telemetry.finish(span, attempt, answer.value, failed=answer is LookupAnswer.ERROR)
@@ -274,7 +270,7 @@ class Dispatcher:
         telemetry = self.telemetry
         span = None if telemetry is None else telemetry.start("send", endpoint, msg)
         if span is not None:
-            self._span_ids[msg.id] = f"{span.get_span_context().span_id:016x}"
+            self._span_ids[msg.id] = span.span_id
         try:
             attempt = await delivery.send(
                 self.sender,
@@ -286,8 +282,8 @@ class Dispatcher:
                 trace=self._trace_headers(endpoint, msg, span),
             )
         except BaseException:
-            if span is not None:
-                span.end()
+            if telemetry is not None:
+                telemetry.end(span)
             raise
         if telemetry is not None:
             failed = attempt.verdict is not Verdict.DELIVERED

@@ -108,6 +108,9 @@ SPANS_DROPPED = Counter(
     "webhook_poller_spans_dropped_total",
     "Finished spans dropped: the export queue was full, or the collector refused them.",
 )
+SPANS_EXPORTED = Counter(
+    "webhook_poller_spans_exported_total", "Finished spans the collector took."
+)
 MESSAGES = Gauge("webhook_poller_messages", "Messages by status (maintenance leader).", ["status"])
 ORDERING_BLOCKED_KEYS = Gauge(
     "webhook_poller_ordering_blocked_keys",

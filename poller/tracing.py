@@ -69,7 +69,14 @@ def propagated(traceparent: str | None, tracestate: str | None) -> dict[str, str
     return headers
 
 
+_NO_TRACE, _NO_SPAN = "0" * 32, "0" * 16
+
+
 def valid_traceparent(value: str | None) -> bool:
     """Whether ``value`` is a ``traceparent`` a receiver can continue (version 00)."""
-    match = _TRACEPARENT.fullmatch(value or "")
-    return bool(match) and set(match.group(1)) != {"0"} and set(match.group(2)) != {"0"}  # type: ignore[union-attr]
+    return (
+        value is not None
+        and _TRACEPARENT.fullmatch(value) is not None
+        and value[3:35] != _NO_TRACE
+        and value[36:52] != _NO_SPAN
+    )

@@ -44,6 +44,8 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
     engine = poller_engine(url, settings, pool_size=4, max_overflow=4)
     sender = make_sender(settings)
     telemetry = otel.setup()  # OTEL_EXPORTER_OTLP_ENDPOINT… (poller/otel.py); else None
+    if telemetry is not None:
+        telemetry.start_exporting()
     ready: asyncio.Future[Poller] = loop.create_future()
     helpers: list[asyncio.Task[None]] = []
     if processes.ENV_SUPERVISOR in os.environ:  # a child of `poller run --processes N`
@@ -64,13 +66,8 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
         for helper in helpers:
             helper.cancel()
         await sender.aclose()
-        if telemetry is not None:  # flush the spans queued, for a bounded time
-            try:
-                await asyncio.wait_for(asyncio.to_thread(telemetry.shutdown), FLUSH_SPANS)
-            except TimeoutError:
-                logging.getLogger("poller").warning(
-                    "spans not exported within %gs of stopping: dropped", FLUSH_SPANS
-                )
+        if telemetry is not None:  # export the spans queued, for a bounded time
+            await telemetry.close(FLUSH_SPANS)
         await engine.dispose()
 
 

@@ -4,13 +4,10 @@ exporting over OTLP/HTTP to a collector on 127.0.0.1 that decodes the protobuf."
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -19,56 +16,10 @@ from poller import enqueue, publish
 from poller.endpoints import create_endpoint
 from tests.acceptance.procs import poller_env, started
 from tests.integration import servers
+from tests.integration.otlp_collector import attributes, collector
 from tests.integration.service_helpers import counts
 
 PLANTED = "planted-span-secret-77"  # in a header, a query string and the payload: never in a span
-
-
-class Collector:
-    """An OTLP/HTTP traces endpoint: every span it was sent, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.raw: list[bytes] = []
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":", 1)[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-        body = await reader.readexactly(length)
-        self.raw.append(body)
-        request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
-        for resource in request.resource_spans:
-            for scope in resource.scope_spans:
-                self.spans += list(scope.spans)
-        answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\n"
-            + f"Content-Length: {len(answer)}\r\n\r\n".encode()
-            + answer
-        )
-        await writer.drain()
-
-
-@contextlib.asynccontextmanager
-async def collector() -> AsyncIterator[tuple[Collector, str]]:
-    got = Collector()
-    async with servers.raw_server(got.handle) as url:
-        yield got, url
-
-
-def _attributes(span: Any) -> dict[str, Any]:
-    found = {}
-    for kv in span.attributes:
-        value = kv.value
-        found[kv.key] = next(
-            getattr(value, f) for f in ("string_value", "int_value", "bool_value")
-            if value.HasField(f)
-        )  # fmt: skip
-    return found
 
 
 @pytest.mark.slow
@@ -132,6 +83,7 @@ async def test_one_trace_from_the_request_to_the_receiver(
     trace_id = app_context.trace_id.to_bytes(16, "big")
     parent = app_context.span_id.to_bytes(8, "big")
     assert spans.spans, "no span exported"
+    assert {attributes(r)["service.name"] for r in spans.resources} == {"poller-under-test"}
     by_name: dict[str, list[Any]] = {}
     for span in spans.spans:
         assert PLANTED not in str(span), span.name  # no header value, query or payload
@@ -143,12 +95,12 @@ async def test_one_trace_from_the_request_to_the_receiver(
     assert sorted((n, len(s)) for n, s in by_name.items()) == [
         ("lookup billing", 1), ("send analytics", 1), ("send billing", 3), ("send ledger", 1),
     ]  # fmt: skip
-    lookup = _attributes(by_name["lookup billing"][0])
+    lookup = attributes(by_name["lookup billing"][0])
     assert lookup["webhook_poller.outcome"] == "not_found"
     assert lookup["url.full"] == url  # no path (the key), no query (the token)
-    outcomes = sorted(_attributes(s)["webhook_poller.outcome"] for s in by_name["send billing"])
+    outcomes = sorted(attributes(s)["webhook_poller.outcome"] for s in by_name["send billing"])
     assert outcomes == ["delivered", "delivered", "unknown"]
-    sent = _attributes(by_name["send billing"][0])
+    sent = attributes(by_name["send billing"][0])
     assert sent["messaging.system"] == "webhook-poller"
     assert sent["messaging.destination.name"] == "billing"
     assert sent["http.request.method"] == "POST"
@@ -188,4 +140,4 @@ async def test_sampling_off_exports_nothing_and_a_dead_collector_costs_nothing(
                 await asyncio.sleep(0.05)
             await asyncio.to_thread(proc.stop)
         assert counts(engine) == {"delivered": 1} and proc.popen.returncode == 0
-    assert spans.raw == [] or not spans.spans
+    assert not spans.spans

@@ -223,23 +223,3 @@ async def test_the_latency_metric_names_a_deliverys_trace_in_openmetrics(
     )  # fmt: skip
     assert f'trace_id="{TRACE_ID:032x}"' in line
     assert "trace_id" not in plain  # the Prometheus text format has no exemplars
-
-
-def test_export_is_on_only_when_asked_and_only_over_http(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    from poller import otel
-
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER"):
-        monkeypatch.delenv(name, raising=False)
-    assert otel.setup() is None  # nothing asked
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert otel.setup() is None
-    monkeypatch.delenv("OTEL_SDK_DISABLED")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-    assert otel.setup() is None and "only http/protobuf is supported" in caplog.text
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-    telemetry = otel.setup()
-    assert telemetry is not None
-    telemetry.shutdown()
