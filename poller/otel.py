@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from poller import metrics
+from poller.otlp import StringAttribute, span_end, span_start
 from poller.tracing import valid_traceparent
 
 log = logging.getLogger("poller.otel")
@@ -70,9 +71,10 @@ if TYPE_CHECKING:
     Sampler = Callable[[int, bool | None], bool]  # (trace id, parent sampled or None) -> sample
 
 MAX_LINKS = 128  # a batch span's links to its messages' traces
-KINDS = 1024  # endpoints' constant parts kept encoded; more and the cache starts over
+CACHED = 1024  # encoded parts (an endpoint's, an outcome's) kept; past that a cache restarts
 HAS_REMOTE, REMOTE = 0x100, 0x200  # SpanFlags: whether the parent is remote is known, it is
 LOW_64 = (1 << 64) - 1
+MESSAGE_ID = StringAttribute("messaging.message.id")
 
 
 def wanted() -> bool:
@@ -142,7 +144,7 @@ class Telemetry:
         self._kv, self._any = common_pb2.KeyValue, common_pb2.AnyValue
         self._kinds: dict[tuple[str, str, str], bytes] = {}  # what each endpoint decides
         self._tails: dict[tuple[str, int | None, str | None], bytes] = {}  # each outcome
-        self._attributes: dict[tuple[str, str | int], Any] = {}
+        self._attributes: dict[tuple[str, str | int], bytes] = {}
         self._warned = False
         self._task: asyncio.Task[None] | None = None
 
@@ -171,36 +173,35 @@ class Telemetry:
         if self._exporter.full:  # it would be dropped: not even encoded
             metrics.SPANS_DROPPED.inc()
             return Span(traceparent, traceparent[36:52], None)
-        head = (
-            self._kind(operation, endpoint)
-            + self._span(
-                trace_id=trace_id.to_bytes(16, "big"),
-                span_id=span_id.to_bytes(8, "big"),
-                parent_span_id=bytes.fromhex(parent[36:52]) if parent is not None else b"",
-                trace_state=(msg.tracestate or "") if parent is not None else "",
-                flags=0x01 | HAS_REMOTE | (REMOTE if parent is not None else 0),
-                start_time_unix_nano=time.time_ns(),
-                attributes=[
-                    self._kv(key="messaging.message.id", value=self._any(string_value=str(msg.id))),
-                    self._attribute("webhook_poller.attempt", msg.attempts),
-                    self._attribute("webhook_poller.event_type", msg.event_type),
-                ],
-            ).SerializeToString()
-        )
+        head = b"".join((
+            span_start(
+                trace_id.to_bytes(16, "big"),
+                span_id.to_bytes(8, "big"),
+                bytes.fromhex(parent[36:52]) if parent is not None else b"",
+                (msg.tracestate or "") if parent is not None else "",
+                0x01 | HAS_REMOTE | (REMOTE if parent is not None else 0),
+                time.time_ns(),
+            ),
+            MESSAGE_ID(str(msg.id)),
+            self._attribute("webhook_poller.attempt", msg.attempts),
+            self._attribute("webhook_poller.event_type", msg.event_type),
+            self._kind(operation, endpoint),
+        ))  # fmt: skip
         return Span(traceparent, traceparent[36:52], head)
 
-    def _attribute(self, key: str, value: str | int) -> Any:
-        """A ``KeyValue`` of a value that repeats (an attempt number, an event type), built
+    def _attribute(self, key: str, value: str | int) -> bytes:
+        """An attribute whose value repeats (an attempt number, an event type), encoded
         once."""
         found = self._attributes.get((key, value))
         if found is None:
-            if len(self._attributes) >= KINDS:
+            if len(self._attributes) >= CACHED:
                 self._attributes.clear()
             any_value = (
                 self._any(int_value=value) if isinstance(value, int)
                 else self._any(string_value=value)
             )  # fmt: skip
-            found = self._attributes[key, value] = self._kv(key=key, value=any_value)
+            found = self._span(attributes=[self._kv(key=key, value=any_value)]).SerializeToString()
+            self._attributes[key, value] = found
         return found
 
     def _kind(self, operation: str, endpoint: Endpoint) -> bytes:
@@ -209,7 +210,7 @@ class Telemetry:
         key = (operation, endpoint.name, url)
         found = self._kinds.get(key)
         if found is None:
-            if len(self._kinds) >= KINDS:
+            if len(self._kinds) >= CACHED:
                 self._kinds.clear()
             parts = urlsplit(url)
             attributes = {
@@ -245,23 +246,20 @@ class Telemetry:
             tail = self._tails.get(key)
             if tail is None:
                 tail = self._tail(outcome, attempt.status_code, error)
-            ended = self._span(end_time_unix_nano=time.time_ns()).SerializeToString()
-            self._exporter.add(span.head + tail + ended)
+            self._exporter.add(span.head + tail + span_end(time.time_ns()))
         except Exception:
             self._failed("ending a span")
 
     def _tail(self, outcome: str, status_code: int | None, error: str | None) -> bytes:
         """The encoded part of a span that what its exchange came to decides, kept."""
-        if len(self._tails) >= KINDS:
+        if len(self._tails) >= CACHED:
             self._tails.clear()
-        attributes = [self._attribute("webhook_poller.outcome", outcome)]
+        tail = self._attribute("webhook_poller.outcome", outcome)
         if status_code is not None:
-            attributes.append(self._attribute("http.response.status_code", status_code))
+            tail += self._attribute("http.response.status_code", status_code)
         if error is not None:
-            attributes.append(self._attribute("error.type", error))
-        tail: bytes = self._span(
-            attributes=attributes, status=self._error if error is not None else None
-        ).SerializeToString()
+            tail += self._attribute("error.type", error)
+            tail += self._span(status=self._error).SerializeToString()
         self._tails[outcome, status_code, error] = tail
         return tail
 
@@ -270,8 +268,7 @@ class Telemetry:
         if span is None or span.head is None:
             return
         try:
-            tail = self._span(end_time_unix_nano=time.time_ns())
-            self._exporter.add(span.head + tail.SerializeToString())
+            self._exporter.add(span.head + span_end(time.time_ns()))
         except Exception:
             self._failed("ending a span")
 

@@ -71,6 +71,56 @@ def _field(number: int, data: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(data)) + data
 
 
+# A Span's fields (opentelemetry/proto/trace/v1/trace.proto) as their tags: field number
+# << 3 | wire type (2: length-delimited, 1: fixed64, 5: fixed32).
+TRACE_ID, SPAN_ID, TRACE_STATE, PARENT_SPAN_ID = b"\x0a", b"\x12", b"\x1a", b"\x22"
+START, END = b"\x39", b"\x41"  # start_time_unix_nano (7), end_time_unix_nano (8)
+ATTRIBUTE = b"\x4a"  # attributes (9), each a KeyValue
+FLAGS = b"\x85\x01"  # flags (16)
+
+
+def span_start(trace_id: bytes, span_id: bytes, parent: bytes, trace_state: str, flags: int,
+               start_ns: int) -> bytes:  # fmt: skip
+    """A Span's ids, flags and start, encoded (``parent``, ``trace_state``: none if empty).
+
+    The hot path of every traced attempt, so written out rather than built as a message:
+    protobuf lets a message's fields come in any order, and an encoded message followed by
+    another is the two merged (how :mod:`poller.otel` adds the parts it keeps encoded)."""
+    parts = [TRACE_ID, b"\x10", trace_id, SPAN_ID, b"\x08", span_id]
+    if parent:
+        parts += [PARENT_SPAN_ID, b"\x08", parent]
+    if trace_state:
+        state = trace_state.encode()
+        parts += [TRACE_STATE, _varint(len(state)), state]
+    parts += [FLAGS, flags.to_bytes(4, "little"), START, start_ns.to_bytes(8, "little")]
+    return b"".join(parts)
+
+
+def span_end(end_ns: int) -> bytes:
+    return END + end_ns.to_bytes(8, "little")
+
+
+class StringAttribute:
+    """One attribute of a Span (a KeyValue whose value is a string), encoded: called with
+    the value, it adds to it the framing it keeps for values of that length."""
+
+    __slots__ = ("_framing", "_key")
+
+    def __init__(self, key: str) -> None:
+        self._key = key.encode()
+        self._framing: dict[int, bytes] = {}
+
+    def __call__(self, value: str) -> bytes:
+        data = value.encode()
+        framing = self._framing.get(len(data))
+        if framing is None:
+            whole = _field(9, _field(1, self._key) + _field(2, _field(1, data)))
+            framing = whole[: len(whole) - len(data)]  # the value comes last
+            if len(self._framing) < 64:
+                self._framing[len(data)] = framing
+        return framing + data
+
+
 def request(resource: bytes, scope: bytes, spans: list[bytes]) -> bytes:
     """An ``ExportTraceServiceRequest`` holding ``spans`` (each an encoded ``Span``) of one
     ``resource`` and ``scope`` (each encoded: a ``Resource``, an ``InstrumentationScope``).

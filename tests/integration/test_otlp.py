@@ -285,3 +285,24 @@ def test_the_request_frames_encoded_spans_as_the_message_would() -> None:
     )
     assert framed == whole.SerializeToString()
     assert gzip.decompress(gzip.compress(framed)) == framed
+
+
+def test_the_spans_written_out_decode_as_the_messages_they_stand_for() -> None:
+    from opentelemetry.proto.common.v1 import common_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    attribute = otlp.StringAttribute("messaging.message.id")
+    for value in ("", "7", "é" * 70, "x" * 127, "x" * 128, "x" * 300, "7"):  # varint edges
+        kv = common_pb2.KeyValue(
+            key="messaging.message.id", value=common_pb2.AnyValue(string_value=value)
+        )
+        expected = trace_pb2.Span(attributes=[kv])
+        assert trace_pb2.Span.FromString(attribute(value)) == expected, len(value)
+    for parent, state in ((b"", ""), (bytes(range(8)), "vendor=" + "v" * 200)):
+        encoded = otlp.span_start(bytes(range(16)), b"\x01" * 8, parent, state, 0x301, 2**63 + 5)
+        encoded += otlp.span_end(2**64 - 1)
+        assert trace_pb2.Span.FromString(encoded) == trace_pb2.Span(
+            trace_id=bytes(range(16)), span_id=b"\x01" * 8, parent_span_id=parent,
+            trace_state=state, flags=0x301, start_time_unix_nano=2**63 + 5,
+            end_time_unix_nano=2**64 - 1,
+        )  # fmt: skip
