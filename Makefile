@@ -55,6 +55,7 @@ bench: $(STAMP) ## Benchmarks (not tests): claims vs raw psycopg, deliveries/s v
 	$(BIN)/python -m loadtest.publish
 	$(BIN)/python -m loadtest.backlog
 	$(BIN)/python -m loadtest.dashboard
+	$(BIN)/python -m loadtest.span_cost
 	$(BIN)/python -m loadtest.tracing_bench
 
 loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULTS=1 injects faults

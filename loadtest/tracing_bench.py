@@ -11,7 +11,7 @@ slows both. Each pair's figure is its mode's deliveries per CPU second over the
 window both were draining, divided by its off poller's; the figures are medians of
 ``--rounds`` pairs. ``off`` against ``off`` shows what the method itself scatters.
 
-    python -m loadtest.tracing_bench --messages 8000 --rounds 5
+    python -m loadtest.tracing_bench --messages 8000 --rounds 8
 """
 
 from __future__ import annotations
@@ -102,25 +102,29 @@ def _poller(tmp: Path, side: Side, name: str, otel: dict[str, str]) -> Proc:
 
 
 def pair(tmp: Path, sides: tuple[Side, Side], otel: tuple[dict[str, str], dict[str, str]],
-         messages: int, label: str) -> tuple[tuple[float, float], tuple[float, float]]:  # fmt: skip
+         messages: int, label: str, *, second_first: bool = False,
+         ) -> tuple[tuple[float, float], tuple[float, float]]:  # fmt: skip
     """Two pollers draining ``messages`` each at the same time, one a side: each one's
-    deliveries/s and deliveries per CPU second over the window both were draining."""
+    deliveries/s and deliveries per CPU second over the window both were draining.
+    ``second_first``: the second side's poller starts, and gets each chunk, first."""
     for side in sides:
         side.empty()
-    pollers = [
-        _poller(tmp, side, f"{label}-{n}", env)
-        for n, (side, env) in enumerate(zip(sides, otel, strict=True))
-    ]
+    order = [1, 0] if second_first else [0, 1]
+    pollers: list[Proc | None] = [None, None]
     try:
-        for poller in pollers:
+        for n in order:
+            pollers[n] = _poller(tmp, sides[n], f"{label}-{n}", otel[n])
+        started = [p for p in pollers if p is not None]
+        for poller in started:
             poller.wait_for("starting")
         time.sleep(1.0)  # a benchmark warm-up, not synchronisation: both already run
         rng = random.Random(7)
         for start in range(0, messages, CHUNK):  # side by side, so both start together
-            for n, side in enumerate(sides):
-                side.enqueue(start, min(CHUNK, messages - start), _slug(f"{label}-{n}"), rng)
+            for n in order:
+                count = min(CHUNK, messages - start)
+                sides[n].enqueue(start, count, _slug(f"{label}-{n}"), rng)
         began = time.perf_counter()
-        cpu = [cpu_seconds(p.popen.pid) for p in pollers]
+        cpu = [cpu_seconds(p.popen.pid) for p in started]
         done = [side.delivered() for side in sides]
         while True:
             now = [side.delivered() for side in sides]
@@ -128,13 +132,14 @@ def pair(tmp: Path, sides: tuple[Side, Side], otel: tuple[dict[str, str], dict[s
                 break
             time.sleep(0.02)
         elapsed = time.perf_counter() - began
-        used = [cpu_seconds(p.popen.pid) - c for p, c in zip(pollers, cpu, strict=True)]
+        used = [cpu_seconds(p.popen.pid) - c for p, c in zip(started, cpu, strict=True)]
         got = [n - d for n, d in zip(now, done, strict=True)]
         first, second = ((g / elapsed, g / u) for g, u in zip(got, used, strict=True))
         return first, second
     finally:
-        for poller in pollers:
-            poller.stop()
+        for each in pollers:
+            if each is not None:
+                each.stop()
 
 
 @contextlib.contextmanager
@@ -154,7 +159,7 @@ def modes() -> Iterator[list[tuple[str, dict[str, str], bool]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=8_000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--only", help="these modes alone, comma-separated (collector,off)")
     args = parser.parse_args()
     secret = new_secret()
@@ -179,11 +184,14 @@ def main() -> None:
                 runs = [run for run in every if only is None or run[0] in only]
                 for round_ in range(args.rounds):
                     for mode, otel, in_spans in runs:
-                        flip = round_ % 2 == 1  # each database serves each role in turn
+                        # every fourth round, each database has served each role and each
+                        # role has started first
+                        flip, second_first = round_ % 2 == 1, round_ // 2 % 2 == 1
                         base, other = (sides[1], sides[0]) if flip else (sides[0], sides[1])
                         base.in_spans, other.in_spans = True, in_spans
                         label = f"{mode} {round_}"
-                        off, this = pair(tmp, (base, other), ({}, otel), args.messages, label)
+                        off, this = pair(tmp, (base, other), ({}, otel), args.messages, label,
+                                         second_first=second_first)  # fmt: skip
                         ratios.setdefault(mode, []).append(this[1] / off[1])
                         rates.setdefault(mode, []).append(this[1])
                         rates.setdefault("off (beside)", []).append(off[1])

@@ -2,10 +2,10 @@
 loop, never in a delivery's way.
 
 **Why not the SDK's exporter.** The OpenTelemetry SDK's OTLP exporter encodes the
-SDK's span objects, and a span object and its encoding cost about 120 µs of CPU:
-as much as 40 % of a delivery. The poller writes each span's protobuf itself when
-the span ends (poller/otel.py: its constant part, the endpoint's attributes, is
-encoded once per endpoint), so an export only frames the encoded spans
+SDK's span objects, and a span object and its encoding cost about 130 µs of CPU
+(loadtest/span_cost.py), as much as a third of a delivery. The poller writes each
+span's protobuf itself as the span ends (poller/otel.py: the parts an endpoint or
+an outcome decides are encoded once), so an export only frames the encoded spans
 (:func:`request`) and posts them; the messages are ``opentelemetry-proto``'s.
 
 **Configured as the SDK is**, by the standard variables: the endpoint
