@@ -414,6 +414,7 @@ async def test_a_healthy_endpoint_beside_an_open_circuit_keeps_its_rate(
                 return health(engine, "broken").state == "open"
 
             await wait_for(opened, timeout=10)
+            at_open = down.stats.received
             with Session(engine) as session, session.begin():
                 enqueue_many(
                     session,
@@ -422,9 +423,11 @@ async def test_a_healthy_endpoint_beside_an_open_circuit_keeps_its_rate(
             began = time.monotonic()
             await wait_for(drained(1000), timeout=30)
             beside = time.monotonic() - began
-    # the broken one opened (5 failed sends, plus up to a few rounds of its 16 in flight
-    # claimed before that completion committed), then waited: not 3,000
-    assert down.stats.received < 5 + 4 * 16, down.stats.received
+    # the broken one opened (5 failed sends, plus the rounds of its 16 in flight claimed
+    # before that completion committed: more on a loaded machine), then waited: at most
+    # the sends already in flight as it opened, none of the 3,000 after
+    assert at_open < 300, at_open
+    assert down.stats.received <= at_open + 16, (at_open, down.stats.received)
     assert beside < 2 * alone + 1.0, (alone, beside)
 
 
