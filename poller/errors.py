@@ -30,9 +30,12 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     │   ├── EventNotFound
     │   ├── MessageNotFound
     │   ├── NothingMatched
+    │   ├── TokenNotFound
     │   └── UnknownEndpoint
     ├── SecretUnreadable
-    └── ServiceCrashed                 (RuntimeError)
+    ├── ServiceCrashed                 (RuntimeError)
+    ├── TokenExists
+    └── TokenRefused
 
 Each face maps them once: the CLI (``poller/cli/__init__.py``) exits 1 for
 :class:`NotFound`, 2 for any other :class:`PollerError` and 70 for anything
@@ -211,3 +214,17 @@ class InvalidReplay(PollerError, ValueError):
 
 class ServiceCrashed(PollerError, RuntimeError):
     """A loop of the poller crashed; the poller stopped gracefully and must be restarted."""
+
+
+class TokenNotFound(NotFound):
+    """No API token has this name (poller/tokens.py)."""
+
+
+class TokenExists(PollerError):
+    """An API token of this name exists already (names are kept after a revoke)."""
+
+
+class TokenRefused(PollerError):
+    """A presented API token is not one, or is expired or revoked: the API answers 401.
+
+    Its message never repeats the token."""

@@ -477,3 +477,23 @@ cluster = Table(
     Column("key", Text, primary_key=True),
     Column("value", Text, nullable=False),
 )
+
+# --- the management API (poller/tokens.py) ---------------------------------------
+
+# API tokens: a name, a scope (``admin`` or ``tenant:NAME``), and the SHA-256 of the
+# token, never the token. Revoked tokens stay, so ``tokens list`` can say who had one.
+api_tokens = Table(
+    "poller_api_tokens",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("scope", Text, nullable=False),
+    Column("read_only", Boolean, nullable=False, server_default=text("false")),
+    Column("token_sha256", Text, nullable=False, unique=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("created_by", Text),
+    Column("expires_at", DateTime(timezone=True)),
+    Column("revoked_at", DateTime(timezone=True)),
+    Column("last_used_at", DateTime(timezone=True)),
+    CheckConstraint("scope = 'admin' OR scope LIKE 'tenant:_%'", name="scope"),
+)

@@ -55,6 +55,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run",
         "Deliver messages until SIGTERM/SIGINT (graceful), a second signal exits at once.",
     ),
+    "tokens": ("tokens", "The management API's tokens: make one (shown once), list, revoke."),
 }
 """Each command: the module of poller/cli/ that defines it, and its one-line help
 (shown by ``poller --help`` without importing the module; a test checks it is the
