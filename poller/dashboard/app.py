@@ -13,7 +13,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from poller.dashboard import auth, pages
+from poller.dashboard import api, auth, pages
 from poller.dashboard.web import (
     HERE,
     Dashboard,
@@ -41,6 +41,7 @@ def create_app(
     """The dashboard as an ASGI app. ``engine``: a synchronous engine (admin functions);
     ``leases``: reads the shard leases (``poller dashboard`` binds it to an elector)."""
     routes = [
+        *api.routes(),  # /api/v1 (poller/dashboard/api.py)
         *pages.routes(),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),

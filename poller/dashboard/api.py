@@ -1,0 +1,168 @@
+"""The management API, ``/api/v1``: JSON in and out, served by ``poller dashboard``.
+
+**Who.** ``Authorization: Bearer wpt_…``, an API token (poller/tokens.py), or the
+dashboard's operator credentials (its token or basic user), which act as ``admin``.
+Only the ``Authorization`` header counts: the dashboard's session cookie does not,
+so no other site can make a logged-in browser call the API. Wrong credentials are
+counted by the dashboard's throttle, and answered 429 past it.
+
+**Tenants.** A ``tenant:NAME`` token sees NAME's endpoints alone: any other answers
+404, the answer a name that does not exist gets, so no other tenant's names leak.
+
+**Errors** are ``application/problem+json`` (RFC 9457: ``type``, ``title``,
+``status``, ``detail``), never a page or a traceback: 401 without valid
+credentials, 404 for what does not exist (or is another tenant's), 422 for input
+that cannot be used, 503 while the database is away.
+
+**Lists** are pages of at most ``limit`` (1 to 500, default 100), in name order;
+``next`` is the ``after`` that asks for the following page (None: the last one).
+
+Fields are named as in the Python API (:meth:`poller.endpoints.Endpoint.public`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from poller import tokens
+from poller.dashboard.web import Dashboard, client_of, dashboard, identify
+from poller.db import TRANSIENT
+from poller.endpoints import Endpoint, get_endpoint, list_endpoints
+from poller.errors import InvalidInput, NotFound, PollerError, TokenRefused, UnknownEndpoint
+
+log = logging.getLogger("poller.api")
+PROBLEM = "application/problem+json"
+MAX_LIMIT = 500
+TITLES = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 422: "Unprocessable Content",
+          429: "Too Many Requests", 503: "Service Unavailable"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who called: their scope, whether they may change anything, and their name."""
+
+    scope: tokens.Scope
+    read_only: bool
+    who: str
+
+    def sees(self, endpoint: Endpoint) -> bool:
+        return self.scope.tenant is None or endpoint.tenant == self.scope.tenant
+
+
+def problem(status: int, detail: str, **headers: str) -> Response:
+    body = {"type": "about:blank", "title": TITLES.get(status, "Error"), "status": status,
+            "detail": detail}  # fmt: skip
+    return JSONResponse(body, status, headers=headers, media_type=PROBLEM)
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json(v) for v in value]
+    return value
+
+
+async def _caller(board: Dashboard, request: Request) -> Caller | Response:
+    header = request.headers.get("authorization", "")
+    if not header:
+        return problem(401, "send Authorization: Bearer <token>", **{"www-authenticate": "Bearer"})
+    client = client_of(request)
+    if (wait := board.throttle.wait(client)) > 0:
+        return problem(429, "too many wrong credentials: wait and try again",
+                       **{"retry-after": str(max(1, round(wait)))})  # fmt: skip
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip().startswith(tokens.PREFIX):
+
+        def check() -> tokens.Token:
+            with board.engine.begin() as conn:
+                return tokens.authenticate(conn, value.strip())
+
+        try:
+            token = await run_in_threadpool(check)
+        except TokenRefused as exc:
+            board.throttle.failed(client)
+            log.warning("api: refused a token from %s", client)
+            return problem(401, str(exc), **{"www-authenticate": 'Bearer error="invalid_token"'})
+        return Caller(token.scope, token.read_only, f"token:{token.name}")
+    identity = identify(board, request)  # the dashboard's operator credentials
+    if isinstance(identity, Response) or identity is None:
+        return problem(401, "wrong credentials", **{"www-authenticate": "Bearer"})
+    return Caller(tokens.Scope(), board.read_only, f"dashboard:{identity.who}")
+
+
+Handler = Callable[[Request, Caller], Awaitable[Response]]
+
+
+def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A route of the API: its caller found (else 401), its failures as problems."""
+
+    @functools.wraps(handler)
+    async def answered(request: Request) -> Response:
+        board = dashboard(request)
+        caller = await _caller(board, request)
+        if isinstance(caller, Response):
+            return caller
+        try:
+            return await handler(request, caller)
+        except NotFound as exc:
+            return problem(404, str(exc))
+        except (InvalidInput, ValueError) as exc:
+            return problem(422, str(exc))
+        except PollerError as exc:
+            return problem(422, str(exc))
+        except TRANSIENT as exc:
+            log.warning("api: database unavailable: %s", type(exc).__name__)
+            return problem(503, "the database is not answering; try again")
+
+    return answered
+
+
+def _page(request: Request) -> tuple[str | None, int]:
+    after = request.query_params.get("after") or None
+    raw = request.query_params.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise InvalidInput(f"limit {raw[:20]!r}: a whole number from 1 to {MAX_LIMIT}")
+    return after, int(raw)
+
+
+@api
+async def endpoints(request: Request, caller: Caller) -> Response:
+    after, limit = _page(request)
+    found = await dashboard(request).read(list_endpoints)
+    seen = sorted((e for e in found if caller.sees(e)), key=lambda e: e.name)
+    if after is not None:
+        seen = [e for e in seen if e.name > after]
+    page = seen[:limit]
+    more = len(seen) > limit
+    return JSONResponse(
+        {"data": [_json(e.public()) for e in page], "next": page[-1].name if more else None}
+    )
+
+
+@api
+async def endpoint(request: Request, caller: Caller) -> Response:
+    name = request.path_params["name"]
+    found = await dashboard(request).read(lambda conn: get_endpoint(conn, name))
+    if not caller.sees(found):
+        raise UnknownEndpoint(name)  # as if there were none: no other tenant's names leak
+    return JSONResponse(_json(found.public()))
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/api/v1/endpoints", endpoints, methods=["GET"]),
+        Route("/api/v1/endpoints/{name:path}", endpoint, methods=["GET"]),
+    ]
