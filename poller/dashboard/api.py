@@ -7,12 +7,21 @@ so no other site can make a logged-in browser call the API. Wrong credentials ar
 counted by the dashboard's throttle, and answered 429 past it.
 
 **Tenants.** A ``tenant:NAME`` token sees NAME's endpoints alone: any other answers
-404, the answer a name that does not exist gets, so no other tenant's names leak.
+404, the answer a name that does not exist gets, so no other tenant's names leak;
+it publishes as NAME, and only as NAME.
+
+**Changes** take a JSON body (``Content-Type: application/json``, 415 otherwise):
+a form another site's page posts cannot be one, and a script of another origin
+cannot send one without the CORS preflight this API never answers, so a browser
+that holds the operator's basic credentials cannot be made to change anything.
+A read-only token or dashboard changes nothing (403).
 
 **Errors** are ``application/problem+json`` (RFC 9457: ``type``, ``title``,
 ``status``, ``detail``), never a page or a traceback: 401 without valid
-credentials, 404 for what does not exist (or is another tenant's), 422 for input
-that cannot be used, 503 while the database is away.
+credentials, 403 for a change by a read-only caller, 404 for what does not exist
+(or is another tenant's), 409 for an idempotency key used with other content, 413
+for a body past the payload limit, 422 for input that cannot be used, 503 while
+the database is away.
 
 **Lists** are pages of at most ``limit`` (1 to 500, default 100), in name order;
 ``next`` is the ``after`` that asks for the following page (None: the last one).
@@ -23,6 +32,7 @@ Fields are named as in the Python API (:meth:`poller.endpoints.Endpoint.public`)
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,13 +48,24 @@ from poller import tokens
 from poller.dashboard.web import Dashboard, client_of, dashboard, identify
 from poller.db import TRANSIENT
 from poller.endpoints import Endpoint, get_endpoint, list_endpoints
-from poller.errors import InvalidInput, NotFound, PollerError, TokenRefused, UnknownEndpoint
+from poller.errors import (
+    IdempotencyConflict,
+    InvalidInput,
+    NotFound,
+    PollerError,
+    TokenRefused,
+    UnknownEndpoint,
+)
+from poller.fanout import publish
 
 log = logging.getLogger("poller.api")
 PROBLEM = "application/problem+json"
 MAX_LIMIT = 500
-TITLES = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 422: "Unprocessable Content",
+TITLES = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
+          413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
           429: "Too Many Requests", 503: "Service Unavailable"}  # fmt: skip
+EVENT_FIELDS = {"event_type", "payload", "idempotency_key", "tenant", "ordering_key"}
+BODY_SLACK = 64 * 1024  # what an event's body may hold besides its payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +140,8 @@ def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             return await handler(request, caller)
         except NotFound as exc:
             return problem(404, str(exc))
+        except IdempotencyConflict as exc:
+            return problem(409, str(exc))
         except (InvalidInput, ValueError) as exc:
             return problem(422, str(exc))
         except PollerError as exc:
@@ -161,8 +184,79 @@ async def endpoint(request: Request, caller: Caller) -> Response:
     return JSONResponse(_json(found.public()))
 
 
+async def _body(request: Request, limit: int) -> dict[str, Any] | Response:
+    """The request's JSON object; a problem when it is not one, or is over ``limit``
+    bytes (read no further than that)."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "application/json":
+        return problem(415, "send Content-Type: application/json")
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > limit:
+        return problem(413, f"the body is over {limit} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            return problem(413, f"the body is over {limit} bytes")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return problem(422, "the body is not JSON")
+    if not isinstance(body, dict):
+        return problem(422, "the body must be a JSON object")
+    return body
+
+
+@api
+async def events(request: Request, caller: Caller) -> Response:
+    """Publish one event, as :func:`poller.publish` does: to every subscribed endpoint
+    of its tenant. A tenant's token publishes as its tenant."""
+    if caller.read_only:
+        return problem(403, "a read-only token cannot publish")
+    board = dashboard(request)
+    body = await _body(request, board.settings.max_payload_bytes + BODY_SLACK)
+    if isinstance(body, Response):
+        return body
+    unknown = sorted(set(body) - EVENT_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(k[:40] for k in unknown[:5])}")
+    missing = sorted({"event_type", "payload", "idempotency_key"} - set(body))
+    if missing:
+        raise InvalidInput(f"missing fields: {', '.join(missing)}")
+    tenant = body.get("tenant")
+    if caller.scope.tenant is not None:
+        if tenant not in (None, caller.scope.tenant):
+            raise InvalidInput(f"a {caller.scope} token publishes as {caller.scope.tenant}")
+        tenant = caller.scope.tenant
+    keyed = request.headers.get("idempotency-key")
+    if keyed is not None and keyed != body["idempotency_key"]:
+        raise InvalidInput("the Idempotency-Key header and idempotency_key differ")
+
+    def write() -> Any:
+        with board.engine.begin() as conn:
+            return publish(
+                conn,
+                event_type=body["event_type"],
+                payload=body["payload"],
+                idempotency_key=body["idempotency_key"],
+                tenant=tenant,
+                ordering_key=body.get("ordering_key"),
+            )
+
+    published = await run_in_threadpool(write)
+    return JSONResponse(
+        {
+            "event_id": published.event_id,
+            "deliveries": published.deliveries,
+            "created": published.created,
+        },
+        201 if published.created else 200,
+    )
+
+
 def routes() -> list[Route]:
     return [
+        Route("/api/v1/events", events, methods=["POST"]),
         Route("/api/v1/endpoints", endpoints, methods=["GET"]),
         Route("/api/v1/endpoints/{name:path}", endpoint, methods=["GET"]),
     ]

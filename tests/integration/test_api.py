@@ -4,10 +4,11 @@ failure a problem document."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from poller import tokens
@@ -103,3 +104,82 @@ def test_no_wrong_or_ended_token_gets_in(
         web.get("/api/v1/endpoints", headers={"Authorization": "Bearer wpt_" + "x" * 43})
     answer = web.get("/api/v1/endpoints", headers={"Authorization": f"Bearer {made['admin']}"})
     assert answer.status_code == 429 and answer.headers["content-type"] == PROBLEM
+
+
+def _post(
+    web: TestClient, token: str, body: object, **headers: str
+) -> tuple[int, dict[str, object]]:
+    answer = web.post(
+        "/api/v1/events",
+        content=body if isinstance(body, bytes) else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", **headers},
+    )
+    assert "Traceback" not in answer.text
+    return answer.status_code, answer.json()
+
+
+def _rows(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM poller_events")).scalar_one())
+
+
+def test_a_tenants_token_publishes_as_its_tenant_once_per_key(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    web, made = api
+    event = {"event_type": "order.paid", "payload": {"order": 7}, "idempotency_key": "o7"}
+    status, body = _post(web, made["tenant:acme"], event)
+    assert status == 201 and sorted(body["deliveries"]) == ["acme-audit", "acme-hooks"]  # type: ignore[arg-type]
+    again, same = _post(web, made["tenant:acme"], event, **{"Idempotency-Key": "o7"})
+    assert again == 200 and same["event_id"] == body["event_id"] and same["created"] is False
+    status, body = _post(web, made["tenant:acme"], {**event, "payload": {"order": 8}})
+    assert status == 409
+    status, body = _post(
+        web, made["tenant:acme"], {**event, "tenant": "globex", "idempotency_key": "g"}
+    )
+    assert status == 422 and "publishes as acme" in str(body["detail"])
+    status, body = _post(web, made["admin"], {**event, "tenant": "globex"})
+    assert status == 201 and list(body["deliveries"]) == ["globex-hooks"]  # type: ignore[arg-type]
+    assert _rows(engine) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "said"),
+    [
+        (b"not json", 422, "not JSON"),
+        (b"[1, 2]", 422, "JSON object"),
+        (b"[" * 100_000 + b"]" * 100_000, 422, "not JSON"),  # nested past any parser
+        ({"event_type": "e", "payload": {}}, 422, "missing fields: idempotency_key"),
+        (
+            {"event_type": "e", "payload": {}, "idempotency_key": "k", "extra": 1},
+            422,
+            "unknown fields: extra",
+        ),
+        ({"event_type": "e\x00", "payload": {}, "idempotency_key": "k"}, 422, "event"),
+        ({"event_type": 7, "payload": {}, "idempotency_key": "k"}, 422, "event_type"),
+        ({"event_type": "e", "payload": {}, "idempotency_key": "k k"}, 422, "idempotency_key"),
+        ({"event_type": "e", "payload": "x", "idempotency_key": "k"}, 422, "JSON object"),
+        ({"event_type": "e", "payload": {"x": "x" * 400_000}, "idempotency_key": "k"}, 413, "over"),
+    ],
+)
+def test_a_bad_event_is_a_problem_and_writes_nothing(
+    engine: Engine, api: tuple[TestClient, dict[str, str]], body: object, status: int, said: str
+) -> None:
+    web, made = api
+    got, problem = _post(web, made["admin"], body)
+    assert got == status and said in str(problem["detail"]), problem
+    assert _rows(engine) == 0
+
+
+def test_publishing_needs_json_and_a_token_that_may_write(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    web, made = api
+    with engine.begin() as conn:
+        _, reader = tokens.create_token(conn, "reader", "admin", read_only=True)
+    event = {"event_type": "order.paid", "payload": {}, "idempotency_key": "r"}
+    assert _post(web, reader, event)[0] == 403
+    form = web.post("/api/v1/events", data={"event_type": "x"},  # what another site's form sends
+                    headers={"Authorization": f"Bearer {made['admin']}"})  # fmt: skip
+    assert form.status_code == 415 and form.headers["content-type"] == PROBLEM
+    assert _rows(engine) == 0
