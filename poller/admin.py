@@ -22,7 +22,7 @@ from poller.endpoint_checks import could_be_name
 from poller.errors import InvalidInput, MessageNotFound, UnknownEndpoint
 from poller.names import could_be_event_type
 from poller.ordering import requeue_keyed
-from poller.schema import delivery_attempts, endpoints, event_log, outbox
+from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
 from poller.settings import default_settings
 
 RETRY_BATCH = 1000  # ids per statement of a retry
@@ -116,6 +116,49 @@ def list_failed(
     )
     if before is not None:
         query = query.where(tuple_(outbox.c.failed_at, outbox.c.id) < tuple_(*before))
+    return [dict(row._mapping) for row in conn.execute(query)]
+
+
+MESSAGE_FIELDS = (
+    "id", "event_type", "idempotency_key", "status", "attempts", "max_attempts",
+    "next_attempt_at", "last_status_code", "last_error", "created_at", "delivered_at",
+    "failed_at", "cancelled_at", "ordering_key", "event_id",
+)  # fmt: skip
+
+
+def list_messages(
+    conn: Connection,
+    *,
+    endpoint: str | None = None,
+    status: str | None = None,
+    event_type: str | None = None,
+    tenant: str | None = None,
+    before: int | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Messages, newest first (their :data:`MESSAGE_FIELDS` and their endpoint's name,
+    never a payload); ``tenant``: only that tenant's endpoints' (None: any endpoint's);
+    ``before``: the id of the last row of a page, for the next one (a keyset)."""
+    if status is not None and status not in STATUSES:
+        raise InvalidInput(f"status {status[:40]!r}: one of {', '.join(STATUSES)}")
+    query = (
+        select(*(outbox.c[f] for f in MESSAGE_FIELDS), endpoints.c.name.label("endpoint"))
+        .join(endpoints, endpoints.c.id == outbox.c.endpoint_id)
+        .order_by(outbox.c.id.desc())
+        .limit(limit)
+    )
+    if endpoint is not None:
+        query = query.where(outbox.c.endpoint_id == _endpoint_id(conn, endpoint))
+    if status is not None:
+        query = query.where(outbox.c.status == status)
+    if event_type is not None:
+        if not could_be_event_type(event_type):
+            return []
+        query = query.where(outbox.c.event_type == event_type)
+    if tenant is not None:
+        query = query.where(endpoints.c.tenant == tenant)
+    if before is not None:
+        query = query.where(outbox.c.id < before)
     return [dict(row._mapping) for row in conn.execute(query)]
 
 

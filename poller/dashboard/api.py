@@ -44,13 +44,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from poller import tokens
+from poller import admin, parse, tokens
 from poller.dashboard.web import Dashboard, client_of, dashboard, identify
 from poller.db import TRANSIENT
 from poller.endpoints import Endpoint, get_endpoint, list_endpoints
 from poller.errors import (
     IdempotencyConflict,
     InvalidInput,
+    MessageNotFound,
     NotFound,
     PollerError,
     TokenRefused,
@@ -177,11 +178,58 @@ async def endpoints(request: Request, caller: Caller) -> Response:
 
 @api
 async def endpoint(request: Request, caller: Caller) -> Response:
-    name = request.path_params["name"]
+    return JSONResponse(
+        _json((await _visible(request, caller, request.path_params["name"])).public())
+    )
+
+
+ATTEMPT_FIELDS = ("attempt", "kind", "outcome", "started_at", "duration_ms", "status_code",
+                  "error_class", "error_message", "response_excerpt")  # fmt: skip
+
+
+async def _visible(request: Request, caller: Caller, name: str) -> Endpoint:
+    """The endpoint ``name``, if the caller may see it; else as if there were none."""
     found = await dashboard(request).read(lambda conn: get_endpoint(conn, name))
     if not caller.sees(found):
-        raise UnknownEndpoint(name)  # as if there were none: no other tenant's names leak
-    return JSONResponse(_json(found.public()))
+        raise UnknownEndpoint(name)  # no other tenant's names leak
+    return found
+
+
+@api
+async def messages(request: Request, caller: Caller) -> Response:
+    """Messages newest first, by endpoint, status and event type; ``after``: the ``next``
+    of the previous page."""
+    after, limit = _page(request)
+    before = parse.row_id(after) if after is not None else None
+    query = request.query_params
+    name = query.get("endpoint")
+    if name is not None:
+        await _visible(request, caller, name)
+    found = await dashboard(request).read(
+        lambda conn: admin.list_messages(
+            conn, endpoint=name, status=query.get("status"), event_type=query.get("event_type"),
+            tenant=caller.scope.tenant, before=before, limit=limit + 1,
+        )
+    )  # fmt: skip
+    page = found[:limit]
+    more = len(found) > limit
+    return JSONResponse(
+        {"data": [_json(m) for m in page], "next": str(page[-1]["id"]) if more else None}
+    )
+
+
+@api
+async def message(request: Request, caller: Caller) -> Response:
+    """One message, its payload and every attempt, oldest first."""
+    message_id = parse.row_id(request.path_params["id"])
+    found = await dashboard(request).read(lambda conn: admin.message_detail(conn, message_id))
+    try:
+        await _visible(request, caller, found["endpoint"])
+    except UnknownEndpoint:
+        raise MessageNotFound(f"no message {message_id}") from None  # as for one not there
+    shown = {k: found[k] for k in (*admin.MESSAGE_FIELDS, "endpoint", "payload")}
+    shown["attempts_log"] = [{k: a[k] for k in ATTEMPT_FIELDS} for a in found["attempts_log"]]
+    return JSONResponse(_json(shown))
 
 
 async def _body(request: Request, limit: int) -> dict[str, Any] | Response:
@@ -258,5 +306,7 @@ def routes() -> list[Route]:
     return [
         Route("/api/v1/events", events, methods=["POST"]),
         Route("/api/v1/endpoints", endpoints, methods=["GET"]),
+        Route("/api/v1/messages", messages, methods=["GET"]),
+        Route("/api/v1/messages/{id}", message, methods=["GET"]),
         Route("/api/v1/endpoints/{name:path}", endpoint, methods=["GET"]),
     ]

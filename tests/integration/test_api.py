@@ -5,6 +5,7 @@ failure a problem document."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -183,3 +184,76 @@ def test_publishing_needs_json_and_a_token_that_may_write(
                     headers={"Authorization": f"Bearer {made['admin']}"})  # fmt: skip
     assert form.status_code == 415 and form.headers["content-type"] == PROBLEM
     assert _rows(engine) == 0
+
+
+def test_a_tenant_reads_its_messages_alone(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    web, made = api
+    for tenant, key in (("acme", "a1"), ("globex", "g1"), ("acme", "a2")):
+        event = {"event_type": "order.paid", "payload": {"k": key}, "idempotency_key": key,
+                 "tenant": tenant}  # fmt: skip
+        assert _post(web, made["admin"], event)[0] == 201
+    status, body, _ = _get(web, "/api/v1/messages?limit=2", made["tenant:acme"])
+    assert status == 200 and len(body["data"]) == 2 and body["next"]  # type: ignore[arg-type]
+    status, rest, _ = _get(web, f"/api/v1/messages?after={body['next']}", made["tenant:acme"])
+    mine = body["data"] + rest["data"]  # type: ignore[operator]
+    assert {m["endpoint"] for m in mine} == {"acme-hooks", "acme-audit"} and len(mine) == 4
+    status, one, _ = _get(web, f"/api/v1/messages/{mine[0]['id']}", made["tenant:acme"])
+    assert status == 200 and one["payload"] == {"k": "a2"} and one["attempts_log"] == []
+    assert "claim_token" not in one and "traceparent" not in one
+    _, theirs, _ = _get(web, "/api/v1/messages?endpoint=globex-hooks", made["admin"])
+    (globex,) = theirs["data"]  # type: ignore[misc]
+    status, hidden, _ = _get(web, f"/api/v1/messages/{globex['id']}", made["tenant:acme"])
+    _, absent, _ = _get(web, "/api/v1/messages/999999", made["tenant:acme"])
+    assert status == 404 and hidden["detail"] == f"no message {globex['id']}"
+    assert absent["detail"] == "no message 999999"
+    for query in ("?endpoint=globex-hooks", "?status=lost", "?after=x", "/0", "/1e3"):
+        status, problem, kind = _get(web, f"/api/v1/messages{query}", made["tenant:acme"])
+        assert status in (404, 422) and kind == PROBLEM, (query, problem)
+    status, body, _ = _get(web, "/api/v1/messages?status=pending&event_type=order.paid",
+                           made["tenant:globex"])  # fmt: skip
+    assert status == 200 and [m["idempotency_key"] for m in body["data"]] == ["g1"]  # type: ignore[index]
+
+
+def test_every_route_hides_every_other_tenants_resource(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    """Each route of the API (a new one is covered, or this fails on its parameter), for
+    acme's token, with each of globex's and the untenanted endpoints and messages: 404,
+    or a list without them; and nothing changed."""
+    from poller.dashboard.api import routes
+
+    web, made = api
+    for tenant, key in (("globex", "g1"), (None, "b1"), ("acme", "a1")):
+        event = {"event_type": "order.paid", "payload": {}, "idempotency_key": key,
+                 "tenant": tenant}  # fmt: skip
+        assert _post(web, made["admin"], event)[0] == 201
+    _, everything, _ = _get(web, "/api/v1/messages", made["admin"])
+    foreign = {"name": ["globex-hooks", "billing"],
+               "id": [str(m["id"]) for m in everything["data"] if m["endpoint"] in  # type: ignore[attr-defined]
+                      ("globex-hooks", "billing")]}  # fmt: skip
+    assert len(foreign["id"]) == 2
+    with engine.connect() as conn:
+        before = conn.execute(text("SELECT count(*), max(updated_at) FROM poller_outbox")).one()
+    checked = 0
+    for route in routes():
+        params = [p.partition(":")[0] for p in re.findall(r"{([^}]+)}", route.path)]
+        for method in sorted((route.methods or set()) - {"HEAD"}):
+            if method != "GET":
+                continue  # changes are checked by their own tests (publish: as its tenant)
+            if not params:
+                status, body, _ = _get(web, route.path, made["tenant:acme"])
+                assert status == 200 and "globex" not in str(body) and "billing" not in str(body)
+                checked += 1
+                continue
+            (param,) = params
+            for value in foreign[param]:
+                path = re.sub(r"{[^}]+}", value, route.path)
+                status, body, kind = _get(web, path, made["tenant:acme"])
+                assert (status, kind) == (404, PROBLEM), path
+                checked += 1
+    assert checked >= 6
+    with engine.connect() as conn:
+        after = conn.execute(text("SELECT count(*), max(updated_at) FROM poller_outbox")).one()
+    assert tuple(before) == tuple(after)
