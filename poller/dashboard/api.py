@@ -45,6 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from poller import admin, parse, tokens
+from poller.cancel import cancel_messages
 from poller.dashboard.web import Dashboard, client_of, dashboard, identify
 from poller.db import TRANSIENT
 from poller.endpoints import Endpoint, get_endpoint, list_endpoints
@@ -137,6 +138,12 @@ def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         caller = await _caller(board, request)
         if isinstance(caller, Response):
             return caller
+        if request.method not in ("GET", "HEAD"):  # a change
+            kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if kind != "application/json":  # what no other site's form can send
+                return problem(415, "send Content-Type: application/json")
+            if caller.read_only:
+                return problem(403, f"{caller.who} is read-only: it changes nothing")
         try:
             return await handler(request, caller)
         except NotFound as exc:
@@ -221,23 +228,55 @@ async def messages(request: Request, caller: Caller) -> Response:
 @api
 async def message(request: Request, caller: Caller) -> Response:
     """One message, its payload and every attempt, oldest first."""
-    message_id = parse.row_id(request.path_params["id"])
+    message_id = await _own_message(request, caller)
     found = await dashboard(request).read(lambda conn: admin.message_detail(conn, message_id))
-    try:
-        await _visible(request, caller, found["endpoint"])
-    except UnknownEndpoint:
-        raise MessageNotFound(f"no message {message_id}") from None  # as for one not there
     shown = {k: found[k] for k in (*admin.MESSAGE_FIELDS, "endpoint", "payload")}
     shown["attempts_log"] = [{k: a[k] for k in ATTEMPT_FIELDS} for a in found["attempts_log"]]
     return JSONResponse(_json(shown))
 
 
+async def _own_message(request: Request, caller: Caller) -> int:
+    """The id in the path, of a message the caller may see; else MessageNotFound."""
+    message_id = parse.row_id(request.path_params["id"])
+    found = await dashboard(request).read(lambda conn: admin.message_detail(conn, message_id))
+    try:
+        await _visible(request, caller, found["endpoint"])
+    except UnknownEndpoint:
+        raise MessageNotFound(f"no message {message_id}") from None
+    return message_id
+
+
+@api
+async def retry(request: Request, caller: Caller) -> Response:
+    """Send a failed or cancelled message again, with a fresh attempt budget."""
+    message_id = await _own_message(request, caller)
+    board = dashboard(request)
+    plan = await board.read(lambda conn: admin.plan_retry(conn, [message_id]))
+    if not plan.ids:
+        return problem(
+            409, f"message {message_id} {plan.skipped.get(message_id, 'cannot be retried')}"
+        )
+    await board.act(lambda: admin.retry_messages(board.engine, plan.ids, who=f"api:{caller.who}"))
+    return JSONResponse({"id": message_id, "status": "pending"})
+
+
+@api
+async def cancel(request: Request, caller: Caller) -> Response:
+    """End a pending or waiting message as cancelled: never sent again."""
+    message_id = await _own_message(request, caller)
+    board = dashboard(request)
+    done = await board.act(
+        lambda: cancel_messages(board.engine, [message_id], who=f"api:{caller.who}")
+    )
+    if message_id not in done.cancelled:
+        why = done.refused.get(message_id, "cannot be cancelled")
+        return problem(409, f"message {message_id} not cancelled: {why}")
+    return JSONResponse({"id": message_id, "status": "cancelled"})
+
+
 async def _body(request: Request, limit: int) -> dict[str, Any] | Response:
-    """The request's JSON object; a problem when it is not one, or is over ``limit``
-    bytes (read no further than that)."""
-    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if kind != "application/json":
-        return problem(415, "send Content-Type: application/json")
+    """The request's JSON object (its type was checked by :func:`api`); a problem when
+    it is not one, or is over ``limit`` bytes (read no further than that)."""
     size = request.headers.get("content-length", "")
     if size.isdigit() and int(size) > limit:
         return problem(413, f"the body is over {limit} bytes")
@@ -259,8 +298,6 @@ async def _body(request: Request, limit: int) -> dict[str, Any] | Response:
 async def events(request: Request, caller: Caller) -> Response:
     """Publish one event, as :func:`poller.publish` does: to every subscribed endpoint
     of its tenant. A tenant's token publishes as its tenant."""
-    if caller.read_only:
-        return problem(403, "a read-only token cannot publish")
     board = dashboard(request)
     body = await _body(request, board.settings.max_payload_bytes + BODY_SLACK)
     if isinstance(body, Response):
@@ -308,5 +345,7 @@ def routes() -> list[Route]:
         Route("/api/v1/endpoints", endpoints, methods=["GET"]),
         Route("/api/v1/messages", messages, methods=["GET"]),
         Route("/api/v1/messages/{id}", message, methods=["GET"]),
+        Route("/api/v1/messages/{id}/retry", retry, methods=["POST"]),
+        Route("/api/v1/messages/{id}/cancel", cancel, methods=["POST"]),
         Route("/api/v1/endpoints/{name:path}", endpoint, methods=["GET"]),
     ]
