@@ -169,6 +169,9 @@ class Settings(BaseSettings):
     """HTTP basic password for the dashboard (with POLLER_DASHBOARD_USER)."""
     dashboard_read_only: bool = False
     """Show everything, change nothing: no retry, replay, enable or disable."""
+    api_rate_limit: float = Field(default=50.0, gt=0, le=100_000)
+    """Requests a second each API token may make (``/api/v1``, poller/dashboard/api.py),
+    in bursts of up to twice that; past it, 429 with ``Retry-After``. Per process."""
     retention_delivered: PositiveSeconds = 7 * 86400.0
     """How long a delivered message (and its attempts) is kept before the purge."""
     retention_failed: PositiveSeconds = 30 * 86400.0

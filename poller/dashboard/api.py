@@ -16,6 +16,10 @@ cannot send one without the CORS preflight this API never answers, so a browser
 that holds the operator's basic credentials cannot be made to change anything.
 A read-only token or dashboard changes nothing (403).
 
+**Throttled per token** (per operator, for the dashboard's credentials):
+``POLLER_API_RATE_LIMIT`` requests a second, in bursts of twice that, then 429 with
+``Retry-After`` (:class:`Limits`; each process counts its own).
+
 **Errors** are ``application/problem+json`` (RFC 9457: ``type``, ``title``,
 ``status``, ``detail``), never a page or a traceback: 401 without valid
 credentials, 403 for a change by a read-only caller, 404 for what does not exist
@@ -34,6 +38,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -68,6 +74,27 @@ TITLES = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflic
           429: "Too Many Requests", 503: "Service Unavailable"}  # fmt: skip
 EVENT_FIELDS = {"event_type", "payload", "idempotency_key", "tenant", "ordering_key"}
 BODY_SLACK = 64 * 1024  # what an event's body may hold besides its payload
+
+
+class Limits:
+    """A token bucket per API token: ``rate`` requests a second, bursts of twice that."""
+
+    def __init__(self, rate: float, tracked: int = 10_000) -> None:
+        self.rate, self.burst, self.tracked = rate, 2 * rate, tracked
+        self._buckets: dict[str, tuple[float, float]] = {}  # token -> (tokens left, at)
+
+    def wait(self, who: str, now: float | None = None) -> float:
+        """0 and one request taken, or how long ``who`` must wait for the next."""
+        now = time.monotonic() if now is None else now
+        left, at = self._buckets.get(who, (self.burst, now))
+        left = min(self.burst, left + (now - at) * self.rate)
+        if left < 1:
+            self._buckets[who] = (left, now)
+            return (1 - left) / self.rate
+        if who not in self._buckets and len(self._buckets) >= self.tracked:
+            del self._buckets[next(iter(self._buckets))]  # the longest-known token
+        self._buckets[who] = (left - 1, now)
+        return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +165,10 @@ def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         caller = await _caller(board, request)
         if isinstance(caller, Response):
             return caller
+        limits: Limits = request.app.state.api_limits
+        if (wait := limits.wait(caller.who)) > 0:
+            return problem(429, f"more than {limits.rate:g} requests a second for {caller.who}",
+                           **{"retry-after": str(max(1, math.ceil(wait)))})  # fmt: skip
         if request.method not in ("GET", "HEAD"):  # a change
             kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
             if kind != "application/json":  # what no other site's form can send

@@ -61,5 +61,6 @@ def create_app(
         },
     )
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
+    app.state.api_limits = api.Limits(settings.api_rate_limit)
     bound = host_of(settings.dashboard_addr or "127.0.0.1:8188")
     return SecurityHeaders(app, loopback_only=loopback(bound))

@@ -294,3 +294,20 @@ def test_a_tenant_retries_and_cancels_its_own_messages(
     assert any("token:tenant-acme" in str(w) for w in who), who
     form = web.post(f"/api/v1/messages/{first}/cancel", data={"a": "b"}, headers=auth)
     assert form.status_code == 415  # what another site's form would send: refused
+
+
+def test_each_token_is_throttled_on_its_own(engine: Engine) -> None:
+    from poller.dashboard.api import Limits
+
+    limits = Limits(2.0)  # bursts of 4, then one every half second
+    assert [limits.wait("a", now=0.0) for _ in range(5)] == [0, 0, 0, 0, 0.5]
+    assert limits.wait("b", now=0.0) == 0 and limits.wait("a", now=0.5) == 0
+    with engine.begin() as conn:
+        _, first = tokens.create_token(conn, "first", "admin")
+        _, second = tokens.create_token(conn, "second", "admin")
+    with client(engine, api_rate_limit=2) as web:
+        codes = [_get(web, "/api/v1/endpoints", first)[0] for _ in range(8)]
+        assert codes.count(200) in (4, 5) and codes[-1] == 429  # 4, and one more if 0.5 s passed
+        answer = web.get("/api/v1/endpoints", headers={"Authorization": f"Bearer {first}"})
+        assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
+        assert _get(web, "/api/v1/endpoints", second)[0] == 200
