@@ -42,6 +42,10 @@ def check_on_failed_head(value: object) -> str | None:
     raise InvalidEndpoint(f"on_failed_head must be one of {', '.join(ON_FAILED_HEAD)}")
 
 
+MAX_COUNT = 2**31 - 1  # the columns' integers
+MAX_SECONDS = 365 * 86400.0
+
+
 def positive(value: Any, what: str, *, integer: bool) -> Any:
     """``value`` if it is a positive integer (``integer``) or number of seconds; None stays."""
     if value is None:
@@ -50,8 +54,12 @@ def positive(value: Any, what: str, *, integer: bool) -> Any:
         raise InvalidEndpoint(f"{what} must be a positive number")
     if integer and (not isinstance(value, int) or value < 1):
         raise InvalidEndpoint(f"{what} must be a positive integer")
+    if integer and value > MAX_COUNT:
+        raise InvalidEndpoint(f"{what} must be at most {MAX_COUNT}")
     if not integer and (not math.isfinite(value) or value <= 0):
         raise InvalidEndpoint(f"{what} must be a positive number of seconds")
+    if not integer and value > MAX_SECONDS:
+        raise InvalidEndpoint(f"{what} must be at most 365 days")
     return value
 
 

@@ -39,6 +39,7 @@ import functools
 import json
 import logging
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,8 +55,18 @@ from poller import admin, parse, tokens
 from poller.cancel import cancel_messages
 from poller.dashboard.web import Dashboard, client_of, dashboard, identify
 from poller.db import TRANSIENT
-from poller.endpoints import Endpoint, get_endpoint, list_endpoints
+from poller.endpoints import (
+    Endpoint,
+    create_endpoint,
+    get_endpoint,
+    list_endpoints,
+    remove_endpoint,
+    set_enabled,
+    update_endpoint,
+)
 from poller.errors import (
+    EndpointExists,
+    EndpointInUse,
     IdempotencyConflict,
     InvalidInput,
     MessageNotFound,
@@ -65,6 +76,7 @@ from poller.errors import (
     UnknownEndpoint,
 )
 from poller.fanout import publish
+from poller.signing import Scheme
 
 log = logging.getLogger("poller.api")
 PROBLEM = "application/problem+json"
@@ -179,7 +191,7 @@ def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             return await handler(request, caller)
         except NotFound as exc:
             return problem(404, str(exc))
-        except IdempotencyConflict as exc:
+        except (IdempotencyConflict, EndpointExists, EndpointInUse) as exc:
             return problem(409, str(exc))
         except (InvalidInput, ValueError) as exc:
             return problem(422, str(exc))
@@ -264,6 +276,128 @@ async def message(request: Request, caller: Caller) -> Response:
     shown = {k: found[k] for k in (*admin.MESSAGE_FIELDS, "endpoint", "payload")}
     shown["attempts_log"] = [{k: a[k] for k in ATTEMPT_FIELDS} for a in found["attempts_log"]]
     return JSONResponse(_json(shown))
+
+
+NUMBER, TEXT = (int, float), (str,)
+ENDPOINT_FIELDS: dict[str, tuple[type, ...]] = {
+    "url": TEXT, "lookup_url": TEXT, "event_types": (list,), "tenant": TEXT,
+    "payload_filter": (dict,), "headers": (dict,), "max_attempts": (int,), "timeout": NUMBER,
+    "max_in_flight": (int,), "rate_limit": NUMBER, "rate_burst": (int,),
+    "circuit_failures": (int,), "circuit_cooldown": NUMBER, "retry_schedule": (list,),
+    "max_age": NUMBER, "on_failed_head": TEXT, "trace_context": (bool,),
+}  # fmt: skip
+"""What a create or an update may set, and the JSON types each takes (poller/endpoints.py
+checks the values)."""
+
+
+def _fields(body: dict[str, Any], allowed: dict[str, tuple[type, ...]]) -> dict[str, Any]:
+    """``body``'s fields, each of a type its field takes (a wrong one is 422, never a
+    crash further in)."""
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise InvalidInput(f"unknown fields: {', '.join(k[:40] for k in unknown[:5])}")
+    for name, value in body.items():
+        types = allowed[name]
+        if value is None or (isinstance(value, bool) and bool not in types):
+            raise InvalidInput(f"{name}: {'null' if value is None else 'a boolean'} is not "
+                               "one of its values")  # fmt: skip
+        if not isinstance(value, types):
+            raise InvalidInput(f"{name}: must be {' or '.join(t.__name__ for t in types)}")
+    for name in ("event_types", "retry_schedule"):
+        items = body.get(name, [])
+        kinds = TEXT if name == "event_types" else NUMBER
+        if any(not isinstance(i, kinds) or isinstance(i, bool) for i in items):
+            raise InvalidInput(f"{name}: a list of {'names' if kinds is TEXT else 'seconds'}")
+    headers = body.get("headers", {})
+    if any(not isinstance(v, str) for v in headers.values()):
+        raise InvalidInput("headers: an object of header names and text values")
+    return body
+
+
+@api
+async def create(request: Request, caller: Caller) -> Response:
+    """Make an endpoint; its signing secret (or, for ed25519, its public key) is in the
+    answer this once. A tenant's token makes one of its tenant's, named for it."""
+    board = dashboard(request)
+    body = await _body(request, 1024 * 1024)
+    if isinstance(body, Response):
+        return body
+    allowed = {**ENDPOINT_FIELDS, "name": TEXT, "signing": TEXT}
+    if caller.scope.tenant is not None:
+        for field in ("name", "tenant"):
+            if field in body:
+                raise InvalidInput(f"{field}: a {caller.scope} token's endpoints get theirs")
+        body = {**body, "tenant": caller.scope.tenant}
+        name = f"ep_{secrets.token_hex(8)}"  # never one another tenant has
+    elif isinstance(body.get("name"), str):
+        name = body["name"]
+    else:
+        raise InvalidInput("name: required, the endpoint's name")
+    fields = dict(_fields(body, allowed))
+    fields.pop("name", None)
+    url = fields.pop("url", None)
+    if url is None:
+        raise InvalidInput("url: required, where its webhooks go")
+
+    def write() -> Any:
+        with board.engine.begin() as conn:
+            return create_endpoint(conn, name, url, **fields)
+
+    made = await run_in_threadpool(write)
+    shown = made.endpoint.public()
+    if made.endpoint.signing is Scheme.HMAC_SHA256:
+        shown["secret"] = made.secret  # this once; ed25519: the public keys above
+    return JSONResponse(_json(shown), 201)
+
+
+@api
+async def change(request: Request, caller: Caller) -> Response:
+    """Change the fields given (``null`` clears nothing: it is refused)."""
+    found = await _visible(request, caller, request.path_params["name"])
+    board = dashboard(request)
+    body = await _body(request, 1024 * 1024)
+    if isinstance(body, Response):
+        return body
+    allowed = dict(ENDPOINT_FIELDS)
+    if caller.scope.tenant is not None:
+        del allowed["tenant"]  # a tenant's endpoint stays its
+    fields = _fields(body, allowed)
+
+    def write() -> Endpoint:
+        with board.engine.begin() as conn:
+            return update_endpoint(conn, found.name, **fields)
+
+    return JSONResponse(_json((await run_in_threadpool(write)).public()))
+
+
+@api
+async def remove(request: Request, caller: Caller) -> Response:
+    """Delete an endpoint; with ``?force=true`` its messages too (409 otherwise)."""
+    found = await _visible(request, caller, request.path_params["name"])
+    board = dashboard(request)
+    force = request.query_params.get("force") == "true"
+
+    def write() -> int:
+        with board.engine.begin() as conn:
+            return remove_endpoint(conn, found.name, force=force)
+
+    deleted = await run_in_threadpool(write)
+    return JSONResponse({"name": found.name, "deleted_messages": deleted})
+
+
+@api
+async def switch(request: Request, caller: Caller) -> Response:
+    """``enable`` (its circuit closed, its streak forgotten) or ``disable`` it."""
+    found = await _visible(request, caller, request.path_params["name"])
+    board = dashboard(request)
+    enabled = request.url.path.endswith("/enable")
+    reason = f"disabled by {caller.who}"
+
+    def write() -> Endpoint:
+        with board.engine.begin() as conn:
+            return set_enabled(conn, found.name, enabled, None if enabled else reason)
+
+    return JSONResponse(_json((await run_in_threadpool(write)).public()))
 
 
 async def _own_message(request: Request, caller: Caller) -> int:
@@ -374,9 +508,14 @@ def routes() -> list[Route]:
     return [
         Route("/api/v1/events", events, methods=["POST"]),
         Route("/api/v1/endpoints", endpoints, methods=["GET"]),
+        Route("/api/v1/endpoints", create, methods=["POST"]),
+        Route("/api/v1/endpoints/{name}/enable", switch, methods=["POST"]),
+        Route("/api/v1/endpoints/{name}/disable", switch, methods=["POST"]),
         Route("/api/v1/messages", messages, methods=["GET"]),
         Route("/api/v1/messages/{id}", message, methods=["GET"]),
         Route("/api/v1/messages/{id}/retry", retry, methods=["POST"]),
         Route("/api/v1/messages/{id}/cancel", cancel, methods=["POST"]),
-        Route("/api/v1/endpoints/{name:path}", endpoint, methods=["GET"]),
+        Route("/api/v1/endpoints/{name}", endpoint, methods=["GET"]),
+        Route("/api/v1/endpoints/{name}", change, methods=["PATCH"]),
+        Route("/api/v1/endpoints/{name}", remove, methods=["DELETE"]),
     ]

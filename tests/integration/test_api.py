@@ -4,6 +4,7 @@ failure a problem document."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -19,6 +20,10 @@ from tests.integration.test_dashboard import TOKEN, client
 PLANTED = "planted-api-credential-55"  # a header's value; with the secrets, never shown
 SECRETS: list[str] = []
 PROBLEM = "application/problem+json"
+STATE = (
+    "SELECT (SELECT count(*) FROM poller_outbox), (SELECT max(updated_at) FROM poller_outbox), "
+    "(SELECT count(*) FROM poller_endpoints), (SELECT max(updated_at) FROM poller_endpoints)"
+)
 
 
 @pytest.fixture
@@ -236,29 +241,31 @@ def test_every_route_hides_every_other_tenants_resource(
                       ("globex-hooks", "billing")]}  # fmt: skip
     assert len(foreign["id"]) == 2
     with engine.connect() as conn:
-        before = conn.execute(text("SELECT count(*), max(updated_at) FROM poller_outbox")).one()
+        before = conn.execute(text(STATE)).one()
     checked = 0
     for route in routes():
-        params = [p.partition(":")[0] for p in re.findall(r"{([^}]+)}", route.path)]
+        params = re.findall(r"{([^}]+)}", route.path)  # name, id, or verb:a|b
         for method in sorted((route.methods or set()) - {"HEAD"}):
             if method != "GET" and not params:
-                continue  # publish: as its own tenant, by its own test
+                continue  # publish and create: as its own tenant, by their own tests
             if not params:
                 status, body, _ = _get(web, route.path, made["tenant:acme"])
                 assert status == 200 and "globex" not in str(body) and "billing" not in str(body)
                 checked += 1
                 continue
-            (param,) = params
-            for value in foreign[param]:
-                path = re.sub(r"{[^}]+}", value, route.path)
+            choices = [p.partition(":")[2].split("|") if ":" in p else foreign[p] for p in params]
+            for values in itertools.product(*choices):
+                path = route.path
+                for value in values:
+                    path = re.sub(r"{[^}]+}", value, path, count=1)
                 answer = web.request(method, path, json={}, headers={
                     "Authorization": f"Bearer {made['tenant:acme']}"})  # fmt: skip
                 assert (answer.status_code, answer.headers["content-type"]) == (404, PROBLEM), (
                     method, path)  # fmt: skip
                 checked += 1
-    assert checked >= 10
+    assert checked >= 18  # 2 lists; 5 name routes and 3 id routes, 2 foreign values each
     with engine.connect() as conn:
-        after = conn.execute(text("SELECT count(*), max(updated_at) FROM poller_outbox")).one()
+        after = conn.execute(text(STATE)).one()
     assert tuple(before) == tuple(after)
 
 
@@ -311,3 +318,87 @@ def test_each_token_is_throttled_on_its_own(engine: Engine) -> None:
         answer = web.get("/api/v1/endpoints", headers={"Authorization": f"Bearer {first}"})
         assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
         assert _get(web, "/api/v1/endpoints", second)[0] == 200
+
+
+def _send(
+    web: TestClient, method: str, path: str, token: str, body: object = None
+) -> tuple[int, dict[str, object]]:
+    answer = web.request(method, path, json=body if body is not None else {},
+                         headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    assert "Traceback" not in answer.text and answer.status_code != 500
+    return answer.status_code, answer.json()
+
+
+def test_a_tenant_makes_changes_and_removes_its_own_endpoints(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    web, made = api
+    acme = made["tenant:acme"]
+    hooks = {"url": "https://acme.example/hooks", "event_types": ["order.*"]}
+    status, body = _send(web, "POST", "/api/v1/endpoints", acme, hooks)
+    assert status == 201 and body["tenant"] == "acme" and str(body["name"]).startswith("ep_")
+    assert str(body["secret"]).startswith("whsec_")
+    name = str(body["name"])
+    status, shown = _send(web, "GET", f"/api/v1/endpoints/{name}", acme)
+    assert status == 200 and "secret" not in shown  # shown once, at creation
+    status, changed = _send(web, "PATCH", f"/api/v1/endpoints/{name}", acme,
+                            {"max_attempts": 3, "headers": {"X-Team": "pay"}})  # fmt: skip
+    assert status == 200 and changed["max_attempts"] == 3 and changed["headers"] == ["X-Team"]
+    assert _send(web, "PATCH", f"/api/v1/endpoints/{name}", acme, {"tenant": "globex"})[0] == 422
+    status, off = _send(web, "POST", f"/api/v1/endpoints/{name}/disable", acme)
+    assert (
+        status == 200
+        and off["enabled"] is False
+        and "token:tenant-acme" in str(off["disabled_reason"])
+    )
+    assert _send(web, "POST", f"/api/v1/endpoints/{name}/enable", acme)[1]["enabled"] is True
+    ledger = {"name": "ledger", "url": "https://ledger.example/in", "signing": "ed25519"}
+    status, signed = _send(web, "POST", "/api/v1/endpoints", made["admin"], ledger)
+    assert (
+        status == 201
+        and "secret" not in signed
+        and str(signed["public_keys"][0]).startswith("whpk_")
+    )  # type: ignore[index]
+    assert _send(web, "POST", "/api/v1/endpoints", made["admin"],
+                 {"name": "ledger", "url": "https://ledger.example/in"})[0] == 409  # fmt: skip
+    assert _send(web, "DELETE", f"/api/v1/endpoints/{name}", acme) == (
+        200,
+        {"name": name, "deleted_messages": 0},
+    )
+    assert _send(web, "GET", f"/api/v1/endpoints/{name}", acme)[0] == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"url": "https://x.example/"},  # no name, for admin
+        {"name": "x"},  # no url
+        {"name": "x", "url": "file:///etc/passwd"},
+        {"name": "x", "url": 7},
+        {"name": "x", "url": "https://x.example/", "max_attempts": "5"},
+        {"name": "x", "url": "https://x.example/", "max_attempts": True},
+        {"name": "x", "url": "https://x.example/", "max_attempts": -1},
+        {"name": "x", "url": "https://x.example/", "timeout": 1e308},
+        {"name": "x", "url": "https://x.example/", "max_attempts": 2**40},
+        {"name": "x", "url": "https://x.example/", "max_in_flight": 2**31},
+        {"name": "x", "url": "https://x.example/", "rate_burst": 2**63},
+        {"name": "x", "url": "https://x.example/", "event_types": "order.*"},
+        {"name": "x", "url": "https://x.example/", "event_types": [1]},
+        {"name": "x", "url": "https://x.example/", "retry_schedule": ["5s"]},
+        {"name": "x", "url": "https://x.example/", "headers": {"Host": "evil"}},
+        {"name": "x", "url": "https://x.example/", "headers": {"X-A": 1}},
+        {"name": "x", "url": "https://x.example/", "payload_filter": []},
+        {"name": "x", "url": "https://x.example/", "signing": "rot13"},
+        {"name": "x", "url": "https://x.example/", "tenant": None},
+        {"name": "x\x00", "url": "https://x.example/"},
+        {"name": "x", "url": "https://x.example/", "secret": "whsec_mine"},
+    ],
+)
+def test_a_bad_endpoint_is_a_problem_and_makes_nothing(
+    engine: Engine, api: tuple[TestClient, dict[str, str]], body: dict[str, object]
+) -> None:
+    web, made = api
+    status, problem = _send(web, "POST", "/api/v1/endpoints", made["admin"], body)
+    assert status == 422 and problem["status"] == 422, problem
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM poller_endpoints")).scalar_one() == 4
