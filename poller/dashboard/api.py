@@ -48,7 +48,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from poller import admin, parse, tokens
@@ -502,6 +502,16 @@ async def events(request: Request, caller: Caller) -> Response:
         },
         201 if published.created else 200,
     )
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route, a method a route does not take): as
+    problems under /api/, as plain text elsewhere, as Starlette answers them."""
+    status = getattr(exc, "status_code", 500)
+    detail = str(getattr(exc, "detail", "")) or TITLES.get(status, "Error")
+    if request.url.path.startswith("/api/"):
+        return problem(status, "no such route" if status == 404 else detail)
+    return PlainTextResponse(detail, status, headers=getattr(exc, "headers", None))
 
 
 def routes() -> list[Route]:

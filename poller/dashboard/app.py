@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
@@ -58,6 +59,7 @@ def create_app(
         exception_handlers={
             **dict.fromkeys(TRANSIENT, database_away),
             PollerError: expected_failure,
+            HTTPException: api.http_error,  # no route, wrong method: a problem under /api/
         },
     )
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
