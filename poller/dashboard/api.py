@@ -52,9 +52,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from poller import admin, parse, tokens
-from poller.cancel import cancel_messages
+from poller.cancel import cancel_messages, pause_endpoint, resume_endpoint
 from poller.dashboard.web import Dashboard, client_of, dashboard, identify
 from poller.db import TRANSIENT
+from poller.endpoint_keys import rotate_secret
 from poller.endpoints import (
     Endpoint,
     create_endpoint,
@@ -400,6 +401,53 @@ async def switch(request: Request, caller: Caller) -> Response:
     return JSONResponse(_json((await run_in_threadpool(write)).public()))
 
 
+@api
+async def hold(request: Request, caller: Caller) -> Response:
+    """``pause`` (``{"until": "2h"}`` or an ISO time; none: until resumed) or ``resume``
+    its deliveries; its health and attempts are left as they are."""
+    found = await _visible(request, caller, request.path_params["name"])
+    board = dashboard(request)
+    pausing = request.url.path.endswith("/pause")
+    body = await _body(request, 64 * 1024)
+    if isinstance(body, Response):
+        return body
+    _fields(body, {"until": TEXT} if pausing else {})
+    until = parse.deadline(body["until"]) if "until" in body else None
+
+    def write() -> None:
+        with board.engine.begin() as conn:
+            if pausing:
+                pause_endpoint(conn, found.name, until=until, who=f"api:{caller.who}")
+            else:
+                resume_endpoint(conn, found.name)
+
+    await run_in_threadpool(write)
+    return JSONResponse(_json((await _visible(request, caller, found.name)).public()))
+
+
+@api
+async def rotate(request: Request, caller: Caller) -> Response:
+    """A new signing key, in the answer this once (ed25519: its public key); the old one
+    signs too for ``keep_old_for`` (default ``24h``). ``signing`` may switch schemes."""
+    found = await _visible(request, caller, request.path_params["name"])
+    board = dashboard(request)
+    body = await _body(request, 64 * 1024)
+    if isinstance(body, Response):
+        return body
+    _fields(body, {"keep_old_for": TEXT, "signing": TEXT})
+    keep = parse.duration(body.get("keep_old_for", "24h"))
+
+    def write() -> tuple[Endpoint, str]:
+        with board.engine.begin() as conn:
+            return rotate_secret(conn, found.name, keep, signing=body.get("signing"))
+
+    rotated, key = await run_in_threadpool(write)
+    shown = rotated.public()
+    if rotated.signing is Scheme.HMAC_SHA256:
+        shown["secret"] = key
+    return JSONResponse(_json(shown))
+
+
 async def _own_message(request: Request, caller: Caller) -> int:
     """The id in the path, of a message the caller may see; else MessageNotFound."""
     message_id = parse.row_id(request.path_params["id"])
@@ -521,6 +569,9 @@ def routes() -> list[Route]:
         Route("/api/v1/endpoints", create, methods=["POST"]),
         Route("/api/v1/endpoints/{name}/enable", switch, methods=["POST"]),
         Route("/api/v1/endpoints/{name}/disable", switch, methods=["POST"]),
+        Route("/api/v1/endpoints/{name}/pause", hold, methods=["POST"]),
+        Route("/api/v1/endpoints/{name}/resume", hold, methods=["POST"]),
+        Route("/api/v1/endpoints/{name}/rotate-secret", rotate, methods=["POST"]),
         Route("/api/v1/messages", messages, methods=["GET"]),
         Route("/api/v1/messages/{id}", message, methods=["GET"]),
         Route("/api/v1/messages/{id}/retry", retry, methods=["POST"]),

@@ -263,7 +263,7 @@ def test_every_route_hides_every_other_tenants_resource(
                 assert (answer.status_code, answer.headers["content-type"]) == (404, PROBLEM), (
                     method, path)  # fmt: skip
                 checked += 1
-    assert checked >= 18  # 2 lists; 5 name routes and 3 id routes, 2 foreign values each
+    assert checked >= 24  # 2 lists; 8 name routes and 3 id routes, 2 foreign values each
     with engine.connect() as conn:
         after = conn.execute(text(STATE)).one()
     assert tuple(before) == tuple(after)
@@ -402,3 +402,25 @@ def test_a_bad_endpoint_is_a_problem_and_makes_nothing(
     assert status == 422 and problem["status"] == 422, problem
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM poller_endpoints")).scalar_one() == 4
+
+
+def test_a_tenant_pauses_resumes_and_rotates_its_endpoint(
+    api: tuple[TestClient, dict[str, str]],
+) -> None:
+    web, made = api
+    acme = made["tenant:acme"]
+    status, paused = _send(web, "POST", "/api/v1/endpoints/acme-hooks/pause", acme, {"until": "2h"})
+    assert status == 200 and "token:tenant-acme" in str(paused["paused"])
+    for bad in ({"until": "yesterday"}, {"until": "2000-01-01T00:00:00"}, {"until": 7}, {"x": 1}):
+        assert _send(web, "POST", "/api/v1/endpoints/acme-hooks/pause", acme, bad)[0] == 422, bad
+    status, resumed = _send(web, "POST", "/api/v1/endpoints/acme-hooks/resume", acme)
+    assert status == 200 and resumed["paused"] is None
+    status, rotated = _send(web, "POST", "/api/v1/endpoints/acme-hooks/rotate-secret", acme,
+                            {"keep_old_for": "1h"})  # fmt: skip
+    assert status == 200 and str(rotated["secret"]).startswith("whsec_")
+    assert rotated["previous_secret_expires_at"] is not None
+    status, switched = _send(web, "POST", "/api/v1/endpoints/acme-hooks/rotate-secret", acme,
+                             {"signing": "ed25519"})  # fmt: skip
+    assert status == 200 and "secret" not in switched and switched["signing"] == "ed25519"
+    for bad in ({"keep_old_for": "forever"}, {"signing": "rot13"}, {"keep_old_for": 5}):
+        assert _send(web, "POST", "/api/v1/endpoints/acme-hooks/rotate-secret", acme, bad)[0] == 422
