@@ -77,6 +77,7 @@ from poller.errors import (
     UnknownEndpoint,
 )
 from poller.fanout import publish
+from poller.outbox import enqueue
 from poller.signing import Scheme
 
 log = logging.getLogger("poller.api")
@@ -448,6 +449,31 @@ async def rotate(request: Request, caller: Caller) -> Response:
     return JSONResponse(_json(shown))
 
 
+TEST_EVENT = "webhook_poller.test"
+
+
+@api
+async def test_event(request: Request, caller: Caller) -> Response:
+    """Send the endpoint a test event (``webhook_poller.test``, signed as any other, by
+    the pollers, with retries): 202 with its message, whose attempts show how it went."""
+    found = await _visible(request, caller, request.path_params["name"])
+    board = dashboard(request)
+    body = await _body(request, 64 * 1024)
+    if isinstance(body, Response):
+        return body
+    _fields(body, {})
+    key = f"test:{secrets.token_hex(8)}"
+    payload = {"test": True, "endpoint": found.name, "sent_by": caller.who}
+
+    def write() -> int:
+        with board.engine.begin() as conn:
+            return enqueue(conn, endpoint=found.name, event_type=TEST_EVENT, payload=payload,
+                           idempotency_key=key)  # fmt: skip
+
+    message_id = await run_in_threadpool(write)
+    return JSONResponse({"message_id": message_id, "idempotency_key": key}, 202)
+
+
 async def _own_message(request: Request, caller: Caller) -> int:
     """The id in the path, of a message the caller may see; else MessageNotFound."""
     message_id = parse.row_id(request.path_params["id"])
@@ -572,6 +598,7 @@ def routes() -> list[Route]:
         Route("/api/v1/endpoints/{name}/pause", hold, methods=["POST"]),
         Route("/api/v1/endpoints/{name}/resume", hold, methods=["POST"]),
         Route("/api/v1/endpoints/{name}/rotate-secret", rotate, methods=["POST"]),
+        Route("/api/v1/endpoints/{name}/test", test_event, methods=["POST"]),
         Route("/api/v1/messages", messages, methods=["GET"]),
         Route("/api/v1/messages/{id}", message, methods=["GET"]),
         Route("/api/v1/messages/{id}/retry", retry, methods=["POST"]),

@@ -263,7 +263,7 @@ def test_every_route_hides_every_other_tenants_resource(
                 assert (answer.status_code, answer.headers["content-type"]) == (404, PROBLEM), (
                     method, path)  # fmt: skip
                 checked += 1
-    assert checked >= 24  # 2 lists; 8 name routes and 3 id routes, 2 foreign values each
+    assert checked >= 26  # 2 lists; 9 name routes and 3 id routes, 2 foreign values each
     with engine.connect() as conn:
         after = conn.execute(text(STATE)).one()
     assert tuple(before) == tuple(after)
@@ -424,3 +424,36 @@ def test_a_tenant_pauses_resumes_and_rotates_its_endpoint(
     assert status == 200 and "secret" not in switched and switched["signing"] == "ed25519"
     for bad in ({"keep_old_for": "forever"}, {"signing": "rot13"}, {"keep_old_for": 5}):
         assert _send(web, "POST", "/api/v1/endpoints/acme-hooks/rotate-secret", acme, bad)[0] == 422
+
+
+async def test_a_test_event_goes_out_as_any_other_and_its_attempt_shows(
+    engine: Engine, db_url: str
+) -> None:
+    from tests.integration.helpers import wait_for
+    from tests.integration.service_helpers import fast_settings, running_poller, running_receiver
+
+    async with running_receiver() as (receiver, url):
+        with engine.begin() as conn:
+            create_endpoint(conn, "probe-me", f"{url}/in", tenant="acme", event_types=["x"])
+            _, token = tokens.create_token(conn, "acme", "tenant:acme")
+        with client(engine) as web:
+            status, sent = _send(web, "POST", "/api/v1/endpoints/probe-me/test", token)
+            assert status == 202
+            async with running_poller(db_url, fast_settings()):
+
+                async def arrived() -> bool:
+                    return receiver.stats.per_path["/in"] == 1
+
+                await wait_for(arrived, timeout=10)
+
+                def settled() -> dict[str, object]:
+                    return _send(web, "GET", f"/api/v1/messages/{sent['message_id']}", token)[1]
+
+                async def delivered() -> bool:
+                    return settled()["status"] == "delivered"
+
+                await wait_for(delivered, timeout=10)
+            shown = settled()
+    assert shown["event_type"] == "webhook_poller.test"
+    assert [a["outcome"] for a in shown["attempts_log"]] == ["delivered"]  # type: ignore[union-attr]
+    assert shown["attempts_log"][0]["status_code"] == 200  # type: ignore[index]
