@@ -34,12 +34,14 @@ from poller.errors import (
     InvalidSubscription,
     InvalidTenant,
     NaiveDatetime,
+    PayloadInvalid,
     PayloadTooLarge,
     PollerError,
     UnknownEndpoint,
 )
 
 if TYPE_CHECKING:
+    from poller.catalog import define_event_type
     from poller.fanout import (
         Event,
         Published,
@@ -63,6 +65,7 @@ _LAZY = {
     "Message": "poller.outbox",
     "Published": "poller.fanout",
     "RawJSON": "poller.payloads",
+    "define_event_type": "poller.catalog",
     "Settings": "poller.settings",
     "enqueue": "poller.outbox",
     "enqueue_async": "poller.outbox",
@@ -114,6 +117,7 @@ __all__ = [
     "InvalidTenant",
     "Message",
     "NaiveDatetime",
+    "PayloadInvalid",
     "PayloadTooLarge",
     "PollerError",
     "Published",
@@ -121,6 +125,7 @@ __all__ = [
     "Settings",
     "UnknownEndpoint",
     "__version__",
+    "define_event_type",
     "enqueue",
     "enqueue_async",
     "enqueue_many",

@@ -16,6 +16,7 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     │   ├── InvalidIdempotencyKey
     │   ├── InvalidOrderingKey
     │   ├── InvalidPayload
+    │   │   ├── PayloadInvalid
     │   │   └── PayloadTooLarge
     │   ├── InvalidTenant
     │   └── NaiveDatetime
@@ -28,6 +29,7 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     ├── InvalidReplay                  (ValueError)
     ├── NotFound                       (LookupError)
     │   ├── EventNotFound
+    │   ├── EventTypeNotFound
     │   ├── MessageNotFound
     │   ├── NothingMatched
     │   ├── TokenNotFound
@@ -228,3 +230,16 @@ class TokenRefused(PollerError):
     """A presented API token is not one, or is expired or revoked: the API answers 401.
 
     Its message never repeats the token."""
+
+
+class PayloadInvalid(InvalidPayload):
+    """The payload does not match its event type's schema (poller/catalog.py); nothing
+    was published. ``errors``: where and why, the first few."""
+
+    def __init__(self, message: str, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+
+
+class EventTypeNotFound(NotFound):
+    """The catalog has no event type of this name."""

@@ -49,12 +49,14 @@ from typing import Any
 from sqlalchemy import Row
 
 from poller import queries
+from poller.catalog import check_payload
 from poller.errors import (
     EnqueueError,
     EventConflict,
     IdempotencyConflict,
     IdempotencyKeySpent,
     InvalidTenant,
+    PayloadInvalid,
 )
 from poller.insert import (
     AsyncConn,
@@ -150,6 +152,12 @@ def _publish_one_steps(event: _CheckedEvent) -> Steps:
     row = (yield queries.PUBLISH, params)[0]
     if row.event_id is None:
         return (yield from _existing_steps([event]))[0]
+    if row.schema is not None:  # the catalog has a schema for its type
+        try:
+            check_payload(event.event_type, row.schema, event.payload)
+        except PayloadInvalid:
+            yield queries.UNPUBLISH, {"event_id": row.event_id}
+            raise
     if row.skipped:
         reasons = yield (
             queries.PUBLISH_SKIPPED,
@@ -223,6 +231,10 @@ def _publish_many_steps(events: Sequence[_CheckedEvent]) -> Steps:
         yield queries.LOCK_KEY_NAMES, {"ordering_keys": keys}
     inserted = yield queries.PUBLISH_EVENTS, {**_columns(unique), **trace_params()}
     new_ids = {(r.tenant, r.idempotency_key): int(r.id) for r in inserted}
+    schemas = {(r.tenant, r.idempotency_key): r.schema for r in inserted if r.schema is not None}
+    for event in unique:  # against the catalog; a refusal undoes the batch (its savepoint)
+        if event.ident in schemas:
+            check_payload(event.event_type, schemas[event.ident], event.payload)
     results: dict[tuple[str | None, str], Published] = {}
     old = [e for e in unique if e.ident not in new_ids]
     if old:

@@ -497,3 +497,17 @@ api_tokens = Table(
     Column("last_used_at", DateTime(timezone=True)),
     CheckConstraint("scope = 'admin' OR scope LIKE 'tenant:_%'", name="scope"),
 )
+
+# The event-type catalog (poller/catalog.py): what each published event type is, and
+# the JSON Schema its payloads must match (publish refuses one that does not).
+event_types = Table(
+    "poller_event_types",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("description", Text, nullable=False, server_default=text("''")),
+    Column("schema", JSONB),
+    Column("example", JSONB),
+    Column("deprecated", Boolean, nullable=False, server_default=text("false")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)

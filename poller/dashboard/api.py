@@ -51,7 +51,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from poller import admin, parse, tokens
+from poller import admin, catalog, parse, tokens
 from poller.cancel import cancel_messages, pause_endpoint, resume_endpoint
 from poller.dashboard.web import Dashboard, client_of, dashboard, identify
 from poller.db import TRANSIENT
@@ -474,6 +474,50 @@ async def test_event(request: Request, caller: Caller) -> Response:
     return JSONResponse({"message_id": message_id, "idempotency_key": key}, 202)
 
 
+CATALOG_FIELDS: dict[str, tuple[type, ...]] = {
+    "description": TEXT, "schema": (dict,), "deprecated": (bool,),
+    "example": (dict, list, str, int, float, bool),
+}  # fmt: skip
+
+
+@api
+async def event_types(request: Request, caller: Caller) -> Response:
+    """The catalog (poller/catalog.py), for every caller: what may be published."""
+    found = await dashboard(request).read(catalog.list_event_types)
+    return JSONResponse({"data": [_json(t.public()) for t in found], "next": None})
+
+
+@api
+async def event_type(request: Request, caller: Caller) -> Response:
+    """One event type; ``PUT`` (an admin's) defines or replaces it, ``DELETE`` removes it."""
+    name = request.path_params["name"]
+    board = dashboard(request)
+    if request.method == "GET":
+        return JSONResponse(
+            _json((await board.read(lambda c: catalog.get_event_type(c, name))).public())
+        )
+    if caller.scope.tenant is not None:
+        return problem(403, "only an admin's token changes the catalog")
+    if request.method == "DELETE":
+
+        def remove_it() -> None:
+            with board.engine.begin() as conn:
+                catalog.remove_event_type(conn, name)
+
+        await run_in_threadpool(remove_it)
+        return JSONResponse({"name": name, "removed": True})
+    body = await _body(request, catalog.MAX_SCHEMA_BYTES * 3)
+    if isinstance(body, Response):
+        return body
+    fields = _fields(body, CATALOG_FIELDS)
+
+    def define() -> catalog.EventType:
+        with board.engine.begin() as conn:
+            return catalog.define_event_type(conn, name, **fields)
+
+    return JSONResponse(_json((await run_in_threadpool(define)).public()))
+
+
 async def _own_message(request: Request, caller: Caller) -> int:
     """The id in the path, of a message the caller may see; else MessageNotFound."""
     message_id = parse.row_id(request.path_params["id"])
@@ -591,6 +635,8 @@ async def http_error(request: Request, exc: Exception) -> Response:
 def routes() -> list[Route]:
     return [
         Route("/api/v1/events", events, methods=["POST"]),
+        Route("/api/v1/event-types", event_types, methods=["GET"]),
+        Route("/api/v1/event-types/{name:path}", event_type, methods=["GET", "PUT", "DELETE"]),
         Route("/api/v1/endpoints", endpoints, methods=["GET"]),
         Route("/api/v1/endpoints", create, methods=["POST"]),
         Route("/api/v1/endpoints/{name}/enable", switch, methods=["POST"]),

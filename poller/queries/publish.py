@@ -31,7 +31,9 @@ def reaches(e: str, matching: str, payload: str, tenant: str) -> str:
 # is stable per endpoint) and the endpoint's attempt budget. An event whose
 # (tenant, key) exists inserts nothing (PUBLISH_EXISTING says what it was). An
 # endpoint that got no row (its key spent, or taken by an enqueued message) is
-# listed in ``skipped``, and poller/fanout.py undoes the event and raises.
+# listed in ``skipped``, and poller/fanout.py undoes the event and raises. ``schema``:
+# the type's JSON Schema in the catalog (poller/catalog.py), for fanout.py to check the
+# payload against before it answers (undoing the event if it does not match).
 PUBLISH = _statement(
     "PUBLISH",
     f"""
@@ -73,7 +75,9 @@ PUBLISH = _statement(
               AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.endpoint_id = t.id)) AS skipped,
            (SELECT count(pg_notify('{NOTIFY_CHANNEL}', CAST(b.bucket AS text)))
             FROM (SELECT DISTINCT bucket FROM ins) AS b
-            WHERE CAST(:notify AS boolean)) AS woke
+            WHERE CAST(:notify AS boolean)) AS woke,
+           (SELECT CAST(c.schema AS text) FROM poller_event_types c
+            WHERE c.name = :event_type) AS schema
     """,
 )
 
@@ -119,7 +123,9 @@ PUBLISH_EVENTS = _statement(
     ) WITH ORDINALITY AS m(event_type, payload, idempotency_key, tenant, ordering_key, ord)
     ORDER BY m.ord
     ON CONFLICT ((coalesce(tenant, '')), idempotency_key) DO NOTHING
-    RETURNING id, idempotency_key, tenant
+    RETURNING id, idempotency_key, tenant,
+              (SELECT CAST(c.schema AS text) FROM poller_event_types c
+               WHERE c.name = poller_events.event_type) AS schema
     """,
 )
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 from poller import tokens
-from poller.dashboard.api import ENDPOINT_FIELDS, EVENT_FIELDS, routes
+from poller.dashboard.api import CATALOG_FIELDS, ENDPOINT_FIELDS, EVENT_FIELDS, routes
 from tests.conftest import make_endpoint
 from tests.integration.test_dashboard import client
 from tests.integration.test_dashboard_fuzz import IDS, NAMES, NASTY
@@ -31,7 +31,7 @@ VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(NASTY, inner, max_size=4),
     max_leaves=8,
 )
-FIELDS = sorted({*ENDPOINT_FIELDS, *EVENT_FIELDS, "name", "signing", "url"})
+FIELDS = sorted({*ENDPOINT_FIELDS, *EVENT_FIELDS, *CATALOG_FIELDS, "name", "signing", "url"})
 BODIES = st.one_of(
     st.dictionaries(st.sampled_from(FIELDS) | NASTY, VALUES, max_size=6),
     VALUES,
@@ -67,7 +67,7 @@ def test_nasty_requests_get_a_problem_never_a_crash(
                 _token[each] = tokens.create_token(conn, each.replace(":", "-"), each)[1]
     method, template = route
     path = re.sub(r"{id}", ident, template)
-    path = re.sub(r"{name}", quote(name, safe="") or "%20", path)
+    path = re.sub(r"{name(:path)?}", quote(name, safe="") or "%20", path)
     with client(engine, api_rate_limit=100_000) as web:
         answer = web.request(
             method, f"{path}?{urlencode(query)}", json=body if method != "GET" else None,

@@ -1,0 +1,98 @@
+"""The event-type catalog (poller/catalog.py): a type with a JSON Schema takes only
+payloads that match it, through publish, publish_many and the async ones; nothing of a
+refused publish is left."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import Session
+
+from poller import Event, PayloadInvalid, define_event_type, publish, publish_async, publish_many
+from poller.catalog import get_event_type, list_event_types, remove_event_type
+from poller.endpoints import create_endpoint
+from poller.errors import EventTypeNotFound, InvalidEventType, InvalidInput
+
+SCHEMA = {
+    "type": "object",
+    "required": ["order", "amount"],
+    "properties": {"order": {"type": "integer"}, "amount": {"type": "number", "minimum": 0}},
+}
+
+
+def _counts(engine: Engine) -> tuple[int, int]:
+    with engine.connect() as conn:
+        return tuple(conn.execute(text(  # type: ignore[return-value]
+            "SELECT (SELECT count(*) FROM poller_events), (SELECT count(*) FROM poller_outbox)"
+        )).one())  # fmt: skip
+
+
+@pytest.fixture
+def catalog(engine: Engine) -> Engine:
+    with engine.begin() as conn:
+        create_endpoint(conn, "ledger", "https://ledger.example/in", event_types=["order.*"])
+        define_event_type(conn, "order.paid", description="An order was paid.", schema=SCHEMA,
+                          example={"order": 7, "amount": 12.5})  # fmt: skip
+    return engine
+
+
+def test_publish_takes_a_matching_payload_and_refuses_another(catalog: Engine) -> None:
+    with Session(catalog) as session, session.begin():
+        publish(session, event_type="order.paid", payload={"order": 7, "amount": 1},
+                idempotency_key="ok")  # fmt: skip
+        publish(session, event_type="order.shipped", payload={"anything": True},
+                idempotency_key="untyped")  # no schema: not checked  # fmt: skip
+    assert _counts(catalog) == (2, 2)
+    for bad in ({"order": "7", "amount": 1}, {"order": 7}, {"order": 7, "amount": -1}):
+        with Session(catalog) as session, session.begin():
+            with pytest.raises(PayloadInvalid) as caught:
+                publish(session, event_type="order.paid", payload=bad, idempotency_key="bad")
+            session.commit()  # an application that goes on: nothing of it is kept
+        assert caught.value.errors and "order.paid" in str(caught.value)
+        assert _counts(catalog) == (2, 2), bad
+    with Session(catalog) as session, session.begin():  # a batch: all or nothing
+        with pytest.raises(PayloadInvalid, match="/order"):
+            publish_many(session, [
+                Event("order.paid", {"order": 8, "amount": 2}, "b1"),
+                Event("order.paid", {"order": "x", "amount": 2}, "b2"),
+            ])  # fmt: skip
+        session.commit()
+    assert _counts(catalog) == (2, 2)
+
+
+async def test_publish_async_checks_too(catalog: Engine, db_url: str) -> None:
+    engine = create_async_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        async with engine.begin() as conn:
+            with pytest.raises(PayloadInvalid):
+                await publish_async(conn, event_type="order.paid", payload={},
+                                    idempotency_key="a")  # fmt: skip
+    finally:
+        await engine.dispose()
+    assert _counts(catalog) == (0, 0)
+
+
+def test_the_catalog_refuses_what_cannot_work(catalog: Engine) -> None:
+    with catalog.begin() as conn:
+        for kwargs in (
+            {"schema": {"type": "nonsense"}},
+            {"schema": []},
+            {"schema": SCHEMA, "example": {"order": "x"}},
+            {"schema": {"const": "\x00"}},
+            {"description": "x" * 2001},
+        ):
+            with pytest.raises(InvalidInput):
+                define_event_type(conn, "order.refunded", **kwargs)  # type: ignore[arg-type]
+        with pytest.raises(InvalidEventType):
+            define_event_type(conn, "bad type\x00", description="")
+        changed = define_event_type(
+            conn, "order.paid", description="now deprecated", deprecated=True
+        )
+        assert changed.schema is None and changed.deprecated  # replaced whole: no schema now
+        assert [t.name for t in list_event_types(conn)] == ["order.paid"]
+        remove_event_type(conn, "order.paid")
+        with pytest.raises(EventTypeNotFound):
+            get_event_type(conn, "order.paid")
+        with pytest.raises(EventTypeNotFound):
+            remove_event_type(conn, "nope\x00")
