@@ -163,6 +163,8 @@ def _wide(engine: Engine, sql: str, n: int) -> tuple[float, float]:
                     "deliver_at": None,
                     "delay": 0.0,
                     "notify": True,
+                    "traceparent": None,  # outside any application's span
+                    "tracestate": None,
                 }
                 started = time.perf_counter()
                 with conn.begin():
