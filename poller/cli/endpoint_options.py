@@ -87,6 +87,8 @@ class PemFile(click.ParamType[Any]):
         if value is DEFAULT or (self.removable and str(value).strip().lower() == "none"):
             return DEFAULT
         path = Path(str(value))
+        if "\x00" in str(value):  # no file is named so (the OS refuses to look)
+            self.fail(f"{str(value)!r} does not exist", param, ctx)
         try:
             if path.stat().st_size > 1024 * 1024:
                 self.fail(f"{str(value)!r} is larger than 1 MiB: not a PEM file", param, ctx)

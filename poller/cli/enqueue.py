@@ -27,6 +27,8 @@ def _file(path: str) -> str:
     from poller.settings import load_settings
 
     limit = load_settings().max_payload_bytes
+    if "\x00" in path:  # no file is named so (the OS refuses to look)
+        raise InvalidPayload(f"--data: cannot read {path!r}: No such file or directory")
     with open(Path(path), "rb") as source:
         raw = source.read(limit + 1)
     if len(raw) > limit:

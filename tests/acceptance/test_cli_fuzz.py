@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
@@ -120,6 +120,8 @@ def invocations(draw: st.DrawFn) -> list[str]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(args=invocations())
+@example(args=["endpoints", "update", "--ca-bundle", "\x00", "--", "billing"])  # was a bug
+@example(args=["enqueue", "billing", "e", "--data", "@\x00", "--key", "k"])  # was a bug
 def test_nasty_command_lines_get_one_line_never_a_traceback(
     engine: Engine, db_url: str, args: list[str]
 ) -> None:
