@@ -133,12 +133,15 @@ def list_messages(
     status: str | None = None,
     event_type: str | None = None,
     tenant: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
     before: int | None = None,
     limit: int = 100,
 ) -> list[dict[str, Any]]:
     """Messages, newest first (their :data:`MESSAGE_FIELDS` and their endpoint's name,
     never a payload); ``tenant``: only that tenant's endpoints' (None: any endpoint's);
-    ``before``: the id of the last row of a page, for the next one (a keyset)."""
+    ``since``/``until``: created in that window; ``before``: the id of the last row of a
+    page, for the next one (a keyset)."""
     if status is not None and status not in STATUSES:
         raise InvalidInput(f"status {status[:40]!r}: one of {', '.join(STATUSES)}")
     query = (
@@ -157,6 +160,10 @@ def list_messages(
         query = query.where(outbox.c.event_type == event_type)
     if tenant is not None:
         query = query.where(endpoints.c.tenant == tenant)
+    if since is not None:
+        query = query.where(outbox.c.created_at >= since)
+    if until is not None:
+        query = query.where(outbox.c.created_at < until)
     if before is not None:
         query = query.where(outbox.c.id < before)
     return [dict(row._mapping) for row in conn.execute(query)]

@@ -249,18 +249,20 @@ async def _visible(request: Request, caller: Caller, name: str) -> Endpoint:
 
 @api
 async def messages(request: Request, caller: Caller) -> Response:
-    """Messages newest first, by endpoint, status and event type; ``after``: the ``next``
-    of the previous page."""
+    """Messages newest first, by endpoint, status, event type and creation (``since``,
+    ``until``: ``1h`` ago or an ISO time); ``after``: the ``next`` of the previous page."""
     after, limit = _page(request)
     before = parse.row_id(after) if after is not None else None
     query = request.query_params
     name = query.get("endpoint")
     if name is not None:
         await _visible(request, caller, name)
+    since, until = (parse.moment(query[k]) if k in query else None for k in ("since", "until"))
     found = await dashboard(request).read(
         lambda conn: admin.list_messages(
             conn, endpoint=name, status=query.get("status"), event_type=query.get("event_type"),
-            tenant=caller.scope.tenant, before=before, limit=limit + 1,
+            tenant=caller.scope.tenant, since=since, until=until, before=before,
+            limit=limit + 1,
         )
     )  # fmt: skip
     page = found[:limit]

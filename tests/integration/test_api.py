@@ -483,3 +483,19 @@ def test_the_catalog_is_read_by_all_changed_by_admins_and_holds_publishes_to_it(
     assert _send(web, "DELETE", "/api/v1/event-types/order.paid", acme)[0] == 403
     assert _send(web, "DELETE", "/api/v1/event-types/order.paid", made["admin"])[0] == 200
     assert _send(web, "GET", "/api/v1/event-types/order.paid", acme)[0] == 404
+
+
+def test_messages_are_found_by_when_they_were_made(
+    api: tuple[TestClient, dict[str, str]],
+) -> None:
+    web, made = api
+    _post(web, made["admin"], {"event_type": "order.paid", "payload": {}, "idempotency_key": "w",
+                               "tenant": "acme"})  # fmt: skip
+    for query, found in (("since=1h", 2), ("until=1h", 0), ("since=2999-01-01T00:00:00", 0),
+                         ("until=2999-01-01T00:00:00%2B00:00", 2)):  # fmt: skip
+        status, body, _ = _get(web, f"/api/v1/messages?{query}", made["tenant:acme"])
+        assert status == 200 and len(body["data"]) == found, (query, body)  # type: ignore[arg-type]
+    for nasty in ("soon", "99999999999d", "0001-01-01T00:00:00%2B14:00", "9999-12-31T23:59:59",
+                  "%00", "2026-13-45", "-5m"):  # fmt: skip
+        status, body, kind = _get(web, f"/api/v1/messages?since={nasty}", made["tenant:acme"])
+        assert status in (200, 422) and (status == 200 or kind == PROBLEM), (nasty, body)

@@ -37,7 +37,7 @@ BODIES = st.one_of(
     VALUES,
 )
 TEMPLATES = sorted({(m, r.path) for r in routes() for m in (r.methods or ()) if m != "HEAD"})
-QUERY = ["limit", "after", "status", "endpoint", "force", "event_type"]
+QUERY = ["limit", "after", "status", "endpoint", "force", "event_type", "since", "until"]
 _examples = itertools.count()
 _token: dict[str, str] = {}
 
