@@ -14,7 +14,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from poller.dashboard import api, auth, pages
+from poller.dashboard import api, auth, pages, rest
 from poller.dashboard.web import (
     HERE,
     Dashboard,
@@ -59,10 +59,10 @@ def create_app(
         exception_handlers={
             **dict.fromkeys(TRANSIENT, database_away),
             PollerError: expected_failure,
-            HTTPException: api.http_error,  # no route, wrong method: a problem under /api/
+            HTTPException: rest.http_error,  # no route, wrong method: a problem under /api/
         },
     )
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
-    app.state.api_limits = api.Limits(settings.api_rate_limit)
+    app.state.api_limits = rest.Limits(settings.api_rate_limit)
     bound = host_of(settings.dashboard_addr or "127.0.0.1:8188")
     return SecurityHeaders(app, loopback_only=loopback(bound))

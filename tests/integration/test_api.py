@@ -307,7 +307,7 @@ def test_a_tenant_retries_and_cancels_its_own_messages(
 
 
 def test_each_token_is_throttled_on_its_own(engine: Engine) -> None:
-    from poller.dashboard.api import Limits
+    from poller.dashboard.rest import Limits
 
     limits = Limits(2.0)  # bursts of 4, then one every half second
     assert [limits.wait("a", now=0.0) for _ in range(5)] == [0, 0, 0, 0, 0.5]

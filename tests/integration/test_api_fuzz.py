@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 from poller import tokens
-from poller.dashboard.api import CATALOG_FIELDS, ENDPOINT_FIELDS, EVENT_FIELDS, routes
+from poller.dashboard.api import CATALOG_FIELDS, EVENT_FIELDS, routes
+from poller.dashboard.api_endpoints import ENDPOINT_FIELDS
 from tests.conftest import make_endpoint
 from tests.integration.test_dashboard import client
 from tests.integration.test_dashboard_fuzz import IDS, NAMES, NASTY
