@@ -141,41 +141,6 @@ class Endpoint:
         """The scheme of its current key (poller/signing.py); None when it is unreadable."""
         return None if self.secret_error is not None else scheme_of(self.secret)
 
-    def public(self) -> dict[str, Any]:
-        """Everything but the secrets: what the CLI's --json, the dashboard and the API
-        show of an endpoint (never a secret, a header value or a key)."""
-        return {
-            "name": self.name,
-            "url": self.url,
-            "lookup_url": self.lookup_url,
-            "enabled": self.enabled,
-            "disabled_reason": self.disabled_reason,
-            "max_attempts": self.max_attempts,
-            "timeout": self.timeout,
-            "max_in_flight": self.max_in_flight,
-            "bucket": self.bucket,
-            "on_failed_head": self.on_failed_head,
-            "rate_limit": self.rate_limit,
-            "rate_burst": self.rate_burst,
-            "circuit_failures": self.circuit_failures,
-            "circuit_cooldown": self.circuit_cooldown,
-            "event_types": list(self.event_types),
-            "tenant": self.tenant,
-            "payload_filter": self.payload_filter,
-            "created_at": self.created_at,
-            "previous_secret_expires_at": self.previous_secret_expires_at,
-            "secret_encrypted": self.secret_sealed,
-            "signing": self.signing,
-            "public_keys": list(self.public_keys),  # ed25519: what the receiver verifies with
-            "headers": list(self.header_names),  # names only: the values are credentials
-            "retry_schedule": list(self.retry_schedule) if self.retry_schedule else None,
-            "max_age": self.max_age,
-            "trace_context": self.trace_context,
-            # An operator's pause (poller/cancel.py): until when (None: until resumed), by whom.
-            "tls": self.tls.summary() if self.tls else None,  # subjects, never the key
-            "paused": {"until": self.held_until, "by": self.held_by} if self.paused else None,
-        }
-
     @property
     def public_keys(self) -> tuple[str, ...]:
         """The ``whpk_`` keys a receiver verifies with: the current key's, then the previous

@@ -13,8 +13,10 @@ if TYPE_CHECKING:
 
 
 def public(endpoint: Endpoint) -> dict[str, Any]:
-    """Everything but the secrets (:meth:`poller.endpoints.Endpoint.public`)."""
-    return endpoint.public()
+    """Everything but the secrets (poller/endpoint_view.py)."""
+    from poller.endpoint_view import public as shown
+
+    return shown(endpoint)
 
 
 def shown_field(name: str, value: Any) -> Any:

@@ -30,7 +30,7 @@ the database is away.
 **Lists** are pages of at most ``limit`` (1 to 500, default 100), in name order;
 ``next`` is the ``after`` that asks for the following page (None: the last one).
 
-Fields are named as in the Python API (:meth:`poller.endpoints.Endpoint.public`).
+Fields are named as in the Python API (an endpoint's: poller/endpoint_view.py).
 """
 
 from __future__ import annotations

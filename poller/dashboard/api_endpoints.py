@@ -26,6 +26,7 @@ from poller.dashboard.rest import (
 )
 from poller.dashboard.web import dashboard
 from poller.endpoint_keys import rotate_secret
+from poller.endpoint_view import public
 from poller.endpoints import (
     Endpoint,
     create_endpoint,
@@ -51,14 +52,14 @@ async def endpoints(request: Request, caller: Caller) -> Response:
     page = seen[:limit]
     more = len(seen) > limit
     return JSONResponse(
-        {"data": [as_json(e.public()) for e in page], "next": page[-1].name if more else None}
+        {"data": [as_json(public(e)) for e in page], "next": page[-1].name if more else None}
     )
 
 
 @api
 async def endpoint(request: Request, caller: Caller) -> Response:
     return JSONResponse(
-        as_json((await visible(request, caller, request.path_params["name"])).public())
+        as_json(public(await visible(request, caller, request.path_params["name"])))
     )
 
 
@@ -103,7 +104,7 @@ async def create(request: Request, caller: Caller) -> Response:
             return create_endpoint(conn, name, url, **fields)
 
     made = await run_in_threadpool(write)
-    shown = made.endpoint.public()
+    shown = public(made.endpoint)
     if made.endpoint.signing is Scheme.HMAC_SHA256:
         shown["secret"] = made.secret  # this once; ed25519: the public keys above
     return JSONResponse(as_json(shown), 201)
@@ -126,7 +127,7 @@ async def change(request: Request, caller: Caller) -> Response:
         with board.engine.begin() as conn:
             return update_endpoint(conn, found.name, **fields)
 
-    return JSONResponse(as_json((await run_in_threadpool(write)).public()))
+    return JSONResponse(as_json(public(await run_in_threadpool(write))))
 
 
 @api
@@ -156,7 +157,7 @@ async def switch(request: Request, caller: Caller) -> Response:
         with board.engine.begin() as conn:
             return set_enabled(conn, found.name, enabled, None if enabled else reason)
 
-    return JSONResponse(as_json((await run_in_threadpool(write)).public()))
+    return JSONResponse(as_json(public(await run_in_threadpool(write))))
 
 
 @api
@@ -180,7 +181,7 @@ async def hold(request: Request, caller: Caller) -> Response:
                 resume_endpoint(conn, found.name)
 
     await run_in_threadpool(write)
-    return JSONResponse(as_json((await visible(request, caller, found.name)).public()))
+    return JSONResponse(as_json(public(await visible(request, caller, found.name))))
 
 
 @api
@@ -200,7 +201,7 @@ async def rotate(request: Request, caller: Caller) -> Response:
             return rotate_secret(conn, found.name, keep, signing=body.get("signing"))
 
     rotated, key = await run_in_threadpool(write)
-    shown = rotated.public()
+    shown = public(rotated)
     if rotated.signing is Scheme.HMAC_SHA256:
         shown["secret"] = key
     return JSONResponse(as_json(shown))
