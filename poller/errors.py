@@ -168,6 +168,11 @@ class EventConflict(IdempotencyConflict):
         self.existing_id = existing_id
 
 
+class RequestConflict(PollerError):
+    """An API request's ``Idempotency-Key`` was used before for a different request
+    (poller/once.py)."""
+
+
 # --- endpoints ---------------------------------------------------------------
 
 

@@ -97,8 +97,10 @@ def replay(
     dry_run: bool = False,
     batch: int = REPLAY_BATCH,
     who: str | None = None,
+    event_id: int | None = None,
 ) -> ReplayResult:
-    """Deliver the events published in [since, until) to ``endpoint`` again (see above)."""
+    """Deliver the events published in [since, until) to ``endpoint`` again (see above);
+    ``event_id``: only that one."""
     if since.tzinfo is None or (until is not None and until.tzinfo is None):
         raise InvalidReplay("since and until must be timezone-aware")
     if batch < 1:
@@ -117,7 +119,8 @@ def replay(
         raise EndpointDisabled(endpoint, target.disabled_reason)
     result = ReplayResult(dry_run=dry_run)
     cursor: tuple[datetime, int] = (since, 0)
-    params = {"endpoint_id": target.id, "until": until, "event_type": event_type, "limit": batch}
+    params = {"endpoint_id": target.id, "until": until, "event_type": event_type,
+              "event_id": event_id, "limit": batch}  # fmt: skip
     while True:
         with engine.begin() as conn:
             rows = conn.execute(

@@ -511,3 +511,16 @@ event_types = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+
+# What an API create with an ``Idempotency-Key`` made (poller/once.py), so the same
+# request again answers as the first did; kept a day.
+api_requests = Table(
+    "poller_api_requests",
+    metadata,
+    Column("caller", Text, primary_key=True),
+    Column("idempotency_key", Text, primary_key=True),
+    Column("request_sha256", Text, nullable=False),
+    Column("made", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_poller_api_requests_created_at", "created_at"),
+)

@@ -4,7 +4,9 @@
 :class:`poller.settings.Settings`: name, environment variable, default and the
 attribute's docstring); ``<!-- errors -->`` the tree of :mod:`poller.errors`;
 ``<!-- modules -->`` the module map (each module's docstring, first paragraph);
-``<!-- readme -->`` the README, whose links point into docs/, as the home page.
+``<!-- readme -->`` the README, whose links point into docs/, as the home page;
+``<!-- openapi -->`` the management API's routes, from docs/api/openapi.json (the
+document the code makes: tests/integration/test_openapi.py keeps the two equal).
 A setting or a module without a docstring fails the build.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -114,6 +117,8 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
         markdown = markdown.replace("<!-- settings -->", settings_table())
     if "<!-- modules -->" in markdown:
         markdown = markdown.replace("<!-- modules -->", module_map())
+    if "<!-- openapi -->" in markdown:
+        markdown = markdown.replace("<!-- openapi -->", openapi_reference())
     if "<!-- errors -->" in markdown:
         markdown = markdown.replace("<!-- errors -->", error_tree())
     return markdown
@@ -136,3 +141,69 @@ def module_map() -> str:
     if missing:
         raise ValueError(f"modules without a docstring: {missing}")
     return "\n".join(rows)
+
+
+def _type(schema: dict[str, Any]) -> str:
+    """A schema's type in a few characters: ``string``, ``Endpoint``, ``array of number``."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[1]
+        return f"[{name}](#{name.lower()})"
+    if "anyOf" in schema:
+        return " or ".join(_type(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return " \\| ".join(f"`{v}`" for v in schema["enum"])
+    kind = schema.get("type")
+    if kind == "array":
+        return f"array of {_type(schema.get('items', {}))}"
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return f"object of {_type(schema['additionalProperties'])}"
+    if kind is None:
+        return "any JSON"
+    return f"{kind} ({schema['format']})" if "format" in schema else str(kind)
+
+
+def _fields(schema: dict[str, Any]) -> list[str]:
+    required = set(schema.get("required", []))
+    rows = ["| field | type | |", "| --- | --- | --- |"]
+    for name, prop in schema.get("properties", {}).items():
+        need = "**required** " if name in required and "additionalProperties" in schema else ""
+        text = prop.get("description", "").replace("|", "\\|")
+        rows.append(f"| `{name}` | {_type(prop)} | {need}{text} |")
+    return rows
+
+
+def openapi_reference() -> str:
+    """Every operation of docs/api/openapi.json by tag, then every schema's fields."""
+    doc = json.loads((ROOT / "docs" / "api" / "openapi.json").read_text())
+    by_tag: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            by_tag.setdefault(op["tags"][0], []).append((method.upper(), path, op))
+    lines: list[str] = []
+    for tag, ops in by_tag.items():
+        lines += [f"### {tag}", ""]
+        for method, path, op in ops:
+            lines += [f"#### {op['summary']}", "", f"`{method} {path}` · `{op['operationId']}`", ""]
+            lines += [op.get("description", ""), ""]
+            params = op.get("parameters", [])
+            if params:
+                lines += ["| parameter | in | type | |", "| --- | --- | --- | --- |"]
+                lines += [f"| `{p['name']}` | {p['in']} | {_type(p['schema'])} | "
+                          f"{p.get('description', '')} |" for p in params]  # fmt: skip
+                lines.append("")
+            if "requestBody" in op:
+                body = op["requestBody"]["content"]["application/json"]["schema"]
+                lines += [f"Body: {_type(body)}", ""]
+            answers = []
+            for status, answer in op["responses"].items():
+                if "$ref" in answer:
+                    answers.append(status)
+                else:
+                    shape = answer["content"]["application/json"]["schema"]
+                    answers.append(f"**{status}** {_type(shape)}")
+            lines += ["Answers: " + ", ".join(answers) + " (a problem for each error).", ""]
+    lines += ["### Schemas", ""]
+    for name, schema in doc["components"]["schemas"].items():
+        lines += [f"#### {name}", "", schema.get("description", ""), ""]
+        lines += _fields(schema) + [""]
+    return "\n".join(lines)

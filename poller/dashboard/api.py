@@ -35,6 +35,8 @@ Fields are named as in the Python API (an endpoint's: poller/endpoint_view.py).
 
 from __future__ import annotations
 
+import functools
+from datetime import timedelta
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -42,29 +44,34 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from poller import admin, catalog, parse
+from poller import __version__, admin, catalog, parse
 from poller.cancel import cancel_messages
 from poller.dashboard import api_endpoints as ep
+from poller.dashboard import openapi, shapes
+from poller.dashboard.openapi import Operation
 from poller.dashboard.rest import (
-    TEXT,
+    PAGE,
     Caller,
+    Param,
     api,
     as_json,
-    fields_of,
-    json_body,
     page_of,
     problem,
     visible,
 )
 from poller.dashboard.web import dashboard
 from poller.errors import (
+    EventNotFound,
     InvalidInput,
     MessageNotFound,
     UnknownEndpoint,
 )
 from poller.fanout import publish
+from poller.replay import event_detail, replay
+from poller.schema import STATUSES
 
-EVENT_FIELDS = {"event_type", "payload", "idempotency_key", "tenant", "ordering_key"}
+EVENT_FIELDS = ("id", "event_type", "payload", "idempotency_key", "tenant", "ordering_key",
+                "created_at")  # fmt: skip
 BODY_SLACK = 64 * 1024  # what an event's body may hold besides its payload
 
 
@@ -72,8 +79,19 @@ ATTEMPT_FIELDS = ("attempt", "kind", "outcome", "started_at", "duration_ms", "st
                   "error_class", "error_message", "response_excerpt")  # fmt: skip
 
 
-@api
-async def messages(request: Request, caller: Caller) -> Response:
+TEXT = {"type": "string"}
+MESSAGE_QUERY = (
+    *PAGE,
+    Param("endpoint", "Only this endpoint's", TEXT),
+    Param("status", "Only those in this state", {"enum": list(STATUSES)}),
+    Param("event_type", "Only those of this event type", TEXT),
+    Param("since", "Made at or after: an ISO time, or a duration ago (``1h``)", TEXT),
+    Param("until", "Made before: an ISO time, or a duration ago", TEXT),
+)
+
+
+@api(answers={200: shapes.MessagePage}, query=MESSAGE_QUERY)
+async def messages(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
     """Messages newest first, by endpoint, status, event type and creation (``since``,
     ``until``: ``1h`` ago or an ISO time); ``after``: the ``next`` of the previous page."""
     after, limit = page_of(request)
@@ -97,8 +115,8 @@ async def messages(request: Request, caller: Caller) -> Response:
     )
 
 
-@api
-async def message(request: Request, caller: Caller) -> Response:
+@api(answers={200: shapes.MessageDetail})
+async def message(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
     """One message, its payload and every attempt, oldest first."""
     message_id = await _own_message(request, caller)
     found = await dashboard(request).read(lambda conn: admin.message_detail(conn, message_id))
@@ -107,48 +125,54 @@ async def message(request: Request, caller: Caller) -> Response:
     return JSONResponse(as_json(shown))
 
 
-CATALOG_FIELDS: dict[str, tuple[type, ...]] = {
-    "description": TEXT, "schema": (dict,), "deprecated": (bool,),
-    "example": (dict, list, str, int, float, bool),
-}  # fmt: skip
-
-
-@api
-async def event_types(request: Request, caller: Caller) -> Response:
-    """The catalog (poller/catalog.py), for every caller: what may be published."""
+@api(answers={200: shapes.EventTypePage})
+async def event_types(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
+    """The catalog, for every caller: what may be published, and each type's schema."""
     found = await dashboard(request).read(catalog.list_event_types)
     return JSONResponse({"data": [as_json(t.public()) for t in found], "next": None})
 
 
-@api
-async def event_type(request: Request, caller: Caller) -> Response:
-    """One event type; ``PUT`` (an admin's) defines or replaces it, ``DELETE`` removes it."""
+@api(answers={200: shapes.EventType})
+async def event_type(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
+    """One event type of the catalog."""
+    name = request.path_params["name"]
+    found = await dashboard(request).read(lambda c: catalog.get_event_type(c, name))
+    return JSONResponse(as_json(found.public()))
+
+
+@api(
+    body=shapes.EventTypeDefinition,
+    answers={200: shapes.EventType},
+    limit=catalog.MAX_SCHEMA_BYTES * 3,
+)
+async def define(request: Request, caller: Caller, fields: dict[str, Any]) -> Response:
+    """Define an event type, or replace its entry (an admin's token only)."""
     name = request.path_params["name"]
     board = dashboard(request)
-    if request.method == "GET":
-        return JSONResponse(
-            as_json((await board.read(lambda c: catalog.get_event_type(c, name))).public())
-        )
     if caller.scope.tenant is not None:
         return problem(403, "only an admin's token changes the catalog")
-    if request.method == "DELETE":
 
-        def remove_it() -> None:
-            with board.engine.begin() as conn:
-                catalog.remove_event_type(conn, name)
-
-        await run_in_threadpool(remove_it)
-        return JSONResponse({"name": name, "removed": True})
-    body = await json_body(request, catalog.MAX_SCHEMA_BYTES * 3)
-    if isinstance(body, Response):
-        return body
-    fields = fields_of(body, CATALOG_FIELDS)
-
-    def define() -> catalog.EventType:
+    def write() -> catalog.EventType:
         with board.engine.begin() as conn:
             return catalog.define_event_type(conn, name, **fields)
 
-    return JSONResponse(as_json((await run_in_threadpool(define)).public()))
+    return JSONResponse(as_json((await run_in_threadpool(write)).public()))
+
+
+@api(answers={200: shapes.EventTypeRemoved})
+async def undefine(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
+    """Take an event type out of the catalog: its payloads are no longer checked."""
+    name = request.path_params["name"]
+    board = dashboard(request)
+    if caller.scope.tenant is not None:
+        return problem(403, "only an admin's token changes the catalog")
+
+    def write() -> None:
+        with board.engine.begin() as conn:
+            catalog.remove_event_type(conn, name)
+
+    await run_in_threadpool(write)
+    return JSONResponse({"name": name, "removed": True})
 
 
 async def _own_message(request: Request, caller: Caller) -> int:
@@ -162,8 +186,8 @@ async def _own_message(request: Request, caller: Caller) -> int:
     return message_id
 
 
-@api
-async def retry(request: Request, caller: Caller) -> Response:
+@api(answers={200: shapes.MessageState})
+async def retry(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
     """Send a failed or cancelled message again, with a fresh attempt budget."""
     message_id = await _own_message(request, caller)
     board = dashboard(request)
@@ -176,8 +200,8 @@ async def retry(request: Request, caller: Caller) -> Response:
     return JSONResponse({"id": message_id, "status": "pending"})
 
 
-@api
-async def cancel(request: Request, caller: Caller) -> Response:
+@api(answers={200: shapes.MessageState})
+async def cancel(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
     """End a pending or waiting message as cancelled: never sent again."""
     message_id = await _own_message(request, caller)
     board = dashboard(request)
@@ -190,20 +214,17 @@ async def cancel(request: Request, caller: Caller) -> Response:
     return JSONResponse({"id": message_id, "status": "cancelled"})
 
 
-@api
-async def events(request: Request, caller: Caller) -> Response:
+@api(
+    body=shapes.EventNew,
+    answers={201: shapes.Published, 200: shapes.Published},
+    limit=lambda board: board.settings.max_payload_bytes + BODY_SLACK,
+)
+async def events(request: Request, caller: Caller, body: dict[str, Any]) -> Response:
     """Publish one event, as :func:`poller.publish` does: to every subscribed endpoint
-    of its tenant. A tenant's token publishes as its tenant."""
+    of its tenant (201; 200 and nothing added for a key published before). A tenant's
+    token publishes as its tenant. An ``Idempotency-Key`` header, if sent, must be the
+    body's ``idempotency_key``."""
     board = dashboard(request)
-    body = await json_body(request, board.settings.max_payload_bytes + BODY_SLACK)
-    if isinstance(body, Response):
-        return body
-    unknown = sorted(set(body) - EVENT_FIELDS)
-    if unknown:
-        raise InvalidInput(f"unknown fields: {', '.join(k[:40] for k in unknown[:5])}")
-    missing = sorted({"event_type", "payload", "idempotency_key"} - set(body))
-    if missing:
-        raise InvalidInput(f"missing fields: {', '.join(missing)}")
     tenant = body.get("tenant")
     if caller.scope.tenant is not None:
         if tenant not in (None, caller.scope.tenant):
@@ -235,24 +256,91 @@ async def events(request: Request, caller: Caller) -> Response:
     )
 
 
+async def _own_event(request: Request, caller: Caller) -> dict[str, Any]:
+    """The event in the path, if the caller may see it (its tenant's); else EventNotFound."""
+    event_id = parse.row_id(request.path_params["id"])
+    found = await dashboard(request).read(lambda conn: event_detail(conn, event_id))
+    if caller.scope.tenant is not None and found["tenant"] != caller.scope.tenant:
+        raise EventNotFound(f"no event {event_id}")
+    return found
+
+
+@api(answers={200: shapes.Event})
+async def event(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
+    """One published event, its payload and its delivery to each endpoint."""
+    found = await _own_event(request, caller)
+    shown = {k: found[k] for k in EVENT_FIELDS}
+    shown["deliveries"] = found["deliveries"]
+    return JSONResponse(as_json(shown))
+
+
+@api(body=shapes.EventReplay, answers={200: shapes.Replayed})
+async def replay_event(request: Request, caller: Caller, body: dict[str, Any]) -> Response:
+    """Deliver this event to ``endpoint`` (subscribed to it now) again, or for the
+    first time: 409 when it is not subscribed to it."""
+    found = await _own_event(request, caller)
+    target = await visible(request, caller, body["endpoint"])
+    board = dashboard(request)
+    at = found["created_at"]
+    done = await board.act(
+        lambda: replay(board.engine, target.name, since=at, until=at + timedelta(microseconds=1),
+                       event_id=found["id"], who=f"api:{caller.who}")
+    )  # fmt: skip
+    if not done.events:
+        return problem(409, f"{target.name} is not subscribed to event {found['id']}: its "
+                       "event types, tenant or payload filter do not reach it")  # fmt: skip
+    return JSONResponse(done.as_dict())
+
+
+OPERATIONS = (
+    Operation("GET", "/endpoints", ep.endpoints, "listEndpoints", "List endpoints"),
+    Operation("POST", "/endpoints", ep.create, "createEndpoint", "Create an endpoint"),
+    Operation("GET", "/endpoints/{name}", ep.endpoint, "getEndpoint", "Get an endpoint"),
+    Operation("PATCH", "/endpoints/{name}", ep.change, "updateEndpoint", "Update an endpoint"),
+    Operation("DELETE", "/endpoints/{name}", ep.remove, "deleteEndpoint", "Delete an endpoint"),
+    Operation("POST", "/endpoints/{name}/enable", ep.switch, "enableEndpoint",
+              "Enable an endpoint"),
+    Operation("POST", "/endpoints/{name}/disable", ep.switch, "disableEndpoint",
+              "Disable an endpoint"),
+    Operation("POST", "/endpoints/{name}/pause", ep.pause, "pauseEndpoint",
+              "Pause an endpoint's deliveries"),
+    Operation("POST", "/endpoints/{name}/resume", ep.resume, "resumeEndpoint",
+              "Resume an endpoint's deliveries"),
+    Operation("POST", "/endpoints/{name}/rotate-secret", ep.rotate, "rotateSecret",
+              "Rotate an endpoint's signing key"),
+    Operation("POST", "/endpoints/{name}/test", ep.test_event, "sendTestEvent",
+              "Send a test event"),
+    Operation("POST", "/endpoints/{name}/replay", ep.replay_since, "replayToEndpoint",
+              "Replay events to an endpoint"),
+    Operation("GET", "/messages", messages, "listMessages", "List messages"),
+    Operation("GET", "/messages/{id}", message, "getMessage", "Get a message and its attempts"),
+    Operation("POST", "/messages/{id}/retry", retry, "retryMessage", "Retry a message"),
+    Operation("POST", "/messages/{id}/cancel", cancel, "cancelMessage", "Cancel a message"),
+    Operation("POST", "/events", events, "publishEvent", "Publish an event"),
+    Operation("GET", "/events/{id}", event, "getEvent", "Get an event and its deliveries"),
+    Operation("POST", "/events/{id}/replay", replay_event, "replayEvent",
+              "Replay an event to an endpoint"),
+    Operation("GET", "/event-types", event_types, "listEventTypes", "List the event-type catalog"),
+    Operation("GET", "/event-types/{name:path}", event_type, "getEventType", "Get an event type"),
+    Operation("PUT", "/event-types/{name:path}", define, "defineEventType", "Define an event type"),
+    Operation("DELETE", "/event-types/{name:path}", undefine, "removeEventType",
+              "Remove an event type"),
+)  # fmt: skip
+"""Every route of the API, under ``/api/v1``: what routes() serves and the OpenAPI
+document describes."""
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    return openapi.document(OPERATIONS, __version__)
+
+
+async def openapi_json(request: Request) -> Response:
+    """The OpenAPI document (poller/dashboard/openapi.py), for anyone."""
+    return JSONResponse(openapi_document())
+
+
 def routes() -> list[Route]:
-    return [
-        Route("/api/v1/events", events, methods=["POST"]),
-        Route("/api/v1/event-types", event_types, methods=["GET"]),
-        Route("/api/v1/event-types/{name:path}", event_type, methods=["GET", "PUT", "DELETE"]),
-        Route("/api/v1/endpoints", ep.endpoints, methods=["GET"]),
-        Route("/api/v1/endpoints", ep.create, methods=["POST"]),
-        Route("/api/v1/endpoints/{name}/enable", ep.switch, methods=["POST"]),
-        Route("/api/v1/endpoints/{name}/disable", ep.switch, methods=["POST"]),
-        Route("/api/v1/endpoints/{name}/pause", ep.hold, methods=["POST"]),
-        Route("/api/v1/endpoints/{name}/resume", ep.hold, methods=["POST"]),
-        Route("/api/v1/endpoints/{name}/rotate-secret", ep.rotate, methods=["POST"]),
-        Route("/api/v1/endpoints/{name}/test", ep.test_event, methods=["POST"]),
-        Route("/api/v1/messages", messages, methods=["GET"]),
-        Route("/api/v1/messages/{id}", message, methods=["GET"]),
-        Route("/api/v1/messages/{id}/retry", retry, methods=["POST"]),
-        Route("/api/v1/messages/{id}/cancel", cancel, methods=["POST"]),
-        Route("/api/v1/endpoints/{name}", ep.endpoint, methods=["GET"]),
-        Route("/api/v1/endpoints/{name}", ep.change, methods=["PATCH"]),
-        Route("/api/v1/endpoints/{name}", ep.remove, methods=["DELETE"]),
-    ]
+    # /event-types/{name:path} takes any name, so the fixed paths go first
+    served = [Route("/api/v1/openapi.json", openapi_json, methods=["GET"])]
+    return served + [Route(op.route, op.handler, methods=[op.method]) for op in OPERATIONS]

@@ -11,16 +11,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from poller import parse
+from poller import once, parse
 from poller.cancel import pause_endpoint, resume_endpoint
+from poller.dashboard import shapes
 from poller.dashboard.rest import (
-    NUMBER,
-    TEXT,
+    PAGE,
     Caller,
+    Param,
     api,
     as_json,
-    fields_of,
-    json_body,
     page_of,
     visible,
 )
@@ -30,6 +29,7 @@ from poller.endpoint_view import public
 from poller.endpoints import (
     Endpoint,
     create_endpoint,
+    get_endpoint,
     list_endpoints,
     remove_endpoint,
     set_enabled,
@@ -39,11 +39,16 @@ from poller.errors import (
     InvalidInput,
 )
 from poller.outbox import enqueue
+from poller.replay import replay
 from poller.signing import Scheme
 
+MAX_BODY = 1024 * 1024  # an endpoint's settings: its CA bundle, headers, filter
+FORCE = Param("force", "``true``: delete its messages too (409 otherwise)", {"enum": ["true"]})
 
-@api
-async def endpoints(request: Request, caller: Caller) -> Response:
+
+@api(answers={200: shapes.EndpointPage}, query=PAGE)
+async def endpoints(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
+    """Endpoints in name order (a tenant's token: its tenant's)."""
     after, limit = page_of(request)
     found = await dashboard(request).read(list_endpoints)
     seen = sorted((e for e in found if caller.sees(e)), key=lambda e: e.name)
@@ -56,72 +61,60 @@ async def endpoints(request: Request, caller: Caller) -> Response:
     )
 
 
-@api
-async def endpoint(request: Request, caller: Caller) -> Response:
+@api(answers={200: shapes.Endpoint})
+async def endpoint(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
+    """One endpoint: never its secret, key or header values."""
     return JSONResponse(
         as_json(public(await visible(request, caller, request.path_params["name"])))
     )
 
 
-ENDPOINT_FIELDS: dict[str, tuple[type, ...]] = {
-    "url": TEXT, "lookup_url": TEXT, "event_types": (list,), "tenant": TEXT,
-    "payload_filter": (dict,), "headers": (dict,), "max_attempts": (int,), "timeout": NUMBER,
-    "max_in_flight": (int,), "rate_limit": NUMBER, "rate_burst": (int,),
-    "circuit_failures": (int,), "circuit_cooldown": NUMBER, "retry_schedule": (list,),
-    "max_age": NUMBER, "on_failed_head": TEXT, "trace_context": (bool,),
-}  # fmt: skip
-"""What a create or an update may set, and the JSON types each takes (poller/endpoints.py
-checks the values)."""
-
-
-@api
-async def create(request: Request, caller: Caller) -> Response:
+@api(body=shapes.EndpointNew, answers={201: shapes.EndpointKeyed}, limit=MAX_BODY)
+async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Response:
     """Make an endpoint; its signing secret (or, for ed25519, its public key) is in the
-    answer this once. A tenant's token makes one of its tenant's, named for it."""
+    answer this once. A tenant's token makes one of its tenant's, named for it. With
+    an ``Idempotency-Key``, the same request again answers as the first did
+    (``Idempotent-Replayed: true``) and makes nothing."""
     board = dashboard(request)
-    body = await json_body(request, 1024 * 1024)
-    if isinstance(body, Response):
-        return body
-    allowed = {**ENDPOINT_FIELDS, "name": TEXT, "signing": TEXT}
     if caller.scope.tenant is not None:
         for field in ("name", "tenant"):
             if field in body:
                 raise InvalidInput(f"{field}: a {caller.scope} token's endpoints get theirs")
         body = {**body, "tenant": caller.scope.tenant}
         name = f"ep_{secrets.token_hex(8)}"  # never one another tenant has
-    elif isinstance(body.get("name"), str):
+    elif "name" in body:
         name = body["name"]
     else:
         raise InvalidInput("name: required, the endpoint's name")
-    fields = dict(fields_of(body, allowed))
-    fields.pop("name", None)
-    url = fields.pop("url", None)
-    if url is None:
-        raise InvalidInput("url: required, where its webhooks go")
+    fields = {k: v for k, v in body.items() if k not in ("name", "url")}
+    url = body["url"]
 
-    def write() -> Any:
+    key = request.headers.get("idempotency-key")
+
+    def write() -> tuple[Endpoint, str, bool]:
         with board.engine.begin() as conn:
-            return create_endpoint(conn, name, url, **fields)
+            first = None if key is None else once.claim(conn, caller.who, key, body, name)
+            if first is not None:  # the same request again: the same answer
+                found = get_endpoint(conn, first)
+                return found, found.secret, True
+            made = create_endpoint(conn, name, url, **fields)
+            return made.endpoint, made.secret, False
 
-    made = await run_in_threadpool(write)
-    shown = public(made.endpoint)
-    if made.endpoint.signing is Scheme.HMAC_SHA256:
-        shown["secret"] = made.secret  # this once; ed25519: the public keys above
-    return JSONResponse(as_json(shown), 201)
+    made, secret, again = await run_in_threadpool(write)
+    shown = public(made)
+    if made.signing is Scheme.HMAC_SHA256:
+        shown["secret"] = secret  # this once; ed25519: the public keys above
+    replayed = {"idempotent-replayed": "true"} if again else None
+    return JSONResponse(as_json(shown), 201, headers=replayed)
 
 
-@api
-async def change(request: Request, caller: Caller) -> Response:
+@api(body=shapes.EndpointSettings, answers={200: shapes.Endpoint}, limit=MAX_BODY)
+async def change(request: Request, caller: Caller, fields: dict[str, Any]) -> Response:
     """Change the fields given (``null`` clears nothing: it is refused)."""
     found = await visible(request, caller, request.path_params["name"])
     board = dashboard(request)
-    body = await json_body(request, 1024 * 1024)
-    if isinstance(body, Response):
-        return body
-    allowed = dict(ENDPOINT_FIELDS)
-    if caller.scope.tenant is not None:
-        del allowed["tenant"]  # a tenant's endpoint stays its
-    fields = fields_of(body, allowed)
+    if caller.scope.tenant is not None and "tenant" in fields:
+        raise InvalidInput(f"tenant: a {caller.scope} token's endpoints stay its")
 
     def write() -> Endpoint:
         with board.engine.begin() as conn:
@@ -130,8 +123,8 @@ async def change(request: Request, caller: Caller) -> Response:
     return JSONResponse(as_json(public(await run_in_threadpool(write))))
 
 
-@api
-async def remove(request: Request, caller: Caller) -> Response:
+@api(answers={200: shapes.Removed}, query=(FORCE,))
+async def remove(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
     """Delete an endpoint; with ``?force=true`` its messages too (409 otherwise)."""
     found = await visible(request, caller, request.path_params["name"])
     board = dashboard(request)
@@ -145,9 +138,10 @@ async def remove(request: Request, caller: Caller) -> Response:
     return JSONResponse({"name": found.name, "deleted_messages": deleted})
 
 
-@api
-async def switch(request: Request, caller: Caller) -> Response:
-    """``enable`` (its circuit closed, its streak forgotten) or ``disable`` it."""
+@api(answers={200: shapes.Endpoint})
+async def switch(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
+    """Enable it (its circuit closed, its failure streak forgotten), or disable it:
+    nothing is sent to it until it is enabled."""
     found = await visible(request, caller, request.path_params["name"])
     board = dashboard(request)
     enabled = request.url.path.endswith("/enable")
@@ -160,40 +154,42 @@ async def switch(request: Request, caller: Caller) -> Response:
     return JSONResponse(as_json(public(await run_in_threadpool(write))))
 
 
-@api
-async def hold(request: Request, caller: Caller) -> Response:
-    """``pause`` (``{"until": "2h"}`` or an ISO time; none: until resumed) or ``resume``
-    its deliveries; its health and attempts are left as they are."""
+@api(body=shapes.PauseRequest, answers={200: shapes.Endpoint})
+async def pause(request: Request, caller: Caller, body: dict[str, Any]) -> Response:
+    """Hold its deliveries (``until``: a time or ``2h``; none: until resumed); its
+    health and attempts are left as they are."""
     found = await visible(request, caller, request.path_params["name"])
     board = dashboard(request)
-    pausing = request.url.path.endswith("/pause")
-    body = await json_body(request, 64 * 1024)
-    if isinstance(body, Response):
-        return body
-    fields_of(body, {"until": TEXT} if pausing else {})
     until = parse.deadline(body["until"]) if "until" in body else None
 
     def write() -> None:
         with board.engine.begin() as conn:
-            if pausing:
-                pause_endpoint(conn, found.name, until=until, who=f"api:{caller.who}")
-            else:
-                resume_endpoint(conn, found.name)
+            pause_endpoint(conn, found.name, until=until, who=f"api:{caller.who}")
 
     await run_in_threadpool(write)
     return JSONResponse(as_json(public(await visible(request, caller, found.name))))
 
 
-@api
-async def rotate(request: Request, caller: Caller) -> Response:
+@api(answers={200: shapes.Endpoint})
+async def resume(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
+    """Deliver again what a pause held."""
+    found = await visible(request, caller, request.path_params["name"])
+    board = dashboard(request)
+
+    def write() -> None:
+        with board.engine.begin() as conn:
+            resume_endpoint(conn, found.name)
+
+    await run_in_threadpool(write)
+    return JSONResponse(as_json(public(await visible(request, caller, found.name))))
+
+
+@api(body=shapes.RotateRequest, answers={200: shapes.EndpointKeyed})
+async def rotate(request: Request, caller: Caller, body: dict[str, Any]) -> Response:
     """A new signing key, in the answer this once (ed25519: its public key); the old one
     signs too for ``keep_old_for`` (default ``24h``). ``signing`` may switch schemes."""
     found = await visible(request, caller, request.path_params["name"])
     board = dashboard(request)
-    body = await json_body(request, 64 * 1024)
-    if isinstance(body, Response):
-        return body
-    fields_of(body, {"keep_old_for": TEXT, "signing": TEXT})
     keep = parse.duration(body.get("keep_old_for", "24h"))
 
     def write() -> tuple[Endpoint, str]:
@@ -210,16 +206,12 @@ async def rotate(request: Request, caller: Caller) -> Response:
 TEST_EVENT = "webhook_poller.test"
 
 
-@api
-async def test_event(request: Request, caller: Caller) -> Response:
+@api(answers={202: shapes.TestSent})
+async def test_event(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
     """Send the endpoint a test event (``webhook_poller.test``, signed as any other, by
     the pollers, with retries): 202 with its message, whose attempts show how it went."""
     found = await visible(request, caller, request.path_params["name"])
     board = dashboard(request)
-    body = await json_body(request, 64 * 1024)
-    if isinstance(body, Response):
-        return body
-    fields_of(body, {})
     key = f"test:{secrets.token_hex(8)}"
     payload = {"test": True, "endpoint": found.name, "sent_by": caller.who}
 
@@ -230,3 +222,20 @@ async def test_event(request: Request, caller: Caller) -> Response:
 
     message_id = await run_in_threadpool(write)
     return JSONResponse({"message_id": message_id, "idempotency_key": key}, 202)
+
+
+@api(body=shapes.ReplayRequest, answers={200: shapes.Replayed})
+async def replay_since(request: Request, caller: Caller, body: dict[str, Any]) -> Response:
+    """Deliver again the events published in [since, until) it is subscribed to now:
+    those it never had are queued, those that ended are sent again, those still open
+    are left alone. Each keeps its idempotency key (its ``webhook-id``)."""
+    found = await visible(request, caller, request.path_params["name"])
+    board = dashboard(request)
+    since = parse.moment(body["since"])
+    until = parse.moment(body["until"]) if "until" in body else None
+    done = await board.act(
+        lambda: replay(board.engine, found.name, since=since, until=until,
+                       event_type=body.get("event_type"), dry_run=body.get("dry_run", False),
+                       who=f"api:{caller.who}")
+    )  # fmt: skip
+    return JSONResponse(done.as_dict())

@@ -1,7 +1,8 @@
 """The ground every route of the management API stands on (poller/dashboard/api.py says
 what the API is): who called (:func:`api`), what they may see (:meth:`Caller.sees`,
 :func:`visible`), the throttle per token (:class:`Limits`), problem documents, and
-reading a JSON body no larger than a limit, its fields of the types they take."""
+reading a JSON body no larger than a limit and checking it against its shape
+(poller/dashboard/shapes.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from poller import tokens
+from poller.dashboard import shapes
 from poller.dashboard.web import Dashboard, client_of, dashboard, identify
 from poller.db import TRANSIENT
 from poller.endpoints import (
@@ -33,6 +36,7 @@ from poller.errors import (
     InvalidInput,
     NotFound,
     PollerError,
+    RequestConflict,
     TokenRefused,
     UnknownEndpoint,
 )
@@ -40,7 +44,6 @@ from poller.errors import (
 log = logging.getLogger("poller.api")
 PROBLEM = "application/problem+json"
 MAX_LIMIT = 500
-NUMBER, TEXT = (int, float), (str,)  # the JSON types of a field (fields_of)
 TITLES = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
           413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
           429: "Too Many Requests", 503: "Service Unavailable"}  # fmt: skip
@@ -79,9 +82,16 @@ class Caller:
         return self.scope.tenant is None or endpoint.tenant == self.scope.tenant
 
 
-def problem(status: int, detail: str, **headers: str) -> Response:
-    body = {"type": "about:blank", "title": TITLES.get(status, "Error"), "status": status,
-            "detail": detail}  # fmt: skip
+def problem(
+    status: int,
+    detail: str,
+    errors: list[dict[str, str]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    body: dict[str, Any] = {"type": "about:blank", "title": TITLES.get(status, "Error"),
+                            "status": status, "detail": detail}  # fmt: skip
+    if errors:
+        body["errors"] = errors
     return JSONResponse(body, status, headers=headers, media_type=PROBLEM)
 
 
@@ -98,11 +108,13 @@ def as_json(value: Any) -> Any:
 async def _caller(board: Dashboard, request: Request) -> Caller | Response:
     header = request.headers.get("authorization", "")
     if not header:
-        return problem(401, "send Authorization: Bearer <token>", **{"www-authenticate": "Bearer"})
+        return problem(
+            401, "send Authorization: Bearer <token>", headers={"www-authenticate": "Bearer"}
+        )
     client = client_of(request)
     if (wait := board.throttle.wait(client)) > 0:
         return problem(429, "too many wrong credentials: wait and try again",
-                       **{"retry-after": str(max(1, round(wait)))})  # fmt: skip
+                       headers={"retry-after": str(max(1, round(wait)))})  # fmt: skip
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip().startswith(tokens.PREFIX):
 
@@ -115,51 +127,148 @@ async def _caller(board: Dashboard, request: Request) -> Caller | Response:
         except TokenRefused as exc:
             board.throttle.failed(client)
             log.warning("api: refused a token from %s", client)
-            return problem(401, str(exc), **{"www-authenticate": 'Bearer error="invalid_token"'})
+            return problem(
+                401, str(exc), headers={"www-authenticate": 'Bearer error="invalid_token"'}
+            )
         return Caller(token.scope, token.read_only, f"token:{token.name}")
     identity = identify(board, request)  # the dashboard's operator credentials
     if isinstance(identity, Response) or identity is None:
-        return problem(401, "wrong credentials", **{"www-authenticate": "Bearer"})
+        return problem(401, "wrong credentials", headers={"www-authenticate": "Bearer"})
     return Caller(tokens.Scope(), board.read_only, f"dashboard:{identity.who}")
 
 
-Handler = Callable[[Request, Caller], Awaitable[Response]]
+Handler = Callable[[Request, Caller, dict[str, Any]], Awaitable[Response]]
 
 
-def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """A route of the API: its caller found (else 401), its failures as problems."""
+class Refused(Exception):
+    """A request a route will not take: answered as the problem ``status``, ``detail``."""
 
-    @functools.wraps(handler)
-    async def answered(request: Request) -> Response:
-        board = dashboard(request)
-        caller = await _caller(board, request)
-        if isinstance(caller, Response):
-            return caller
-        limits: Limits = request.app.state.api_limits
-        if (wait := limits.wait(caller.who)) > 0:
-            return problem(429, f"more than {limits.rate:g} requests a second for {caller.who}",
-                           **{"retry-after": str(max(1, math.ceil(wait)))})  # fmt: skip
-        if request.method not in ("GET", "HEAD"):  # a change
-            kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-            if kind != "application/json":  # what no other site's form can send
-                return problem(415, "send Content-Type: application/json")
-            if caller.read_only:
-                return problem(403, f"{caller.who} is read-only: it changes nothing")
-        try:
-            return await handler(request, caller)
-        except NotFound as exc:
-            return problem(404, str(exc))
-        except (IdempotencyConflict, EndpointExists, EndpointInUse) as exc:
-            return problem(409, str(exc))
-        except (InvalidInput, ValueError) as exc:
-            return problem(422, str(exc))
-        except PollerError as exc:
-            return problem(422, str(exc))
-        except TRANSIENT as exc:
-            log.warning("api: database unavailable: %s", type(exc).__name__)
-            return problem(503, "the database is not answering; try again")
+    def __init__(self, status: int, detail: str, errors: list[dict[str, str]] | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.errors = status, detail, errors
 
-    return answered
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """A query parameter a route reads (for the OpenAPI document)."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What a route takes and answers: its body's shape (poller/dashboard/shapes.py),
+    read no further than ``limit`` bytes; its answers' shapes by status; its query."""
+
+    body: type | None
+    answers: dict[int, type]
+    query: tuple[Param, ...]
+    limit: int | Callable[[Dashboard], int]
+
+
+def api(
+    *,
+    answers: dict[int, type],
+    body: type | None = None,
+    query: tuple[Param, ...] = (),
+    limit: int | Callable[[Dashboard], int] = 64 * 1024,
+) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
+    """A route of the API: its caller found (else 401), its body read and checked
+    against ``body`` (a change without one takes ``{}`` or nothing), its failures as
+    problems. The route gets the body's fields as given."""
+    shape: TypeAdapter[Any] = TypeAdapter(body or shapes.NoFields)
+
+    def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        @functools.wraps(handler)
+        async def answered(request: Request) -> Response:
+            board = dashboard(request)
+            caller = await _caller(board, request)
+            if isinstance(caller, Response):
+                return caller
+            limits: Limits = request.app.state.api_limits
+            if (wait := limits.wait(caller.who)) > 0:
+                return problem(
+                    429, f"more than {limits.rate:g} requests a second for {caller.who}",
+                    headers={"retry-after": str(max(1, math.ceil(wait)))},
+                )  # fmt: skip
+            try:
+                fields: dict[str, Any] = {}
+                if request.method not in ("GET", "HEAD"):  # a change
+                    most = limit if isinstance(limit, int) else limit(board)
+                    fields = await _change(request, caller, shape, most)
+                return await handler(request, caller, fields)
+            except Refused as exc:
+                return problem(exc.status, exc.detail, errors=exc.errors)
+            except NotFound as exc:
+                return problem(404, str(exc))
+            except (IdempotencyConflict, RequestConflict, EndpointExists, EndpointInUse) as exc:
+                return problem(409, str(exc))
+            except (InvalidInput, ValueError, PollerError) as exc:
+                return problem(422, str(exc))
+            except TRANSIENT as exc:
+                log.warning("api: database unavailable: %s", type(exc).__name__)
+                return problem(503, "the database is not answering; try again")
+
+        answered.spec = Spec(body, answers, query, limit)  # type: ignore[attr-defined]
+        return answered
+
+    return route
+
+
+async def _change(
+    request: Request, caller: Caller, shape: TypeAdapter[Any], limit: int
+) -> dict[str, Any]:
+    """A change's body, checked; refused for a caller that may change nothing."""
+    kind = request.headers.get("content-type", "").partition(";")[0]
+    if kind.strip().lower() != "application/json":  # what no other site's form can send
+        raise Refused(415, "send Content-Type: application/json")
+    if caller.read_only:
+        raise Refused(403, f"{caller.who} is read-only: it changes nothing")
+    return _checked(shape, await _json(request, limit))
+
+
+async def _json(request: Request, limit: int) -> Any:
+    """The request's JSON (nothing: ``{}``), read no further than ``limit`` bytes."""
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > limit:
+        raise Refused(413, f"the body is over {limit} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise Refused(413, f"the body is over {limit} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise Refused(422, "the body is not JSON") from None
+
+
+def _checked(shape: TypeAdapter[Any], body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise Refused(422, "the body must be a JSON object")
+    try:
+        fields: dict[str, Any] = shape.validate_python(body)
+    except ValidationError as exc:
+        errors = [
+            {"field": "/" + "/".join(str(p)[:80] for p in e["loc"]), "message": e["msg"]}
+            for e in exc.errors(include_url=False, include_input=False)[:20]
+        ]
+        shown = "; ".join(f"{e['field'][1:] or 'body'}: {e['message']}" for e in errors[:3])
+        raise Refused(422, shown, errors) from None
+    except RecursionError:
+        raise Refused(422, "the body is nested too deep") from None
+    return fields
+
+
+PAGE = (
+    Param("limit", f"At most this many (1 to {MAX_LIMIT}, default 100)",
+          {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}),
+    Param("after", "The ``next`` of the page before", {"type": "string"}),
+)  # fmt: skip
 
 
 def page_of(request: Request) -> tuple[str | None, int]:
@@ -176,50 +285,6 @@ async def visible(request: Request, caller: Caller, name: str) -> Endpoint:
     if not caller.sees(found):
         raise UnknownEndpoint(name)  # no other tenant's names leak
     return found
-
-
-def fields_of(body: dict[str, Any], allowed: dict[str, tuple[type, ...]]) -> dict[str, Any]:
-    """``body``'s fields, each of a type its field takes (a wrong one is 422, never a
-    crash further in)."""
-    unknown = sorted(set(body) - set(allowed))
-    if unknown:
-        raise InvalidInput(f"unknown fields: {', '.join(k[:40] for k in unknown[:5])}")
-    for name, value in body.items():
-        types = allowed[name]
-        if value is None or (isinstance(value, bool) and bool not in types):
-            raise InvalidInput(f"{name}: {'null' if value is None else 'a boolean'} is not "
-                               "one of its values")  # fmt: skip
-        if not isinstance(value, types):
-            raise InvalidInput(f"{name}: must be {' or '.join(t.__name__ for t in types)}")
-    for name in ("event_types", "retry_schedule"):
-        items = body.get(name, [])
-        kinds = TEXT if name == "event_types" else NUMBER
-        if any(not isinstance(i, kinds) or isinstance(i, bool) for i in items):
-            raise InvalidInput(f"{name}: a list of {'names' if kinds is TEXT else 'seconds'}")
-    headers = body.get("headers", {})
-    if any(not isinstance(v, str) for v in headers.values()):
-        raise InvalidInput("headers: an object of header names and text values")
-    return body
-
-
-async def json_body(request: Request, limit: int) -> dict[str, Any] | Response:
-    """The request's JSON object (its type was checked by :func:`api`); a problem when
-    it is not one, or is over ``limit`` bytes (read no further than that)."""
-    size = request.headers.get("content-length", "")
-    if size.isdigit() and int(size) > limit:
-        return problem(413, f"the body is over {limit} bytes")
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            return problem(413, f"the body is over {limit} bytes")
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        return problem(422, "the body is not JSON")
-    if not isinstance(body, dict):
-        return problem(422, "the body must be a JSON object")
-    return body
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

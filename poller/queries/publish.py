@@ -207,6 +207,7 @@ REPLAY_BATCH = _statement(
     WHERE (ev.created_at, ev.id) > (CAST(:after_at AS timestamptz), CAST(:after_id AS bigint))
       AND ev.created_at < CAST(:until AS timestamptz)
       AND (CAST(:event_type AS text) IS NULL OR ev.event_type = CAST(:event_type AS text))
+      AND (CAST(:event_id AS bigint) IS NULL OR ev.id = CAST(:event_id AS bigint))
       AND {reaches("e", patterns("ev.event_type"), "CAST(ev.payload AS jsonb)", "ev.tenant")}
     ORDER BY ev.created_at, ev.id
     LIMIT :limit

@@ -4,7 +4,6 @@ failure a problem document."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -154,11 +153,11 @@ BAD_EVENTS = [
     (b"not json", 422, "not JSON"),
     (b"[1, 2]", 422, "JSON object"),
     (b"[" * 100_000 + b"]" * 100_000, 422, "not JSON"),  # nested past any parser
-    ({"event_type": "e", "payload": {}}, 422, "missing fields: idempotency_key"),
+    ({"event_type": "e", "payload": {}}, 422, "idempotency_key: Field required"),
     (
         {"event_type": "e", "payload": {}, "idempotency_key": "k", "extra": 1},
         422,
-        "unknown fields: extra",
+        "extra: Extra inputs are not permitted",
     ),
     ({"event_type": "e\x00", "payload": {}, "idempotency_key": "k"}, 422, "event"),
     ({"event_type": 7, "payload": {}, "idempotency_key": "k"}, 422, "event_type"),
@@ -229,44 +228,50 @@ def test_every_route_hides_every_other_tenants_resource(
     acme's token, with each of globex's and the untenanted endpoints and messages: 404,
     or a list without them; and nothing changed, by reads or by changes (retry, cancel
     of another tenant's message)."""
-    from poller.dashboard.api import routes
+    from poller.dashboard.api import OPERATIONS
 
     web, made = api
+    events = {}
     for tenant, key in (("globex", "g1"), (None, "b1"), ("acme", "a1")):
         event = {"event_type": "order.paid", "payload": {}, "idempotency_key": key,
                  "tenant": tenant}  # fmt: skip
-        assert _post(web, made["admin"], event)[0] == 201
+        status, published = _post(web, made["admin"], event)
+        assert status == 201
+        events[tenant] = str(published["event_id"])
     _, everything, _ = _get(web, "/api/v1/messages", made["admin"])
     foreign = {"name": ["globex-hooks", "billing"],
                "id": [str(m["id"]) for m in everything["data"] if m["endpoint"] in  # type: ignore[attr-defined]
-                      ("globex-hooks", "billing")]}  # fmt: skip
+                      ("globex-hooks", "billing")],
+               "event": [events["globex"], events[None]]}  # fmt: skip
     assert len(foreign["id"]) == 2
+    bodies = {"replayToEndpoint": {"since": "1h"}, "replayEvent": {"endpoint": "acme-hooks"}}
     with engine.connect() as conn:
         before = conn.execute(text(STATE)).one()
     checked = 0
-    for route in routes():
-        if route.path.startswith("/api/v1/event-types"):
+    for op in OPERATIONS:
+        if op.route.startswith("/api/v1/event-types"):
             continue  # the catalog is everyone's (its own test)
-        params = re.findall(r"{([^}]+)}", route.path)  # name, id, or verb:a|b
-        for method in sorted((route.methods or set()) - {"HEAD"}):
-            if method != "GET" and not params:
-                continue  # publish and create: as its own tenant, by their own tests
-            if not params:
-                status, body, _ = _get(web, route.path, made["tenant:acme"])
-                assert status == 200 and "globex" not in str(body) and "billing" not in str(body)
-                checked += 1
-                continue
-            choices = [p.partition(":")[2].split("|") if ":" in p else foreign[p] for p in params]
-            for values in itertools.product(*choices):
-                path = route.path
-                for value in values:
-                    path = re.sub(r"{[^}]+}", value, path, count=1)
-                answer = web.request(method, path, json={}, headers={
-                    "Authorization": f"Bearer {made['tenant:acme']}"})  # fmt: skip
-                assert (answer.status_code, answer.headers["content-type"]) == (404, PROBLEM), (
-                    method, path)  # fmt: skip
-                checked += 1
-    assert checked >= 26  # 2 lists; 9 name routes and 3 id routes, 2 foreign values each
+        params = re.findall(r"{([^}:]+)", op.route)  # name or id
+        if op.method != "GET" and not params:
+            continue  # publish and create: as its own tenant, by their own tests
+        if not params:
+            status, body, _ = _get(web, op.route, made["tenant:acme"])
+            assert status == 200 and "globex" not in str(body) and "billing" not in str(body)
+            checked += 1
+            continue
+        kind = "event" if op.route.startswith("/api/v1/events/") else params[0]
+        for value in foreign[kind]:
+            path = re.sub(r"{[^}]+}", value, op.route)
+            answer = web.request(op.method, path, json=bodies.get(op.id, {}), headers={
+                "Authorization": f"Bearer {made['tenant:acme']}"})  # fmt: skip
+            assert (answer.status_code, answer.headers["content-type"]) == (404, PROBLEM), (
+                op.method, path, answer.text)  # fmt: skip
+            checked += 1
+    for name in foreign["name"]:  # acme's own event, replayed to another tenant's endpoint
+        answer = web.post(f"/api/v1/events/{events['acme']}/replay", json={"endpoint": name},
+                          headers={"Authorization": f"Bearer {made['tenant:acme']}"})  # fmt: skip
+        assert answer.status_code == 404, answer.text
+    assert checked >= 30  # 2 lists; 10 name routes and 5 id routes, 2 foreign values each
     with engine.connect() as conn:
         after = conn.execute(text(STATE)).one()
     assert tuple(before) == tuple(after)
@@ -499,3 +504,68 @@ def test_messages_are_found_by_when_they_were_made(
                   "%00", "2026-13-45", "-5m"):  # fmt: skip
         status, body, kind = _get(web, f"/api/v1/messages?since={nasty}", made["tenant:acme"])
         assert status in (200, 422) and (status == 200 or kind == PROBLEM), (nasty, body)
+
+
+def test_a_create_sent_again_with_its_key_makes_one_endpoint(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    """A client that lost the answer and sent the create again gets the first answer,
+    secret included; the key with another body is a conflict; keys are the caller's."""
+    web, made = api
+    acme, globex = made["tenant:acme"], made["tenant:globex"]
+    body = {"url": "https://acme.example/again", "event_types": ["order.*"]}
+
+    def create(token: str, sent: object, key: str) -> tuple[int, dict[str, object], str]:
+        answer = web.post("/api/v1/endpoints", json=sent, headers={
+            "Authorization": f"Bearer {token}", "Idempotency-Key": key})  # fmt: skip
+        return answer.status_code, answer.json(), answer.headers.get("idempotent-replayed", "")
+
+    first = create(acme, body, "create-1")
+    again = create(acme, body, "create-1")
+    assert first[0] == again[0] == 201 and (first[2], again[2]) == ("", "true")
+    assert first[1] == again[1] and str(first[1]["secret"]).startswith("whsec_")
+    code, said, _ = create(acme, {**body, "url": "https://acme.example/other"}, "create-1")
+    assert code == 409 and "different request" in str(said["detail"])
+    theirs = create(globex, body, "create-1")  # another caller's key space
+    assert theirs[0] == 201 and theirs[1]["name"] != first[1]["name"]
+    assert create(acme, body, "\x7f")[0] == 422  # not printable
+    with engine.connect() as conn:
+        urls = conn.execute(text("SELECT url FROM poller_endpoints WHERE url LIKE "
+                                 "'%acme.example%'")).scalars().all()  # fmt: skip
+    assert sorted(urls) == ["https://acme.example/again"] * 2  # acme's one, globex's one
+
+
+def test_an_event_shows_its_deliveries_and_replays_to_an_endpoint(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    web, made = api
+    acme = made["tenant:acme"]
+    status, published = _post(web, acme, {"event_type": "order.paid", "payload": {"n": 1},
+                                           "idempotency_key": "e-1"})  # fmt: skip
+    assert status == 201
+    event_id = published["event_id"]
+    status, shown = _send(web, "GET", f"/api/v1/events/{event_id}", acme)
+    assert status == 200 and shown["tenant"] == "acme" and shown["payload"] == {"n": 1}
+    assert sorted(d["endpoint"] for d in shown["deliveries"]) == ["acme-audit", "acme-hooks"]  # type: ignore[attr-defined]
+    assert _send(web, "GET", f"/api/v1/events/{event_id}", made["tenant:globex"])[0] == 404
+    with engine.begin() as conn:  # the first delivery ended; a replay sends it again
+        conn.execute(text("UPDATE poller_outbox SET status = 'failed', failed_at = now() "
+                          "WHERE event_id = :id"), {"id": event_id})  # fmt: skip
+    status, done = _send(web, "POST", f"/api/v1/events/{event_id}/replay", acme,
+                         {"endpoint": "acme-hooks"})  # fmt: skip
+    assert status == 200 and (done["events"], done["resent"]) == (1, 1)
+    status, done = _send(web, "POST", "/api/v1/endpoints/acme-audit/replay", acme,
+                         {"since": "1h", "dry_run": True})  # fmt: skip
+    assert status == 200 and (done["events"], done["resent"], done["dry_run"]) == (1, 1, True)
+    with engine.begin() as conn:  # no longer subscribed: nothing to replay
+        conn.execute(text("UPDATE poller_endpoints SET event_types = '{}' "
+                          "WHERE name = 'acme-audit'"))  # fmt: skip
+    status, said = _send(web, "POST", f"/api/v1/events/{event_id}/replay", acme,
+                         {"endpoint": "acme-audit"})  # fmt: skip
+    assert status == 409 and "not subscribed" in str(said["detail"])
+    with engine.connect() as conn:
+        statuses = conn.execute(text(
+            "SELECT e.name, o.status FROM poller_outbox o "
+            "JOIN poller_endpoints e ON e.id = o.endpoint_id ORDER BY 1"
+        )).all()  # fmt: skip
+    assert [tuple(r) for r in statuses] == [("acme-audit", "failed"), ("acme-hooks", "pending")]

@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine
 
 from poller import tokens
-from poller.dashboard.api import CATALOG_FIELDS, EVENT_FIELDS, routes
-from poller.dashboard.api_endpoints import ENDPOINT_FIELDS
+from poller.dashboard.api import OPERATIONS, routes
 from tests.conftest import make_endpoint
 from tests.integration.test_dashboard import client
 from tests.integration.test_dashboard_fuzz import IDS, NAMES, NASTY
@@ -32,7 +31,7 @@ VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(NASTY, inner, max_size=4),
     max_leaves=8,
 )
-FIELDS = sorted({*ENDPOINT_FIELDS, *EVENT_FIELDS, *CATALOG_FIELDS, "name", "signing", "url"})
+FIELDS = sorted({f for op in OPERATIONS if op.spec.body for f in op.spec.body.__annotations__})
 BODIES = st.one_of(
     st.dictionaries(st.sampled_from(FIELDS) | NASTY, VALUES, max_size=6),
     VALUES,
@@ -56,10 +55,11 @@ _token: dict[str, str] = {}
     name=NAMES,
     body=BODIES,
     scope=st.sampled_from(["admin", "tenant:acme"]),
+    key=st.none() | NASTY,
 )
 def test_nasty_requests_get_a_problem_never_a_crash(
     engine: Engine, route: tuple[str, str], query: dict[str, str], ident: str, name: str,
-    body: Any, scope: str,
+    body: Any, scope: str, key: str | None,
 ) -> None:  # fmt: skip
     if next(_examples) == 0:  # the fixture's database lives as long as the whole test
         make_endpoint(engine, "a")
@@ -69,10 +69,13 @@ def test_nasty_requests_get_a_problem_never_a_crash(
     method, template = route
     path = re.sub(r"{id}", ident, template)
     path = re.sub(r"{name(:path)?}", quote(name, safe="") or "%20", path)
+    headers = {"Authorization": f"Bearer {_token[scope]}"}
+    if key is not None and key.isascii() and "\n" not in key and "\r" not in key:
+        headers["Idempotency-Key"] = key
     with client(engine, api_rate_limit=100_000) as web:
         answer = web.request(
             method, f"{path}?{urlencode(query)}", json=body if method != "GET" else None,
-            headers={"Authorization": f"Bearer {_token[scope]}"},
+            headers=headers,
         )  # fmt: skip
     assert answer.status_code < 500, (method, path, query, body, answer.text[:300])
     if answer.status_code >= 400:

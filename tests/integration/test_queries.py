@@ -156,6 +156,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
         "after_id": 0,
         "until": NOW,
         "event_type": None,
+        "event_id": None,
         "limit": 10,
     },
     "PURGE_EVENTS": {"age": 3600.0, "limit": 10},
