@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         enqueue_many_async,
     )
     from poller.payloads import RawJSON
+    from poller.portal import portal_link
     from poller.settings import Settings, load_settings
 
 _LAZY = {
@@ -66,6 +67,7 @@ _LAZY = {
     "Published": "poller.fanout",
     "RawJSON": "poller.payloads",
     "define_event_type": "poller.catalog",
+    "portal_link": "poller.portal",
     "Settings": "poller.settings",
     "enqueue": "poller.outbox",
     "enqueue_async": "poller.outbox",
@@ -131,6 +133,7 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_async",
     "load_settings",
+    "portal_link",
     "publish",
     "publish_async",
     "publish_many",

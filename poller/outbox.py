@@ -25,6 +25,7 @@ The rows are written by the kernel every write path shares (poller/insert.py).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -297,3 +298,16 @@ async def enqueue_many_async(
         return []
     async with conn.begin_nested():
         return list(await drive_async(conn, _enqueue_many_steps(checked)))
+
+
+TEST_EVENT = "webhook_poller.test"
+
+
+def send_test_event(conn: SyncConn, endpoint: str, sent_by: str) -> tuple[int, str]:
+    """Queue a test event for ``endpoint`` (``webhook_poller.test``, signed and retried
+    as any other, by the pollers): its message id and idempotency key. The API's and
+    the portal's "send a test event"."""
+    key = f"test:{secrets.token_hex(8)}"
+    payload = {"test": True, "endpoint": endpoint, "sent_by": sent_by}
+    return enqueue(conn, endpoint=endpoint, event_type=TEST_EVENT, payload=payload,
+                   idempotency_key=key), key  # fmt: skip

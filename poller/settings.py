@@ -54,6 +54,7 @@ SECRET_FIELDS = frozenset(
         "dashboard_token",
         "dashboard_password",
         "proxy_url",
+        "portal_key",
     }
 )
 """Settings whose values never appear in an error message (passwords, keys)."""
@@ -172,6 +173,15 @@ class Settings(BaseSettings):
     api_rate_limit: float = Field(default=50.0, gt=0, le=100_000)
     """Requests a second each API token may make (``/api/v1``, poller/dashboard/api.py),
     in bursts of up to twice that; past it, 429 with ``Retry-After``. Per process."""
+    portal_key: SecretStr | None = None
+    """Signs tenant portal links and sessions (32+ characters; poller/portal.py). Unset
+    and no database URL: a key kept in the embedded server's data folder."""
+    portal_url: str | None = None
+    """The portal's address as tenants reach it, e.g. ``https://hooks.example.com`` (a
+    link is this and ``/portal/start?link=…``); unset: ``http://`` POLLER_DASHBOARD_ADDR."""
+    portal_embed_origins: tuple[str, ...] = ()
+    """JSON list of origins whose pages may show the portal in an iframe, e.g.
+    ``["https://app.example.com"]`` (CSP ``frame-ancestors``); none: no site may."""
     retention_delivered: PositiveSeconds = 7 * 86400.0
     """How long a delivered message (and its attempts) is kept before the purge."""
     retention_failed: PositiveSeconds = 30 * 86400.0
@@ -267,6 +277,35 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("must list at least one interval, e.g. [5, 300, 1800]")
         return value
+
+    @field_validator("portal_embed_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:  # each goes into a header: nothing but scheme://host[:port]
+            if not re.fullmatch(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?", origin):
+                raise ValueError(
+                    f"{origin[:80]!r} is not an origin (scheme://host[:port], no path)"
+                )
+        return value
+
+    @field_validator("portal_key")
+    @classmethod
+    def _portal_key(cls, value: SecretStr | None) -> SecretStr | None:
+        key = value.get_secret_value() if value is not None else ""
+        if not key:
+            return None
+        if len(key) < 32 or not key.isprintable():
+            raise ValueError("must be at least 32 printable characters")
+        return value
+
+    @field_validator("portal_url")
+    @classmethod
+    def _portal_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+            raise ValueError(f"{value[:80]!r} is not an http(s) URL without a query")
+        return value.rstrip("/")
 
     @field_validator("metrics_addr", "dashboard_addr")
     @classmethod

@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Webhook destinations: add, inspect, enable/disable, rotate secrets, remove.",
     ),
     "enqueue": ("enqueue", "Enqueue one message (committed at once)."),
+    "portal-link": (
+        "portal",
+        "Print a short-lived link that opens one tenant's webhook portal.",
+    ),
     "publish": ("enqueue", "Publish one event to every subscribed endpoint (committed at once)."),
     "receiver": ("receiver", "Serve the reference receiver until SIGTERM/SIGINT."),
     "run": (
@@ -73,7 +77,7 @@ class _Group(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module = importlib.import_module(f"poller.cli.{COMMANDS[cmd_name][0]}")
-        command: click.Command = getattr(module, cmd_name)
+        command: click.Command = getattr(module, cmd_name.replace("-", "_"))
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -4,7 +4,6 @@ says what the API is; poller/dashboard/rest.py is the ground the routes stand on
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -33,12 +32,13 @@ from poller.endpoints import (
     list_endpoints,
     remove_endpoint,
     set_enabled,
+    tenant_endpoint_name,
     update_endpoint,
 )
 from poller.errors import (
     InvalidInput,
 )
-from poller.outbox import enqueue
+from poller.outbox import send_test_event
 from poller.replay import replay
 from poller.signing import Scheme
 
@@ -81,7 +81,7 @@ async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
             if field in body:
                 raise InvalidInput(f"{field}: a {caller.scope} token's endpoints get theirs")
         body = {**body, "tenant": caller.scope.tenant}
-        name = f"ep_{secrets.token_hex(8)}"  # never one another tenant has
+        name = tenant_endpoint_name()
     elif "name" in body:
         name = body["name"]
     else:
@@ -203,24 +203,18 @@ async def rotate(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
     return JSONResponse(as_json(shown))
 
 
-TEST_EVENT = "webhook_poller.test"
-
-
 @api(answers={202: shapes.TestSent})
 async def test_event(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
     """Send the endpoint a test event (``webhook_poller.test``, signed as any other, by
     the pollers, with retries): 202 with its message, whose attempts show how it went."""
     found = await visible(request, caller, request.path_params["name"])
     board = dashboard(request)
-    key = f"test:{secrets.token_hex(8)}"
-    payload = {"test": True, "endpoint": found.name, "sent_by": caller.who}
 
-    def write() -> int:
+    def write() -> tuple[int, str]:
         with board.engine.begin() as conn:
-            return enqueue(conn, endpoint=found.name, event_type=TEST_EVENT, payload=payload,
-                           idempotency_key=key)  # fmt: skip
+            return send_test_event(conn, found.name, caller.who)
 
-    message_id = await run_in_threadpool(write)
+    message_id, key = await run_in_threadpool(write)
     return JSONResponse({"message_id": message_id, "idempotency_key": key}, 202)
 
 

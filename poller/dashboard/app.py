@@ -14,7 +14,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from poller.dashboard import api, auth, pages, rest
+from poller.dashboard import api, auth, pages, portal, rest
 from poller.dashboard.web import (
     HERE,
     Dashboard,
@@ -43,6 +43,7 @@ def create_app(
     ``leases``: reads the shard leases (``poller dashboard`` binds it to an elector)."""
     routes = [
         *api.routes(),  # /api/v1 (poller/dashboard/api.py)
+        *portal.routes(),  # /portal (poller/dashboard/portal.py)
         *pages.routes(),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -65,4 +66,4 @@ def create_app(
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
     app.state.api_limits = rest.Limits(settings.api_rate_limit)
     bound = host_of(settings.dashboard_addr or "127.0.0.1:8188")
-    return SecurityHeaders(app, loopback_only=loopback(bound))
+    return SecurityHeaders(app, loopback_only=loopback(bound), portal=portal.headers(settings))

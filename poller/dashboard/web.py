@@ -315,24 +315,34 @@ def host_of(header: str) -> str:
 
 
 class SecurityHeaders:
-    """Adds the headers in :data:`HEADERS` to every response, static files included.
+    """Adds the headers in :data:`HEADERS` to every response, static files included
+    (the portal's own to its pages).
 
     Served on loopback, it answers only requests whose Host is loopback too: a page
     on ``evil.example`` whose name is re-pointed to 127.0.0.1 (DNS rebinding) reaches
     the port as its own origin, and is refused here before any route."""
 
-    def __init__(self, app: ASGIApp, *, loopback_only: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        loopback_only: bool = False,
+        portal: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         self.app = app
         self.loopback_only = loopback_only
+        self.portal = portal or HEADERS  # /portal/…: poller/dashboard/portal.py
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
+        added = self.portal if scope.get("path", "").startswith("/portal/") else HEADERS
+
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *HEADERS]
+                message["headers"] = [*message.get("headers", []), *added]
             await send(message)
 
         if self.loopback_only:

@@ -1,0 +1,166 @@
+"""Tenant portal links and sessions: a page where one tenant's people manage that
+tenant's endpoints and see their deliveries (served by ``poller dashboard`` under
+``/portal``: poller/dashboard/portal.py).
+
+**A link** (:func:`portal_link`, ``poller portal-link``) is the application's way in
+for its customer: it signs ``(tenant, expiry, nonce)`` with ``POLLER_PORTAL_KEY``
+(HMAC-SHA256) and is valid until it expires (default 15 minutes; at most a day).
+The application makes one each time its signed-in user opens "Webhooks", so a link
+that leaks is soon worth nothing. Opening it starts a session and redirects to the
+portal, so the link leaves the address bar.
+
+**A session** is a cookie signed the same way, for one tenant, for
+:data:`SESSION` (an hour), never longer than a day after its link was made.
+Everything in the portal is that tenant's: another tenant's endpoint or message
+is not found. Its CSRF token is a MAC of the session's nonce, so a form of one
+session does not work in another.
+
+**The key** is ``POLLER_PORTAL_KEY`` (32+ characters); the same on every process
+that makes links or serves the portal. On the embedded server without one, a key
+kept in its data folder (``portal-key``, mode 0600), as the dashboard keeps its
+token. A new key ends every link and session.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+from poller.errors import ConfigurationError, InvalidInput
+from poller.settings import Settings
+from poller.subscriptions import check_tenant
+
+KEY_FILE = "portal-key"
+SESSION = timedelta(hours=1)
+LONGEST_LINK = timedelta(days=1)
+DEFAULT_LINK = timedelta(minutes=15)
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """Whose portal this is, until when, and what its forms must carry."""
+
+    tenant: str
+    expires: float  # seconds since the epoch
+    nonce: str
+
+    def csrf(self, key: bytes) -> str:
+        return _mac(key, f"csrf\0{self.nonce}")
+
+
+def portal_key(settings: Settings) -> bytes:
+    """The key links and sessions are signed with (module docstring)."""
+    if settings.portal_key is not None:
+        raw = settings.portal_key.get_secret_value()
+    elif settings.database_url:
+        raise ConfigurationError(
+            "the tenant portal needs POLLER_PORTAL_KEY (32+ characters), the same on every "
+            "process that makes links or serves the portal"
+        )
+    else:
+        from poller.embedded import default_data_dir
+
+        raw = _key_from_file(default_data_dir(settings.data_dir) / KEY_FILE)
+    return hashlib.sha256(b"poller-portal\0" + raw.encode()).digest()
+
+
+def _key_from_file(path: Path) -> str:
+    try:
+        key = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        key = ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"cannot read the portal key in {path}: {exc}") from None
+    if len(key) >= 32:
+        return key
+    key = secrets.token_urlsafe(32)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(key + "\n")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write the portal key to {path}: {exc}") from None
+    return key
+
+
+def portal_link(
+    tenant: str,
+    expires: timedelta = DEFAULT_LINK,
+    *,
+    settings: Settings | None = None,
+    base_url: str | None = None,
+) -> str:
+    """A signed URL that opens the portal for ``tenant`` until ``expires`` from now.
+
+    ``base_url``: where tenants reach the portal (default ``POLLER_PORTAL_URL``, else
+    the dashboard's address). Raises InvalidInput for a tenant no endpoint could have
+    or a lifetime outside (0, 1 day], ConfigurationError without a key."""
+    settings = settings or Settings()
+    if not isinstance(tenant, str):
+        raise InvalidInput("tenant: the tenant whose portal the link opens")
+    check_tenant(tenant, InvalidInput)
+    if not timedelta(0) < expires <= LONGEST_LINK:
+        raise InvalidInput(
+            f"expires: more than 0 s and at most {LONGEST_LINK.total_seconds():g} s (a day); "
+            f"got {expires.total_seconds():g} s"
+        )
+    key = portal_key(settings)
+    token = _sign(key, "link", tenant, time.time() + expires.total_seconds())
+    base = base_url or settings.portal_url or f"http://{settings.dashboard_addr}"
+    return f"{base.rstrip('/')}/portal/start?link={quote(token, safe='')}"
+
+
+def open_link(key: bytes, token: str, now: float | None = None) -> Session:
+    """The session a valid link starts; InvalidInput for any other (forged, expired,
+    malformed: one message for all)."""
+    tenant, expires, _ = _verify(key, "link", token, now)
+    now = time.time() if now is None else now
+    ends = min(now + SESSION.total_seconds(), expires + LONGEST_LINK.total_seconds())
+    return Session(tenant, ends, secrets.token_urlsafe(12))
+
+
+def session_cookie(key: bytes, session: Session) -> str:
+    return _sign(key, "session", session.tenant, session.expires, session.nonce)
+
+
+def open_session(key: bytes, cookie: str, now: float | None = None) -> Session:
+    tenant, expires, nonce = _verify(key, "session", cookie, now)
+    return Session(tenant, expires, nonce)
+
+
+def _mac(key: bytes, message: str) -> str:
+    digest = hmac.new(key, message.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _sign(key: bytes, kind: str, tenant: str, expires: float, nonce: str | None = None) -> str:
+    name = base64.urlsafe_b64encode(tenant.encode()).rstrip(b"=").decode()
+    body = f"{name}.{int(expires)}.{nonce or secrets.token_urlsafe(9)}"
+    return body + "." + _mac(key, kind + "\0" + body)
+
+
+def _verify(key: bytes, kind: str, token: str, now: float | None) -> tuple[str, float, str]:
+    refused = InvalidInput("this portal link is not valid, or has expired: ask for a new one")
+    parts = token.split(".") if len(token) <= 1024 else []
+    if len(parts) != 4 or not parts[1].isdigit():
+        raise refused
+    name, expires, nonce, mac = parts
+    if not hmac.compare_digest(_mac(key, kind + "\0" + f"{name}.{expires}.{nonce}"), mac):
+        raise refused
+    if int(expires) <= (time.time() if now is None else now):
+        raise refused
+    try:
+        tenant = base64.urlsafe_b64decode(name + "=" * (-len(name) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise refused from None
+    return tenant, float(expires), nonce

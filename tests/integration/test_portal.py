@@ -1,0 +1,135 @@
+"""The tenant portal (poller/portal.py, poller/dashboard/portal.py) in process: links
+and sessions, one tenant's pages alone, changes only with the session's CSRF token from
+the portal's own origin, headers that let only the configured origins frame it. The
+whole journey in Chromium is in tests/browser/test_portal_browser.py."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from sqlalchemy import Engine, text
+from starlette.testclient import TestClient
+
+from poller import portal
+from poller.endpoints import create_endpoint
+from poller.errors import ConfigurationError, InvalidInput
+from poller.settings import load_settings
+from tests.integration.test_dashboard import client
+
+KEY = "portal-test-key-0123456789abcdef0123"
+SECRET_SHOWN = re.compile(r"whsec_[A-Za-z0-9+/=]+")
+
+
+def _link(tenant: str, **extra: object) -> str:
+    settings = load_settings(portal_key=KEY, **extra)
+    return portal.portal_link(tenant, settings=settings, base_url="http://127.0.0.1:8188")
+
+
+def _open(web: TestClient, tenant: str) -> str:
+    """Start a session for ``tenant``; the CSRF token of its home page."""
+    started = web.get(_link(tenant).removeprefix("http://127.0.0.1:8188"))
+    assert started.status_code == 303 and started.headers["location"] == "/portal/"
+    home = web.get("/portal/")
+    assert home.status_code == 200
+    found = re.search(r'name="csrf" value="([^"]+)"', home.text)
+    assert found
+    return found.group(1)
+
+
+def test_links_open_only_for_their_tenant_until_they_expire() -> None:
+    key = portal.portal_key(load_settings(portal_key=KEY))
+    token = parse_qs(urlparse(_link("acme")).query)["link"][0]
+    assert portal.open_link(key, token).tenant == "acme"
+    for forged in (token[:-2] + "xx", token.replace("YWNtZQ", "Z2xvYmV4"), "", "a.b.c.d",
+                   "x" * 5000, token + ".x"):  # fmt: skip
+        with pytest.raises(InvalidInput):
+            portal.open_link(key, forged)
+    with pytest.raises(InvalidInput):  # a link is no session, nor the other way round
+        portal.open_session(key, token)
+    with pytest.raises(InvalidInput):
+        portal.open_link(key, token, now=time.time() + 16 * 60)
+    other = portal.portal_key(load_settings(portal_key="another-key-" + "9" * 24))
+    with pytest.raises(InvalidInput):
+        portal.open_link(other, token)
+    with pytest.raises(InvalidInput):
+        portal.portal_link("acme", timedelta(days=2), settings=load_settings(portal_key=KEY))
+    with pytest.raises(InvalidInput):
+        portal.portal_link("no spaces", settings=load_settings(portal_key=KEY))
+    with pytest.raises(ConfigurationError, match="POLLER_PORTAL_KEY"):
+        portal.portal_link("acme", settings=load_settings(database_url="postgresql://h/db"))
+
+
+def test_a_tenant_sees_and_changes_its_own_endpoints_alone(engine: Engine) -> None:
+    with engine.begin() as conn:
+        create_endpoint(conn, "globex-hooks", "https://globex.example/in", tenant="globex")
+        create_endpoint(conn, "billing", "https://billing.example/in")
+    with client(engine, portal_key=KEY) as web:
+        csrf = _open(web, "acme")
+        form = {"csrf": csrf, "url": "https://acme.example/in", "event_types": ["order.paid"]}
+        made = web.post("/portal/endpoints", data=form)
+        assert made.status_code == 201 and len(SECRET_SHOWN.findall(made.text)) == 1
+        name = re.search(r"/portal/endpoints/(ep_[0-9a-f]{16})/", made.text).group(1)  # type: ignore[union-attr]
+        page = web.get(f"/portal/endpoints/{name}")
+        assert page.status_code == 200 and not SECRET_SHOWN.search(page.text)  # shown once
+        home = web.get("/portal/").text
+        assert name in home and "globex" not in home and "billing" not in home
+        for path in ("/portal/endpoints/globex-hooks", "/portal/endpoints/billing"):
+            assert web.get(path).status_code == 404
+            assert web.post(f"{path}/disable", data={"csrf": csrf}).status_code == 404
+        refused = [
+            web.post(f"/portal/endpoints/{name}/disable", data={}),  # no token
+            web.post(f"/portal/endpoints/{name}/disable", data={"csrf": csrf + "x"}),
+            web.post(
+                f"/portal/endpoints/{name}/disable",
+                data={"csrf": csrf},
+                headers={"origin": "https://evil.example"},
+            ),
+        ]
+        assert [r.status_code for r in refused] == [403, 403, 403]
+        rotated = web.post(f"/portal/endpoints/{name}/rotate", data={"csrf": csrf})
+        assert rotated.status_code == 200 and len(SECRET_SHOWN.findall(rotated.text)) == 1
+        bad = web.post("/portal/endpoints", data={"csrf": csrf, "url": "https://a.example",
+                                                  "payload_filter": "{nope"})  # fmt: skip
+        assert bad.status_code == 422 and "Traceback" not in bad.text
+        _open(web, "globex")  # the same browser, now globex: acme's endpoint is gone
+        assert web.get(f"/portal/endpoints/{name}").status_code == 404
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT name, tenant, enabled FROM poller_endpoints "
+                                 "ORDER BY name")).all()  # fmt: skip
+    assert [(r.tenant, r.enabled) for r in rows] == [(None, True), ("acme", True),
+                                                     ("globex", True)]  # fmt: skip
+
+
+def test_the_portal_is_framed_only_by_the_origins_allowed(engine: Engine) -> None:
+    with client(engine, portal_key=KEY) as web:
+        answer = web.get(_link("acme").removeprefix("http://127.0.0.1:8188"))
+        assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+        assert answer.headers["x-frame-options"] == "DENY"
+        cookie = answer.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=lax" in cookie and "path=/portal" in cookie
+        assert web.get("/portal/").status_code == 200  # the cookie is kept
+    embed = ("https://app.example.com", "http://localhost:3000")
+    with client(engine, portal_key=KEY, portal_embed_origins=embed) as web:
+        answer = web.get(_link("acme").removeprefix("http://127.0.0.1:8188"))
+        csp = answer.headers["content-security-policy"]
+        assert "frame-ancestors https://app.example.com http://localhost:3000;" in csp
+        assert "x-frame-options" not in answer.headers
+        cookie = answer.headers["set-cookie"].lower()
+        assert "samesite=none" in cookie and "secure" in cookie and "partitioned" in cookie
+        assert web.get("/").headers["x-frame-options"] == "DENY"  # the dashboard: never
+    with pytest.raises(ConfigurationError):
+        load_settings(portal_embed_origins=("https://a.example; script-src *",))
+
+
+def test_without_a_key_or_a_session_the_portal_says_so(engine: Engine) -> None:
+    with client(engine, portal_key=KEY) as web:
+        ended = web.get("/portal/")
+        assert ended.status_code == 401 and "open the portal again" in ended.text
+        assert web.get("/portal/start?link=forged").status_code == 401
+    with client(engine, database_url="postgresql://h/db") as web:
+        answer = web.get("/portal/start?link=x")
+        assert answer.status_code == 503 and "POLLER_PORTAL_KEY" in answer.text
