@@ -82,14 +82,16 @@ def _key(request: Request) -> bytes:
 
 def headers(settings: Settings) -> list[tuple[bytes, bytes]]:
     """The portal's security headers: the dashboard's, but framed only by the origins
-    of POLLER_PORTAL_EMBED_ORIGINS (checked to be bare origins), and no referrer."""
+    of POLLER_PORTAL_EMBED_ORIGINS (checked to be bare origins). The referrer policy
+    stays ``same-origin``: with ``no-referrer`` a browser sends ``Origin: null`` with
+    the portal's own forms, and the same-origin check would refuse them."""
     ancestors = " ".join(settings.portal_embed_origins) or "'none'"
     csp = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
            f"frame-ancestors {ancestors}; base-uri 'none'")  # fmt: skip
-    shown = [(b"content-security-policy", csp.encode()), (b"referrer-policy", b"no-referrer")]
+    shown = [(b"content-security-policy", csp.encode())]
     if not settings.portal_embed_origins:
         shown.append((b"x-frame-options", b"DENY"))
-    kept = {b"content-security-policy", b"referrer-policy", b"x-frame-options"}
+    kept = {b"content-security-policy", b"x-frame-options"}
     return shown + [(k, v) for k, v in HEADERS if k not in kept]
 
 
