@@ -135,15 +135,26 @@ def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None
     from poller.dashboard import serve as board
     from poller.settings import load_settings
 
-    addr = load_settings().dashboard_addr or board.DEFAULT_ADDR
-    settings = load_settings(database_url=url, redis_url=redis_url, election="redis")
+    import secrets
+    from datetime import timedelta
+
+    from poller.portal import portal_link
+
+    first = load_settings()
+    addr = first.dashboard_addr or board.DEFAULT_ADDR
+    key = first.portal_key.get_secret_value() if first.portal_key else secrets.token_urlsafe(32)
+    settings = load_settings(database_url=url, redis_url=redis_url, election="redis",
+                             portal_key=key)  # fmt: skip
     path = folder / board.TOKEN_FILE
     creds = board.Credentials(board.token_from_file(path), token_file=path)
     sock = board.bind(addr)
     host, port = sock.getsockname()[:2]
+    base = f"http://{host}:{port}"
+    link = portal_link("acme", timedelta(hours=1), settings=settings, base_url=base)
     console.print(
-        f"dashboard on http://{host}:{port}/ — open "
-        f"http://{host}:{port}/login?token={creds.token}  (Ctrl-C ends the demo)",
+        f"dashboard on {base}/ — open {base}/login?token={creds.token}\n"
+        f"acme's webhook portal (what acme's people see; for an hour) — open {link}\n"
+        "(Ctrl-C ends the demo)",
         soft_wrap=True,
     )
     engine = sync_engine(url)

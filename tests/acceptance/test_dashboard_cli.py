@@ -77,6 +77,11 @@ def test_demo_serves_its_dashboard_until_sigterm(tmp_path: Path) -> None:
             delivered = re.search(r'data-status="delivered">([\d,]+)<', page.text)
             assert delivered and int(delivered.group(1).replace(",", "")) >= 100
             assert "legacy" in web.get("/endpoints").text
+        portal = demo.wait_for(r"portal .* open (http://127\.0\.0\.1:\d+)(/portal/start\S+)")
+        with httpx.Client(base_url=portal.group(1), follow_redirects=False, timeout=10) as web:
+            assert web.get(portal.group(2)).status_code == 303  # a session for acme
+            mine = web.get("/portal/").text
+            assert "acme" in mine and "legacy" not in mine  # acme's endpoints alone
         demo.signal(signal.SIGTERM)
         assert demo.wait(timeout=30) == 0, demo.output()
         # ... and only then stops its embedded servers, as without --dashboard.
