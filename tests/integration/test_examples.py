@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from datetime import UTC, datetime
 from types import ModuleType
 
@@ -96,3 +97,21 @@ def test_the_traced_example_keeps_one_trace_from_the_shop_to_the_receiver(
     assert sent.status_code == 204
     handled_trace, handled_parent = example.handled[0]
     assert handled_trace == trace_id and f"{handled_parent:016x}" == parent[36:52]
+
+
+def test_the_flask_page_frames_a_link_that_opens_its_tenants_portal(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.integration.test_dashboard import client
+
+    key = "example-portal-key-0123456789abcdefg"
+    monkeypatch.setenv("POLLER_PORTAL_KEY", key)
+    monkeypatch.setenv("POLLER_PORTAL_URL", "http://127.0.0.1:8188")
+    page = _example("portal_flask").app.test_client().get("/settings/webhooks")
+    assert page.status_code == 200
+    link = re.search(r'<iframe src="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    with client(engine, portal_key=key, portal_embed_origins=("http://127.0.0.1:5000",)) as web:
+        opened = web.get(link.replace("&amp;", "&").removeprefix("http://127.0.0.1:8188"))
+        assert opened.status_code == 303
+        assert "frame-ancestors http://127.0.0.1:5000" in opened.headers["content-security-policy"]
+        assert "partitioned" in opened.headers["set-cookie"].lower()  # kept inside the frame
