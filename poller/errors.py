@@ -34,6 +34,7 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     │   ├── NothingMatched
     │   ├── TokenNotFound
     │   └── UnknownEndpoint
+    ├── RequestConflict
     ├── SecretUnreadable
     ├── ServiceCrashed                 (RuntimeError)
     ├── TokenExists
