@@ -132,13 +132,12 @@ def _this_command() -> str:
 
 def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None:
     """Serve the dashboard on the demo's database until SIGINT/SIGTERM (poller/dashboard)."""
-    from poller.dashboard import serve as board
-    from poller.settings import load_settings
-
     import secrets
     from datetime import timedelta
 
+    from poller.dashboard import serve as board
     from poller.portal import portal_link
+    from poller.settings import load_settings
 
     first = load_settings()
     addr = first.dashboard_addr or board.DEFAULT_ADDR
