@@ -19,6 +19,10 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   (to the other signature scheme), cancels open messages and pauses the
   endpoint for 1.5 s — through the functions the CLI and the dashboard call —
   and re-enables the endpoint when the pollers disabled it;
+* a tenant (loadtest/hunt_tenant.py) calls the management API with a
+  ``tenant:acme`` token, mostly at the hunt's endpoint, messages and events
+  (none of them acme's) on every route that takes a name or an id, and
+  publishes ``hunt.strict`` events, whose catalog schema some payloads break;
 * the configuration's extremes are drawn too: ``max_attempts`` 1, the
   endpoint's ``max_in_flight`` 1, the endpoint's own retry schedule (20 ms, or
   0.3 s then 1 s, beside the global 50–400 ms), HMAC or ed25519 signatures, an
@@ -62,6 +66,9 @@ checks them):
 * every request, POST or lookup, carries the endpoint's ``Authorization``
   header (sealed at rest too), whatever the operator changed meanwhile;
 * every attempt row names its message's endpoint;
+* the tenant got 404 for everything not acme's, never a 5xx, and left no trace on
+  the hunt's rows (no retry or cancel, no pause or disable naming its token); no
+  payload the catalog refuses was kept or sent, through ``publish()`` or the API;
 * with a proxy drawn (``POLLER_PROXY_URL``, one seed in two), every request the
   receiver got came through it, and no poller's log holds its password;
 * half the feeder's transactions run inside an application's span: every request
@@ -107,6 +114,7 @@ from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, Tra
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from loadtest import hunt_tenant
 from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
 from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, operator, write
@@ -154,6 +162,9 @@ class Plan:
     holds: list[tuple[float, str]] = field(default_factory=list)  # (seconds, cancel|pause)
     proxy: bool = False  # every request through an egress proxy (POLLER_PROXY_URL)
     tracing: bool = False  # the pollers export spans over OTLP (to a sink in the hunt)
+    # A tenant through the management API, and strict publishes (loadtest/hunt_tenant.py):
+    # (seconds after the start, "calls" or "strict").
+    tenant: list[tuple[float, str]] = field(default_factory=list)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -198,6 +209,10 @@ class Plan:
         )
         plan.proxy = rng.random() < 0.5
         plan.tracing = rng.random() < 0.5
+        plan.tenant = sorted(
+            (rng.uniform(0.5, duration), rng.choice(["calls", "calls", "strict"]))
+            for _ in range(rng.randint(1, 4))
+        )
         return plan
 
     def describe(self) -> str:
@@ -220,6 +235,8 @@ class Plan:
             + (f", burst@{self.burst_at:.1f}s" if self.burst_at else "")
             + "; operator: "
             + ", ".join(f"{action}@{at:.1f}s" for at, action in sorted(self.operator + self.holds))
+            + "; tenant: "
+            + ", ".join(f"{kind}@{at:.1f}s" for at, kind in self.tenant)
         )
 
 
@@ -250,6 +267,10 @@ class Run:
     cancel_times: dict[int, float] = field(default_factory=dict)  # id -> last cancel's commit
     trace_ids: dict[str, str] = field(default_factory=dict)  # key -> the span it was fed in
     pause_windows: list[tuple[float, float]] = field(default_factory=list)  # (paused, until)
+    tenant_done: threading.Event = field(default_factory=threading.Event)
+    tenant_log: list[str] = field(default_factory=list)  # each API call and its answer
+    tenant_wrong: list[str] = field(default_factory=list)  # answers the tenant must not get
+    strict_refused: set[str] = field(default_factory=set)  # keys of payloads the catalog refuses
 
     def committed_now(self, keys: set[str]) -> None:
         self.committed |= keys
@@ -521,6 +542,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 headers=dict([credential]),
                 retry_schedule=plan.retry_schedule,
             )
+            tenant_token = hunt_tenant.prepare(conn, url)
         env = clean_env(
             POLLER_DATABASE_URL=db_url,
             POLLER_ELECTION=plan.election,
@@ -571,12 +593,18 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 args=(engine, run, receiver, url, Keyring([secrets_key]), stop),
                 daemon=True,
             ),
+            threading.Thread(
+                target=guarded(hunt_tenant.tenant, run.errors, run.tenant_done),
+                args=(engine, run, tenant_token, stop),
+                daemon=True,
+            ),
         ]
         for thread in threads:
             thread.start()
         until = began + deadline
         while time.monotonic() < until:
-            actors = (run.feeding_done, run.faults_done, run.app_done, run.operator_done)
+            actors = (run.feeding_done, run.faults_done, run.app_done, run.operator_done,
+                      run.tenant_done)  # fmt: skip
             if all(done.is_set() for done in actors) and _open_rows(engine) == 0:
                 break
             time.sleep(0.3)
@@ -589,6 +617,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
         fleet.stop_all()
         problems = check(engine, run, receiver, db_url, [p.log for p in fleet.procs])
         problems += egress.disagrees(receiver, [p.log for p in fleet.procs])
+        problems += hunt_tenant.disagrees(engine, run, dict(receiver.posts))
         statuses = Counter(
             s for (s,) in engine.connect().execute(text("SELECT status FROM poller_outbox"))
         )
@@ -605,6 +634,8 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             "behaviours": dict(receiver.behaviours),
             "injected": run.injected,
             "planned": len(plan.faults),
+            "tenant_calls": len(run.tenant_log),
+            "tenant_refused": sum(1 for c in run.tenant_log if c.endswith(" 404")),
             "seconds": round(time.monotonic() - began, 1),
             "problems": problems,
         }
@@ -629,7 +660,9 @@ def summary(result: dict[str, Any]) -> str:
         f"delivered {result['delivered']}, failed {result['failed']}, "
         f"cancelled {result['cancelled']}, "
         f"{result['posts']} POSTs, {result['lookups']} lookups, "
-        f"{len(result['injected'])}/{result['planned']} faults injected; {verdict}"
+        f"{len(result['injected'])}/{result['planned']} faults injected, "
+        f"{result['tenant_calls']} tenant API calls ({result['tenant_refused']} not found); "
+        f"{verdict}"
     )
 
 

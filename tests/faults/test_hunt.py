@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadtest.hunt import Run, hunt, replay_command, summary
+from loadtest import hunt_tenant
+from loadtest.hunt import Plan, Run, hunt, replay_command, summary
 from loadtest.hunt_check import check
 from tests.integration.helpers import seed as seed_messages
 
@@ -44,6 +45,8 @@ def test_the_hunt_breaks_no_invariant(seed: int, tmp_path: Path) -> None:
     assert result["problems"] == [], f"{summary(result)}\nreplay: {replay_command(seed, MESSAGES)}"
     assert result["messages"] >= result["target"] and result["posts"] > 0
     assert len(result["injected"]) == result["planned"]  # every drawn fault happened
+    if any(kind == "calls" for _, kind in Plan.draw(seed, 8.0).tenant):
+        assert result["tenant_calls"] > 0 and result["tenant_refused"] > 0
 
 
 def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
@@ -297,3 +300,39 @@ def test_the_checker_catches_what_the_operators_holds_and_the_proxy_are_for(
     found = proxy_disagrees(receiver, proxy, "pw-123", [log])  # type: ignore[arg-type]
     assert any("2 requests reached the receiver around the proxy" in p for p in found)
     assert any("password is in the logs" in p for p in found)
+
+
+def test_the_checker_catches_a_tenant_that_reaches_another_and_a_refused_payload_kept(
+    engine,
+) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
+    from tests.conftest import make_endpoint
+
+    make_endpoint(engine, "hostile")
+    (msg_id,) = seed_messages(engine, 1, endpoint="hostile")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO poller_delivery_attempts (message_id, endpoint_id, attempt, kind, "
+                "poller_id, outcome) SELECT id, endpoint_id, 1, 'manual', "
+                "'api:token:hunt-acme', 'manual_retry' FROM poller_outbox WHERE id = :id"
+            ),
+            {"id": msg_id},
+        )
+        conn.execute(text("UPDATE poller_endpoints SET held_by = 'api:token:hunt-acme'"))
+        conn.execute(
+            text(
+                "INSERT INTO poller_events (event_type, payload, idempotency_key) "
+                "VALUES ('hunt.strict', '{}', 'strict-bad-0')"
+            )
+        )
+    run = Run(PLAN)  # type: ignore[arg-type]
+    run.strict_refused = {"strict-bad-0", "strict-bad-api-0"}
+    run.tenant_wrong = ["GET /api/v1/endpoints/hostile answered 200, not 404"]
+    problems = hunt_tenant.disagrees(engine, run, {"strict-bad-api-0": 1})
+    assert any("answered 200, not 404" in p for p in problems)
+    assert any("retried or cancelled by acme" in p for p in problems)
+    assert any("disabled or paused by acme" in p for p in problems)
+    assert any("kept ['strict-bad-0']" in p and "sent ['strict-bad-api-0']" in p
+               for p in problems)  # fmt: skip
