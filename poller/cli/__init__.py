@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Webhook destinations: add, inspect, enable/disable, rotate secrets, remove.",
     ),
     "enqueue": ("enqueue", "Enqueue one message (committed at once)."),
+    "event-types": (
+        "catalog",
+        "The event-type catalog: what may be published, each type's JSON Schema.",
+    ),
     "portal-link": (
         "portal",
         "Print a short-lived link that opens one tenant's webhook portal.",

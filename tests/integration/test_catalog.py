@@ -96,3 +96,42 @@ def test_the_catalog_refuses_what_cannot_work(catalog: Engine) -> None:
             get_event_type(conn, "order.paid")
         with pytest.raises(EventTypeNotFound):
             remove_event_type(conn, "nope\x00")
+
+
+def test_the_cli_defines_shows_and_removes_event_types(
+    engine: Engine, db_url: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from click.testing import CliRunner
+
+    from poller.cli import cli
+
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[int, str]:
+        result = runner.invoke(cli, ["event-types", *args], env={"POLLER_DATABASE_URL": db_url})
+        assert "Traceback" not in result.output
+        return result.exit_code, result.output
+
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "required": ["order"]}')
+    code, out = run("define", "order.paid", "--description", "Paid", "--schema", f"@{schema}",
+                    "--example", '{"order": 7}', "--json")  # fmt: skip
+    assert code == 0 and json.loads(out)["schema"]["required"] == ["order"]
+    code, out = run("show", "order.paid", "--json")
+    assert code == 0 and json.loads(out)["example"] == {"order": 7}
+    code, out = run("list")
+    assert code == 0 and "order.paid" in out and "Paid" in out
+    for args, said in (
+        (("define", "x", "--schema", "{"), "not JSON"),
+        (("define", "x", "--schema", "@/no/such/file"), "cannot read"),
+        (("define", "x", "--schema", "@a\x00b"), "cannot read"),
+        (("define", "x", "--schema", '{"type": 5}'), "not a JSON Schema"),
+        (("define", "x", "--schema", '{"required": ["n"]}', "--example", "{}"), "does not match"),
+        (("define", "bad name", "--schema", "{}"), "must be letters"),
+    ):
+        code, out = run(*args)
+        assert code == 2 and said in out and len(out.strip().splitlines()) == 1, (args, out)
+    assert run("show", "nope") == (1, "error: no event type 'nope' in the catalog\n")
+    assert run("remove", "order.paid")[0] == 0 and json.loads(run("list", "--json")[1]) == []
