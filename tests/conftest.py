@@ -8,9 +8,11 @@ cloned from it (CREATE DATABASE … TEMPLATE …): fast and isolated.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -53,18 +55,31 @@ def _with_database(url: str, name: str) -> str:
     return f"{base}/{name}" + (f"?{query}" if query else "")
 
 
+@contextlib.contextmanager
+def _server_dir(name: str) -> Iterator[Path]:
+    """A folder for a session's embedded server, outside pytest's temporary folders: a
+    second pytest run (one test file, while the suite runs) removes the oldest of
+    those, and took a running suite's PostgreSQL with it."""
+    folder = Path(tempfile.mkdtemp(prefix=f"poller-test-{name}-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_url() -> Iterator[str]:
     """URL of a database on the test server with rights to create databases."""
     external = os.environ.get("POLLER_TEST_DATABASE_URL")
     if external:
         yield external
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("servers"), durable=False)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with _server_dir("pg") as folder:
+        server = EmbeddedPostgres(folder, durable=False)
+        try:
+            yield server.start()
+        finally:
+            server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -180,16 +195,17 @@ async def aengine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_url() -> Iterator[str]:
     external = os.environ.get("POLLER_TEST_REDIS_URL")
     if external:
         yield external
         return
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with _server_dir("redis") as folder:
+        server = EmbeddedRedis(folder)
+        try:
+            yield server.start()
+        finally:
+            server.stop()
 
 
 @pytest.fixture(autouse=True)
