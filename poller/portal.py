@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from poller.errors import ConfigurationError, InvalidInput
 from poller.settings import Settings
+from poller.signing import same_text
 from poller.subscriptions import check_tenant
 
 KEY_FILE = "portal-key"
@@ -152,10 +153,10 @@ def _sign(key: bytes, kind: str, tenant: str, expires: float, nonce: str | None 
 def _verify(key: bytes, kind: str, token: str, now: float | None) -> tuple[str, float, str]:
     refused = InvalidInput("this portal link is not valid, or has expired: ask for a new one")
     parts = token.split(".") if len(token) <= 1024 else []
-    if len(parts) != 4 or not parts[1].isdigit():
+    if len(parts) != 4 or not (parts[1].isascii() and parts[1].isdigit()):
         raise refused
     name, expires, nonce, mac = parts
-    if not hmac.compare_digest(_mac(key, kind + "\0" + f"{name}.{expires}.{nonce}"), mac):
+    if not same_text(_mac(key, kind + "\0" + f"{name}.{expires}.{nonce}"), mac):
         raise refused
     if int(expires) <= (time.time() if now is None else now):
         raise refused

@@ -48,6 +48,15 @@ class Scheme(enum.StrEnum):
     ED25519 = "ed25519"
 
 
+def same_text(a: str, b: str) -> bool:
+    """Whether two texts are equal, in constant time, whatever characters they hold
+    (:func:`hmac.compare_digest` raises TypeError on a str that is not ASCII: a cookie,
+    a form field or a link anyone can send)."""
+    return hmac.compare_digest(
+        a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
+    )
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 

@@ -50,6 +50,7 @@ from starlette.requests import HTTPConnection
 
 from poller.errors import ConfigurationError
 from poller.settings import Settings
+from poller.signing import same_text
 
 COOKIE = "poller_dashboard"
 SESSION_HOURS = 12
@@ -132,9 +133,9 @@ def new_session(creds: Credentials, now: float | None = None) -> str:
 def session_valid(creds: Credentials, cookie: str, now: float | None = None) -> bool:
     issued, _, rest = cookie.partition(".")
     nonce, _, mac = rest.partition(".")
-    if not (issued.isdigit() and nonce and mac) or len(cookie) > 200:
+    if not (issued.isascii() and issued.isdigit() and nonce and mac) or len(cookie) > 200:
         return False
-    if not hmac.compare_digest(_mac(creds.key, f"{issued}.{nonce}"), mac):
+    if not same_text(_mac(creds.key, f"{issued}.{nonce}"), mac):
         return False
     age = (time.time() if now is None else now) - int(issued)
     return -60 <= age <= SESSION_HOURS * 3600
@@ -180,7 +181,7 @@ def csrf_token(creds: Credentials, identity: Identity) -> str:
 def csrf_ok(creds: Credentials, identity: Identity, offered: str | None) -> bool:
     if not identity.binding:  # bearer: nothing ambient to forge with
         return True
-    return offered is not None and hmac.compare_digest(csrf_token(creds, identity), offered)
+    return offered is not None and same_text(csrf_token(creds, identity), offered)
 
 
 def same_origin(request: HTTPConnection) -> bool:

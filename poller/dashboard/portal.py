@@ -17,7 +17,6 @@ page's CSP ``frame-ancestors``).
 from __future__ import annotations
 
 import functools
-import hmac
 import json
 import logging
 import math
@@ -55,7 +54,7 @@ from poller.errors import (
 from poller.outbox import send_test_event
 from poller.replay import replay
 from poller.settings import Settings
-from poller.signing import Scheme
+from poller.signing import Scheme, same_text
 
 log = logging.getLogger("poller.portal")
 COOKIE = "poller_portal"
@@ -154,9 +153,7 @@ def action(handler: Page) -> Callable[[Request], Awaitable[Response]]:
         form = await request.form()
         request.scope["poller.form"] = form
         offered = form.get("csrf")
-        if not isinstance(offered, str) or not hmac.compare_digest(
-            offered, session.csrf(_key(request))
-        ):
+        if not isinstance(offered, str) or not same_text(offered, session.csrf(_key(request))):
             return refuse(request, 403, "Refused: this form has expired; reload the page.")
         return await handler(request, session)
 

@@ -44,8 +44,10 @@ def test_links_open_only_for_their_tenant_until_they_expire() -> None:
     key = portal.portal_key(load_settings(portal_key=KEY))
     token = parse_qs(urlparse(_link("acme")).query)["link"][0]
     assert portal.open_link(key, token).tenant == "acme"
+    name, expires, nonce, _ = token.split(".")
     for forged in (token[:-2] + "xx", token.replace("YWNtZQ", "Z2xvYmV4"), "", "a.b.c.d",
-                   "x" * 5000, token + ".x"):  # fmt: skip
+                   "x" * 5000, token + ".x", f"{name}.{expires}.{nonce}.\x80é",
+                   f"{name}.²³.{nonce}.x"):  # fmt: skip
         with pytest.raises(InvalidInput):
             portal.open_link(key, forged)
     with pytest.raises(InvalidInput):  # a link is no session, nor the other way round
@@ -133,3 +135,25 @@ def test_without_a_key_or_a_session_the_portal_says_so(engine: Engine) -> None:
     with client(engine, database_url="postgresql://h/db") as web:
         answer = web.get("/portal/start?link=x")
         assert answer.status_code == 503 and "POLLER_PORTAL_KEY" in answer.text
+
+
+def test_credentials_of_any_characters_are_refused_never_a_crash(engine: Engine) -> None:
+    """compare_digest raises on text that is not ASCII: a cookie, a CSRF field, a link."""
+    from tests.integration.test_dashboard import TOKEN
+
+    with client(engine, portal_key=KEY) as web:
+        csrf = _open(web, "acme")
+        with engine.begin() as conn:
+            create_endpoint(conn, "mine", "https://acme.example/in", tenant="acme")
+        answer = web.post("/portal/endpoints/mine/disable", data={"csrf": "\x80é" + csrf})
+        assert answer.status_code == 403
+        assert web.get("/portal/start?link=YWNtZQ.1.x.%C3%A9").status_code == 401
+        web.cookies.clear()
+        garbled = "poller_portal=YWNtZQ.²³.x.é".encode()  # a cookie header as a browser may
+        assert web.get("/portal/", headers={"cookie": garbled}).status_code == 401
+    with client(engine) as web:
+        garbled = "poller_dashboard=¹²³.nonce.é".encode()
+        assert web.get("/", headers={"cookie": garbled}).status_code == 303  # to the login
+        assert web.get(f"/login?token={TOKEN}").status_code == 303
+        answer = web.post("/endpoints/mine/disable", data={"csrf": "é"})
+        assert answer.status_code == 403
