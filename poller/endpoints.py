@@ -488,7 +488,8 @@ def remove_endpoint(conn: Conn, name: str, *, force: bool = False) -> int:
     ).scalar_one()
     if count and not force:
         raise EndpointInUse(
-            f"endpoint {name!r} has {count} messages; use --force to delete them with it"
+            f"endpoint {name!r} has {count} messages: remove it with force to delete them "
+            "too (force=True, --force, ?force=true)"
         )
     conn.execute(delete(outbox).where(outbox.c.endpoint_id == endpoint.id))
     conn.execute(delete(endpoints).where(endpoints.c.id == endpoint.id))
