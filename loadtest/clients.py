@@ -1,0 +1,218 @@
+"""What each HTTP client costs per request on this machine, same run: the floor of what
+a delivery can cost, and the figures the choice of the wire rests on.
+
+    python -m loadtest.clients [--requests 20000] [--concurrency 64] [--rounds 3]
+
+One receiver, a raw ASGI app under granian in its own process (it reads the body
+and answers 204: as cheap as a receiver gets, so the client is what is measured).
+Each client POSTs ``--requests`` signed-webhook-sized bodies (~300 B, the headers a
+delivery carries) with ``--concurrency`` in flight, from a process of its own (no
+client's threads or pools linger into another's figures). Rounds interleave the
+clients, each round in another order; the table gives medians: requests a second,
+requests per CPU second of the client's process (user + system, every thread: the
+Rust clients' runtimes included), and that against aiohttp's.
+
+pyreqwest runs with its multithreaded runtime: on its default one it measured 1.0x
+aiohttp per CPU second here, threaded 1.4x. pyreqwest 0.15's threaded runtime aborts
+the process at interpreter exit (``PyGILState_Release: thread state must be current``,
+SIGABRT) after its work is done: the figures stand, the exit is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+CLIENTS = ("aiohttp", "httpx", "pyreqwest", "rnet")
+BODY = json.dumps({"type": "order.paid", "data": {"order": 7, "pad": "x" * 220}}).encode()
+HEADERS = {
+    "content-type": "application/json",
+    "webhook-id": "msg_2b5f0c3e9d1a4f6b8c7e",
+    "webhook-timestamp": "1796170000",
+    "webhook-signature": "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4=",
+}
+
+
+async def receiver(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The raw ASGI receiver: read the body, answer 204."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _fire(post: Callable[[], Awaitable[int]], requests: int, concurrency: int) -> None:
+    left = iter(range(requests))
+
+    async def worker() -> None:
+        for _ in left:
+            status = await post()
+            if status != 204:
+                raise RuntimeError(f"the receiver answered {status}")
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def one(client: str, url: str, requests: int, concurrency: int) -> dict[str, float]:
+    """``requests`` POSTs with ``client``; its wall and CPU seconds (a warm-up aside)."""
+    if client == "aiohttp":
+        import aiohttp
+
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
+
+        async def post() -> int:
+            async with session.post(url, data=BODY, headers=HEADERS) as answer:
+                await answer.read()
+                return answer.status
+
+        close: Callable[[], Awaitable[Any]] = session.close
+    elif client == "httpx":
+        import httpx
+
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        hx = httpx.AsyncClient(limits=limits)
+
+        async def post() -> int:
+            answer = await hx.post(url, content=BODY, headers=HEADERS)
+            return answer.status_code
+
+        close = hx.aclose
+    elif client == "pyreqwest":
+        from pyreqwest.client import ClientBuilder
+
+        # multithreaded: its own runtime threads (1.0x aiohttp per CPU s on the default one)
+        rq = ClientBuilder().max_connections(concurrency).runtime_multithreaded(True).build()
+
+        async def post() -> int:
+            answer = await rq.post(url).headers(HEADERS).body_bytes(BODY).build().send()
+            await answer.bytes()
+            return answer.status
+
+        close = rq.close
+    elif client == "rnet":
+        import rnet
+
+        rn = rnet.Client(pool_max_size=concurrency)
+
+        async def post() -> int:
+            answer = await rn.post(url, body=BODY, headers=HEADERS)
+            await answer.bytes()
+            return int(answer.status)
+
+        async def close() -> None:
+            return None
+    else:
+        raise SystemExit(f"unknown client {client!r}: one of {', '.join(CLIENTS)}")
+    await _fire(post, min(requests, 1000), concurrency)  # warm: connections, caches
+    began, cpu = time.perf_counter(), _cpu()
+    await _fire(post, requests, concurrency)
+    wall, used = time.perf_counter() - began, _cpu() - cpu
+    await close()
+    return {"wall": wall, "cpu": used}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _serve() -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1", "--no-ws", "--log-level", "warning",
+         "loadtest.clients:receiver"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}/hook"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("granian did not start within 30 s")
+
+
+def measure(requests: int, concurrency: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Medians per client over ``rounds`` interleaved rounds."""
+    proc, url = _serve()
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in CLIENTS}
+    exits: dict[str, set[int]] = {}
+    try:
+        for n in range(rounds):
+            order = CLIENTS[n % len(CLIENTS) :] + CLIENTS[: n % len(CLIENTS)]
+            for client in order:
+                out = subprocess.run(
+                    [sys.executable, "-m", "loadtest.clients", "--one", client, "--url", url,
+                     "--requests", str(requests), "--concurrency", str(concurrency)],
+                    capture_output=True, text=True, timeout=600,
+                )  # fmt: skip
+                lines = out.stdout.strip().splitlines()
+                if not lines or not lines[-1].startswith("{"):
+                    raise SystemExit(f"{client} failed ({out.returncode}): {out.stderr[-500:]}")
+                runs[client].append(json.loads(lines[-1]))
+                if out.returncode != 0:  # pyreqwest 0.15's threaded runtime, at exit: noted
+                    exits.setdefault(client, set()).add(out.returncode)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    for client, codes in exits.items():
+        print(f"note: {client}'s process exited {sorted(codes)} after it measured")
+    return {
+        client: {
+            "per_s": statistics.median(requests / r["wall"] for r in found),
+            "per_cpu_s": statistics.median(requests / r["cpu"] for r in found),
+        }
+        for client, found in runs.items()
+    }
+
+
+def table(found: dict[str, dict[str, float]]) -> str:
+    base = found["aiohttp"]["per_cpu_s"]
+    rows = ["| client | requests/s | requests per CPU second | × aiohttp per CPU s |",
+            "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    for client, f in found.items():
+        rows.append(f"| {client} | {f['per_s']:,.0f} | {f['per_cpu_s']:,.0f} | "
+                    f"{f['per_cpu_s'] / base:.2f} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--one", choices=CLIENTS, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(asyncio.run(one(args.one, args.url, args.requests, args.concurrency))))
+        return
+    print(f"{args.requests:,} POSTs of {len(BODY)} B, {args.concurrency} in flight, medians "
+          f"of {args.rounds} interleaved rounds, receiver: raw ASGI under granian")  # fmt: skip
+    print(table(measure(args.requests, args.concurrency, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
