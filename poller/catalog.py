@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from poller.errors import EventTypeNotFound, InvalidInput, PayloadInvalid
 from poller.names import check_event_type
-from poller.schema import event_types as T
+from poller.schema_api import event_types as T
 
 COMPILED = 256  # schemas kept compiled
 MAX_SCHEMA_BYTES = 64 * 1024

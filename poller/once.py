@@ -22,7 +22,7 @@ from sqlalchemy import Connection, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 
 from poller.errors import InvalidInput, RequestConflict
-from poller.schema import api_requests as T
+from poller.schema_api import api_requests as T
 
 KEPT = timedelta(days=1)
 MAX_KEY = 255

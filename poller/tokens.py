@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from poller import parse, schema
+from poller import parse, schema_api
 from poller.errors import InvalidInput, TokenExists, TokenNotFound, TokenRefused
 from poller.subscriptions import check_tenant
 
@@ -35,7 +35,7 @@ PREFIX = "wpt_"
 LAST_USE_EVERY = timedelta(minutes=1)
 _TOKEN = re.compile(r"wpt_[A-Za-z0-9_-]{43}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-T = schema.api_tokens
+T = schema_api.api_tokens
 
 
 @dataclass(frozen=True, slots=True)

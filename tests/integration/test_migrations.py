@@ -6,7 +6,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from poller import migrate
+from poller import (
+    migrate,
+    schema_api,  # noqa: F401  (its tables, on the same metadata)
+)
 from poller.db import sync_engine
 from poller.schema import metadata
 
