@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 from typing import Any
 
 from poller.errors import InvalidEndpoint
@@ -79,3 +80,9 @@ def signing_scheme(signing: object, key: str | None) -> Scheme:
     if key is not None and scheme_of(key) is not scheme:
         raise InvalidEndpoint(f"the secret given is a {scheme_of(key)} key, not {scheme}")
     return scheme
+
+
+def tenant_endpoint_name() -> str:
+    """A name for an endpoint a tenant makes (the API, the portal): ``ep_`` and 16 hex
+    digits, never one another tenant has, so making one tells nothing of the others."""
+    return f"ep_{secrets.token_hex(8)}"

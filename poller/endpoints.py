@@ -17,7 +17,6 @@ with ``bucket % S == s`` (docs/explanation/election.md).
 from __future__ import annotations
 
 import hashlib
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -494,9 +493,3 @@ def remove_endpoint(conn: Conn, name: str, *, force: bool = False) -> int:
     conn.execute(delete(outbox).where(outbox.c.endpoint_id == endpoint.id))
     conn.execute(delete(endpoints).where(endpoints.c.id == endpoint.id))
     return int(count)
-
-
-def tenant_endpoint_name() -> str:
-    """A name for an endpoint a tenant makes (the API, the portal): ``ep_`` and 16 hex
-    digits, never one another tenant has, so making one tells nothing of the others."""
-    return f"ep_{secrets.token_hex(8)}"

@@ -23,6 +23,7 @@ from poller.dashboard.rest import (
     visible,
 )
 from poller.dashboard.web import dashboard
+from poller.endpoint_checks import tenant_endpoint_name
 from poller.endpoint_keys import rotate_secret
 from poller.endpoint_view import public
 from poller.endpoints import (
@@ -32,7 +33,6 @@ from poller.endpoints import (
     list_endpoints,
     remove_endpoint,
     set_enabled,
-    tenant_endpoint_name,
     update_endpoint,
 )
 from poller.errors import (

@@ -34,6 +34,7 @@ from poller import admin, catalog, parse, portal
 from poller.dashboard import auth
 from poller.dashboard.rest import Limits
 from poller.dashboard.web import HEADERS, MAX_FORM_BYTES, client_of, dashboard, form_too_big
+from poller.endpoint_checks import tenant_endpoint_name
 from poller.endpoint_keys import rotate_secret
 from poller.endpoints import (
     Endpoint,
@@ -41,7 +42,6 @@ from poller.endpoints import (
     get_endpoint,
     list_endpoints,
     set_enabled,
-    tenant_endpoint_name,
 )
 from poller.errors import (
     ConfigurationError,
