@@ -24,17 +24,18 @@ import fcntl
 import importlib.util
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from poller.errors import EmbeddedServerError
+from poller.errors import ConfigurationError, EmbeddedServerError
 
 PG_SYSTEM_USER = "embedded_postgres"
 START_TIMEOUT = 60.0
@@ -157,6 +158,30 @@ def find_data_dir(start: Path | None = None) -> Path | None:
         if (candidate / "postgres" / "PG_VERSION").exists():
             return candidate
     return None
+
+
+def kept_secret(path: Path, what: str, good: Callable[[str], bool], size: int) -> str:
+    """The secret kept in ``path`` (in the embedded server's data folder), made there
+    (``size`` random bytes, mode 0600) when there is none or it is not ``good``: the
+    dashboard's token and the portal's key, so a link printed by one command works in
+    the next. ConfigurationError when the file cannot be read or written."""
+    try:
+        found = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        found = ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"cannot read the {what} in {path}: {exc}") from None
+    if good(found):
+        return found
+    made = secrets.token_urlsafe(size)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(made + "\n")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write the {what} to {path}: {exc}") from None
+    return made
 
 
 def default_data_dir(configured: Path | None) -> Path:

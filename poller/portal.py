@@ -27,12 +27,10 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 import secrets
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from urllib.parse import quote
 
 from poller.errors import ConfigurationError, InvalidInput
@@ -68,30 +66,11 @@ def portal_key(settings: Settings) -> bytes:
             "process that makes links or serves the portal"
         )
     else:
-        from poller.embedded import default_data_dir
+        from poller.embedded import default_data_dir, kept_secret
 
-        raw = _key_from_file(default_data_dir(settings.data_dir) / KEY_FILE)
+        folder = default_data_dir(settings.data_dir)
+        raw = kept_secret(folder / KEY_FILE, "portal key", lambda k: len(k) >= 32, 32)
     return hashlib.sha256(b"poller-portal\0" + raw.encode()).digest()
-
-
-def _key_from_file(path: Path) -> str:
-    try:
-        key = path.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        key = ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(f"cannot read the portal key in {path}: {exc}") from None
-    if len(key) >= 32:
-        return key
-    key = secrets.token_urlsafe(32)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(key + "\n")
-    except OSError as exc:
-        raise ConfigurationError(f"cannot write the portal key to {path}: {exc}") from None
-    return key
 
 
 def portal_link(

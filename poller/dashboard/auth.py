@@ -39,7 +39,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 import secrets
 import time
 from collections import deque
@@ -101,23 +100,12 @@ def credentials(settings: Settings) -> Credentials:
 
 def token_from_file(path: Path) -> str:
     """The token in ``path``, made (mode 0600) if there is none yet."""
-    try:
-        token = path.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        token = ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(f"cannot read the dashboard token in {path}: {exc}") from None
-    if len(token) >= 16 and token.isprintable() and " " not in token:
-        return token
-    token = secrets.token_urlsafe(24)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(token + "\n")
-    except OSError as exc:
-        raise ConfigurationError(f"cannot write the dashboard token to {path}: {exc}") from None
-    return token
+    from poller.embedded import kept_secret
+
+    def good(token: str) -> bool:
+        return len(token) >= 16 and token.isprintable() and " " not in token
+
+    return kept_secret(path, "dashboard token", good, 24)
 
 
 def _mac(key: bytes, text: str) -> str:
