@@ -23,21 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _attribute_docs(path: Path, class_name: str) -> dict[str, str]:
-    tree = ast.parse(path.read_text())
-    found: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            body = node.body
-            for here, after in zip(body, body[1:], strict=False):
-                if (
-                    isinstance(here, ast.AnnAssign)
-                    and isinstance(here.target, ast.Name)
-                    and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)
-                ):
-                    found[here.target.id] = inspect.cleandoc(after.value.value)
-    return found
+    from poller.docstrings import attribute_docs
+
+    return attribute_docs(path.read_text()).get(class_name, {})
 
 
 def _markdown(text: str) -> str:
@@ -205,5 +193,5 @@ def openapi_reference() -> str:
     lines += ["### Schemas", ""]
     for name, schema in doc["components"]["schemas"].items():
         lines += [f"#### {name}", "", schema.get("description", ""), ""]
-        lines += _fields(schema) + [""]
+        lines += [*_fields(schema), ""]
     return "\n".join(lines)

@@ -12,7 +12,6 @@ when the two differ, so a change to the API shows as a diff of that file
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import re
@@ -27,6 +26,7 @@ from starlette.responses import Response
 
 from poller.dashboard import shapes
 from poller.dashboard.rest import Spec
+from poller.docstrings import attribute_docs
 
 VERSION = "3.1.0"
 PREFIX = "/api/v1"
@@ -228,22 +228,9 @@ def _markdown(text: str) -> str:
 @cache
 def _attribute_docs() -> dict[str, dict[str, str]]:
     """The string after each field of each class in poller/dashboard/shapes.py."""
-    tree = ast.parse(inspect.getsource(shapes))
-    found: dict[str, dict[str, str]] = {}
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        docs = found.setdefault(node.name, {})
-        for field, after in zip(node.body, node.body[1:], strict=False):
-            if (
-                isinstance(field, ast.AnnAssign)
-                and isinstance(field.target, ast.Name)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[field.target.id] = _markdown(" ".join(after.value.value.split()))
-    return found
+    found = attribute_docs(inspect.getsource(shapes))
+    return {cls: {k: _markdown(" ".join(v.split())) for k, v in docs.items()}
+            for cls, docs in found.items()}  # fmt: skip
 
 
 def _field_docs(shape: type | None) -> dict[str, str]:
