@@ -123,8 +123,16 @@ def test_the_portal_is_framed_only_by_the_origins_allowed(engine: Engine) -> Non
         cookie = answer.headers["set-cookie"].lower()
         assert "samesite=none" in cookie and "secure" in cookie and "partitioned" in cookie
         assert web.get("/").headers["x-frame-options"] == "DENY"  # the dashboard: never
-    with pytest.raises(ConfigurationError):
-        load_settings(portal_embed_origins=("https://a.example; script-src *",))
+    for nasty in ({"portal_embed_origins": ("https://a.example; script-src *",)},
+                  {"portal_embed_origins": ("https://a.example/path",)},
+                  {"portal_embed_origins": ("*",)},
+                  {"portal_url": "https://hooks.example/?x=1"},
+                  {"portal_url": "javascript:alert(1)"},
+                  {"portal_url": "https://a b.example"},
+                  {"portal_key": "short"},
+                  {"portal_key": "x" * 31 + "\n"}):  # fmt: skip
+        with pytest.raises(ConfigurationError):
+            load_settings(**nasty)
 
 
 def test_without_a_key_or_a_session_the_portal_says_so(engine: Engine) -> None:
