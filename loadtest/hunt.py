@@ -178,7 +178,7 @@ class Plan:
         plan = cls(
             seed=seed,
             election=election,
-            http_client=rng.choice(["aiohttp", "httpx"]),
+            http_client=rng.choice(["aiohttp", "httpx", "reqwest"]),
             pollers=rng.randint(2, 3),
             max_attempts=rng.randint(2, 5),
             faults=faults,

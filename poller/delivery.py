@@ -134,10 +134,9 @@ async def _exchange(
 ) -> tuple[Reply | SendError, datetime, float]:
     started_at = datetime.now(UTC)
     began = time.perf_counter()
-    tls = endpoint.tls  # its client certificate, its CA (poller/tls.py)
-    try:
+    try:  # with the endpoint's client certificate and CA (poller/tls.py)
         result: Reply | SendError = await sender.request(
-            method, url, headers, body, timeout, None if tls is None else tls.context()
+            method, url, headers, body, timeout, endpoint.tls
         )
     except SendError as exc:
         result = exc

@@ -12,8 +12,8 @@ unless they are allowed, never follow redirects, verify TLS (with an
 endpoint's own client certificate and CA, poller/tls.py), ignore proxy
 environment variables — ``POLLER_PROXY_URL`` alone routes them through a
 proxy, to the address they checked (poller/proxy.py) — and read the body only
-up to READ_CAP before dropping the connection. :func:`make_sender` builds the
-one the settings ask for.
+up to READ_CAP before dropping the connection. poller/sending.py builds
+the one the settings ask for.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from poller.wire import Sender as Sender
 from poller.wire import SendError as SendError
 
 if TYPE_CHECKING:
-    from poller.settings import Settings
+    from poller.tls import TLSSettings
 
 NO_CEILING = 1e9  # aiohttp rounds timeouts of 5 s or more up to whole seconds unless told not to
 TLS_CLIENTS_KEPT = 256  # httpx clients for endpoints with their own TLS settings
@@ -203,7 +203,7 @@ class AiohttpSender:
         headers: Mapping[str, str],
         body: bytes,
         timeout: float,
-        tls: ssl.SSLContext | None = None,
+        tls: TLSSettings | None = None,
     ) -> Reply:
         limits = self._timeouts(timeout)
         response: aiohttp.ClientResponse | None = None
@@ -221,7 +221,7 @@ class AiohttpSender:
                     data=body or None,
                     allow_redirects=False,
                     timeout=limits,
-                    ssl=True if tls is None else tls,  # the endpoint's own (poller/tls.py)
+                    ssl=True if tls is None else tls.context(),  # the endpoint's (poller/tls.py)
                     **via,
                 )
                 while len(data) < READ_CAP:
@@ -367,11 +367,11 @@ class HttpxSender:
         headers: Mapping[str, str],
         body: bytes,
         timeout: float,
-        tls: ssl.SSLContext | None = None,
+        tls: TLSSettings | None = None,
     ) -> Reply:
         preflight(url, self._allow_private)
         connect = connect_budget(self._connect_timeout, timeout)
-        client = await self._client_for(tls)
+        client = await self._client_for(None if tls is None else tls.context())
         target = url
         if self._route is not None:  # to the checked address, through the proxy
             pinned = await self._route.pin(url, connect)
@@ -439,12 +439,3 @@ class HttpxSender:
         for client in self._tls_clients.values():
             await client.aclose()
         self._tls_clients.clear()
-
-
-def make_sender(settings: Settings) -> Sender:
-    """The shared HTTP sender the settings ask for (``POLLER_HTTP_CLIENT``)."""
-    limit, allow = settings.concurrency, settings.allow_private_targets
-    proxy, connect = settings.proxy, settings.connect_timeout
-    if settings.http_client == "aiohttp":
-        return AiohttpSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
-    return HttpxSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)

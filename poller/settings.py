@@ -119,8 +119,9 @@ class Settings(BaseSettings):
     """Largest payload (serialised JSON, in bytes) enqueue and publish accept."""
     max_in_flight: int = Field(default=16, ge=1, le=10_000)
     """Default per-endpoint limit of deliveries in flight (an endpoint can override it)."""
-    http_client: Literal["aiohttp", "httpx"] = "aiohttp"
-    """HTTP client for deliveries: ``aiohttp`` (fast, the default) or ``httpx``."""
+    http_client: Literal["aiohttp", "httpx", "reqwest"] = "aiohttp"
+    """HTTP client for deliveries: ``aiohttp`` (the default), ``reqwest`` (Rust, through
+    pyreqwest: less CPU per delivery) or ``httpx``."""
     notify: bool = True
     """LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode."""
     allow_private_targets: bool = False

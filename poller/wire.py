@@ -1,6 +1,7 @@
 """What every sender shares: the seam, its answer, its one error, and the budgets.
 
-``Sender.request(method, url, headers, body, timeout, tls)`` returns a
+``Sender.request(method, url, headers, body, timeout, tls)`` (``tls``: the
+endpoint's own, poller/tls.py) returns a
 :class:`Reply` (status, Retry-After, up to :data:`READ_CAP` bytes of body) or
 raises :class:`SendError`, whose ``sent`` flag says whether the receiver may
 have seen the request — the distinction the delivery contract is built on
@@ -23,13 +24,15 @@ blackholed host is therefore a connect timeout, never a "maybe delivered".
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from poller.netguard import PRIVATE_HINT, host_refusal
+
+if TYPE_CHECKING:
+    from poller.tls import TLSSettings
 
 READ_CAP = 64 * 1024
 
@@ -58,7 +61,7 @@ class Sender(Protocol):
         headers: Mapping[str, str],
         body: bytes,
         timeout: float,
-        tls: ssl.SSLContext | None = None,
+        tls: TLSSettings | None = None,
     ) -> Reply: ...
 
     async def aclose(self) -> None: ...

@@ -49,7 +49,7 @@ from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
 from poller.events import OperationalEvent
 from poller.receiver import Faults, Receiver
-from poller.senders import make_sender
+from poller.sending import make_sender
 from poller.service import Poller, serve
 from poller.settings import load_settings
 from poller.signing import public_key

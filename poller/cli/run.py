@@ -17,7 +17,7 @@ from poller import logs, otel, processes
 from poller.cli.common import settings_and_url
 from poller.db import poller_engine
 from poller.errors import ServiceCrashed
-from poller.senders import make_sender
+from poller.sending import make_sender
 from poller.service import Poller, serve
 from poller.settings import Settings
 

@@ -80,7 +80,10 @@ def answer(status: int, headers: str = "", body: bytes = b"") -> Handler:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(
-            f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n{headers}\r\n".encode() + body
+            f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n{headers}\r\n".encode(
+                "utf-8", "surrogateescape"
+            )
+            + body
         )
         await writer.drain()
 

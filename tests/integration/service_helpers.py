@@ -13,7 +13,7 @@ from poller.db import poller_engine
 from poller.election import Elector
 from poller.events import EventHook
 from poller.receiver import Faults, Receiver
-from poller.senders import make_sender
+from poller.sending import make_sender
 from poller.service import Poller, serve
 from poller.settings import Settings, load_settings
 

@@ -12,9 +12,8 @@ from poller import InvalidIdempotencyKey, PayloadTooLarge, UnknownEndpoint, enqu
 from poller.delivery import Verdict, send
 from poller.endpoints import CreatedEndpoint
 from poller.errors import InvalidEndpoint
-from poller.senders import AiohttpSender
 from poller.urls import check_url
-from tests.integration import servers
+from tests.integration import senders, servers
 from tests.integration.test_delivery import _endpoint, _message
 
 
@@ -70,8 +69,9 @@ async def huge_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     await writer.drain()
 
 
-async def test_slow_drip_body_is_cut_by_the_timeout_and_the_status_counts() -> None:
-    sender = AiohttpSender(allow_private=True)
+@pytest.mark.parametrize("kind", senders.KINDS)
+async def test_slow_drip_body_is_cut_by_the_timeout_and_the_status_counts(kind: str) -> None:
+    sender = senders.make(kind, allow_private=True)
     async with servers.raw_server(slow_drip) as url:
         attempt = await send(sender, _endpoint(url), _message(), timeout=1.0, user_agent="t")
     await sender.aclose()
@@ -79,8 +79,9 @@ async def test_slow_drip_body_is_cut_by_the_timeout_and_the_status_counts() -> N
     assert 900 <= attempt.duration_ms < 3000
 
 
-async def test_a_megabyte_of_headers_is_an_unknown_outcome() -> None:
-    sender = AiohttpSender(allow_private=True)
+@pytest.mark.parametrize("kind", senders.KINDS)
+async def test_a_megabyte_of_headers_is_an_unknown_outcome(kind: str) -> None:
+    sender = senders.make(kind, allow_private=True)
     async with servers.raw_server(huge_headers) as url:
         attempt = await send(sender, _endpoint(url), _message(), timeout=2.0, user_agent="t")
     await sender.aclose()

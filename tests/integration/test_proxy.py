@@ -16,8 +16,9 @@ from poller.delivery import Verdict, send
 from poller.errors import ConfigurationError
 from poller.proxy import Proxy, parse_proxy
 from poller.receiver import Receiver
-from poller.senders import AiohttpSender, HttpxSender, Sender
+from poller.senders import Sender
 from poller.settings import load_settings
+from tests.integration import senders
 from tests.integration.pki import authority, issue, tls_server
 from tests.integration.test_delivery import _endpoint, _message
 
@@ -42,14 +43,13 @@ ANSWERS = {
 }
 
 
-@pytest.fixture(params=["aiohttp", "httpx"])
+@pytest.fixture(params=senders.KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 def _sender(kind: str, proxy: Proxy, *, allow_private: bool) -> Sender:
-    cls = AiohttpSender if kind == "aiohttp" else HttpxSender
-    return cls(proxy=proxy, allow_private=allow_private, resolve=_resolve(ANSWERS))
+    return senders.make(kind, proxy=proxy, allow_private=allow_private, resolve=_resolve(ANSWERS))
 
 
 @pytest.fixture

@@ -16,12 +16,13 @@ import aiohttp
 import httpcore
 import pytest
 
-from poller import senders
+from poller import reqwest_sender, senders
 from poller.delivery import Attempt, LookupAnswer, Verdict, lookup, send
 from poller.embedded import free_port
 from poller.netguard import GuardedBackend
 from poller.receiver import Receiver
-from poller.senders import AiohttpSender, HttpxSender, Sender
+from poller.senders import AiohttpSender, Sender
+from tests.integration import senders as every
 from tests.integration.test_delivery import _endpoint, _message
 
 LOOPBACK_SPELLINGS = [
@@ -63,19 +64,18 @@ async def _send_once(sender: Sender, url: str) -> Attempt:
 
 
 def _sender(kind: str, **options: object) -> Sender:
-    if kind == "aiohttp":
-        return AiohttpSender(allow_private=False, **options)  # type: ignore[arg-type]
-    return HttpxSender(allow_private=False, **options)  # type: ignore[arg-type]
+    return every.make(kind, allow_private=False, **options)
 
 
 @pytest.fixture(params=["preflight", "seam only"])
 def guard_layers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "seam only":
-        monkeypatch.setattr(senders, "preflight", lambda url, allow_private: None)
+        for module in (senders, reqwest_sender):
+            monkeypatch.setattr(module, "preflight", lambda url, allow_private: None)
     yield request.param
 
 
-@pytest.mark.parametrize("kind", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("kind", every.KINDS)
 @pytest.mark.parametrize("host", LOOPBACK_SPELLINGS)
 async def test_no_spelling_of_loopback_reaches_the_receiver(
     receiver: tuple[Receiver, int], guard_layers: str, kind: str, host: str
@@ -120,16 +120,17 @@ async def test_a_name_resolving_to_a_private_address_is_refused_by_aiohttp(
     assert f"refused to connect to {address}" in (attempt.error_message or "")
 
 
+@pytest.mark.parametrize("kind", ["httpx", "reqwest"])
 @pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "::1", "::ffff:10.0.0.1"])
-async def test_a_name_resolving_to_a_private_address_is_refused_by_httpx(
-    receiver: tuple[Receiver, int], address: str
+async def test_a_name_resolving_to_a_private_address_is_refused(
+    receiver: tuple[Receiver, int], address: str, kind: str
 ) -> None:
     rec, port = receiver
 
     async def resolve(host: str, port: int) -> list[str]:
         return [address]
 
-    sender = HttpxSender(resolve=resolve)
+    sender = _sender(kind, resolve=resolve)
     attempt = await _send_once(sender, f"http://hooks.example:{port}/")
     assert rec.stats.received == 0 and attempt.verdict is Verdict.RETRY
     assert "POLLER_ALLOW_PRIVATE_TARGETS" in (attempt.error_message or "")
@@ -153,6 +154,31 @@ async def test_httpx_connects_to_the_address_it_checked_without_resolving_again(
     with pytest.raises(httpcore.ConnectError):
         await backend.connect_tcp("rebind.example", 80, timeout=1)
     assert resolved == ["rebind.example"] and connected == ["8.8.8.8"]
+
+
+async def test_reqwest_connects_to_the_address_it_checked_and_pins_it(
+    receiver: tuple[Receiver, int],
+) -> None:
+    """reqwest never resolves a name itself: the guard's answer is pinned (no DNS here
+    knows hooks.example), and asked for again only after its time to live."""
+    rec, port = receiver
+    asked: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return ["127.0.0.1"]
+
+    sender = every.make("reqwest", allow_private=True, resolve=resolve)
+    try:
+        for _ in range(3):
+            attempt = await send(
+                sender, _endpoint(f"http://hooks.example:{port}/hook"), _message(),
+                timeout=2, user_agent="t",
+            )  # fmt: skip
+            assert attempt.verdict is Verdict.DELIVERED, attempt
+    finally:
+        await sender.aclose()
+    assert rec.stats.received == 3 and asked == ["hooks.example"]
 
 
 async def test_httpx_spends_one_connect_budget_on_all_of_a_hosts_addresses() -> None:
@@ -179,7 +205,7 @@ async def test_httpx_spends_one_connect_budget_on_all_of_a_hosts_addresses() -> 
     assert len(budgets) == 2 and sum(budgets) <= 0.4 + 1e-6  # each address a share
 
 
-@pytest.mark.parametrize("kind", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("kind", every.KINDS)
 async def test_proxy_environment_variables_are_ignored(
     receiver: tuple[Receiver, int], kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,9 +214,7 @@ async def test_proxy_environment_variables_are_ignored(
         monkeypatch.setenv(name, f"http://127.0.0.1:{port}")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    sender = (
-        AiohttpSender(allow_private=True) if kind == "aiohttp" else HttpxSender(allow_private=True)
-    )
+    sender = every.make(kind, allow_private=True)
 
     attempt = await _send_once(sender, f"http://127.0.0.1:{free_port()}/hook")
     assert rec.stats.received == 0  # a proxy would have relayed it to the receiver
@@ -203,7 +227,7 @@ def test_aiohttp_is_recent_enough_for_the_socket_seam() -> None:
     assert "socket_factory" in inspect.signature(aiohttp.TCPConnector).parameters
 
 
-@pytest.mark.parametrize("kind", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("kind", every.KINDS)
 async def test_lookups_are_guarded_too(
     receiver: tuple[Receiver, int], guard_layers: str, kind: str
 ) -> None:

@@ -19,6 +19,7 @@ from poller.errors import InvalidEndpoint
 from poller.keyring import Keyring, new_key
 from poller.senders import Sender
 from poller.tls import check_tls
+from tests.integration import senders
 from tests.integration.pki import Issued, authority, issue, tls_server
 from tests.integration.test_delivery import _endpoint, _message
 from tests.integration.test_delivery import client as client  # the fixture: both senders
@@ -215,3 +216,31 @@ async def test_an_endpoint_created_with_tls_delivers_through_the_poller_path(
             )  # fmt: skip
         attempt = await send(client, created.endpoint, _message(), timeout=5, user_agent="t")
     assert attempt.verdict is Verdict.DELIVERED
+
+
+@pytest.mark.parametrize("tls12", [True, False], ids=["tls1.2", "tls1.3"])
+async def test_reqwest_presents_the_client_certificate_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tls12: bool
+) -> None:
+    """Without a CA bundle the reqwest sender does mutual TLS in Rust (with one, the
+    aiohttp sender does: poller/reqwest_sender.py). The receiver's CA is made a system
+    root for the test (rustls reads SSL_CERT_FILE when a client first verifies)."""
+    ca, clients = authority(), authority("Client CA")
+    mine, stranger = issue(clients, "billing", client=True), issue(authority(), "x", client=True)
+    (tmp_path / "roots.pem").write_text(ca.cert)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "roots.pem"))
+    sender = senders.make("reqwest", allow_private=True)
+    try:
+        async with tls_server(tmp_path, issue(ca), client_ca=clients, tls12=tls12) as url:
+            accepted = await _send(sender, url, client_cert=mine.cert, client_key=mine.key)
+            without = await _send(sender, url)
+            wrong = await _send(sender, url, client_cert=stranger.cert, client_key=stranger.key)
+    finally:
+        await sender.aclose()
+    assert accepted.verdict is Verdict.DELIVERED, accepted
+    for attempt in (without, wrong):
+        if tls12:
+            assert (attempt.verdict, attempt.error_class) == (Verdict.RETRY, "TLSError"), attempt
+            assert "client certificate" in (attempt.error_message or ""), attempt
+        else:
+            assert attempt.verdict in (Verdict.RETRY, Verdict.UNKNOWN), attempt

@@ -1,0 +1,360 @@
+"""The Rust-backed sender: deliveries through pyreqwest (reqwest and hyper, on tokio).
+
+It costs less CPU per request than aiohttp on the poller's loop (uvloop): the
+figures are in docs/explanation/performance.md. It keeps every guarantee of the
+other senders (poller/senders.py), by these means:
+
+* **The guard at the connection seam.** reqwest resolves names itself and
+  takes no socket hook, so the sender never lets it: the URL is parsed by
+  pyreqwest's own parser (the one the request will use, so no two parsers
+  disagree about the host), an IP host is checked as it is, and a name is
+  resolved in Python, every answer checked, and the first allowed address
+  *pinned* — the request goes through a client built with ``resolve(name,
+  address)``, which connects to that address and nowhere else, while ``Host``,
+  SNI and certificate checks keep the name. A pin lives :data:`PIN_TTL`
+  seconds (aiohttp's DNS cache lives as long), then the name is resolved and
+  checked again; a client per pinned address, so a changed answer gets a new
+  one and requests in flight finish on the old. reqwest tries the pinned
+  address only (aiohttp tries the next allowed answer too).
+* No redirects, no proxy from the environment, no decompression.
+* **Budgets.** The connect budget (poller/wire.py) is the client's connect
+  timeout (TCP and TLS), after a name's resolution within the same budget;
+  the whole exchange is the request's timeout and an ``asyncio`` timeout
+  around reading the answer. A failure getting a connection is *not sent*;
+  after it, *unknown*; a status already received counts.
+* The answer is streamed: its status counts as soon as its headers arrive
+  (pyreqwest would otherwise read ahead into the body first, and a slow-drip
+  body would cost the status), and the body is read up to READ_CAP only, then
+  the connection is dropped, never drained.
+* **TLS.** An endpoint's client certificate is the client's identity
+  (rustls). Two things reqwest cannot do are done by the aiohttp sender, for
+  those requests only: trusting an endpoint's CA bundle *alone* (reqwest adds
+  it to the system's roots, and a public CA that signed for the same name
+  would be a second way in), and going through ``POLLER_PROXY_URL`` (reqwest
+  asks the proxy for the name; the guard needs the checked address asked for,
+  with TLS still verifying the name).
+
+At interpreter exit, pyreqwest 0.15's runtime thread may still be dropping
+the last connections' Python objects while the interpreter finalises, and
+CPython 3.11 aborts the process for it (``PyGILState_Release``) — seen in about
+one run in ten right after a burst of requests. :meth:`ReqwestSender.aclose`
+closes the clients and gives the runtime :data:`SETTLE` seconds to finish: no
+abort in 70 runs that way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.exceptions import (
+    BuilderError,
+    ConnectTimeoutError,
+    DecodeError,
+    PoolTimeoutError,
+    PyreqwestError,
+    ReadTimeoutError,
+    RequestTimeoutError,
+)
+from pyreqwest.http import Url
+from pyreqwest.request import RequestBuilder
+from pyreqwest.response import Response
+
+from poller.netguard import PRIVATE_HINT, AddressRefused, Resolve, check_address, system_resolve
+from poller.senders import AiohttpSender
+from poller.tls import HANDSHAKE_RESET
+from poller.wire import (
+    READ_CAP,
+    TARGETS_KEPT,
+    Reply,
+    SendError,
+    connect_budget,
+    preflight,
+)
+
+if TYPE_CHECKING:
+    from poller.proxy import Proxy
+    from poller.tls import TLSSettings
+
+PIN_TTL = 10.0  # seconds a name's checked address is used before it is resolved again
+CLIENTS_KEPT = 1024  # pinned clients; the oldest is let go (requests in flight finish)
+SETTLE = 0.2  # seconds pyreqwest's runtime is given after the clients close (see above)
+
+# rustls's words for a failed handshake, and what a person reads for each.
+_RUSTLS = (
+    ("UnknownIssuer", "unknown CA (the certificate does not chain to a trusted root; "
+     "give the endpoint its CA with --ca-bundle)"),
+    ("CaUsedAsEndEntity", "unknown CA (a self-signed certificate; give the endpoint its CA "
+     "with --ca-bundle)"),
+    ("Expired", "the receiver's certificate has expired"),
+    ("NotValidYet", "the receiver's certificate is not valid yet"),
+    ("NotValidForName", "hostname mismatch (the certificate is not for this host)"),
+    ("CertificateRequired", "client certificate required by the receiver"),
+    ("BadCertificate", "client certificate refused by the receiver"),
+    ("UnknownCA", "client certificate refused by the receiver (unknown CA)"),
+    ("CertificateExpired", "client certificate refused by the receiver (expired)"),
+    ("AccessDenied", "client certificate refused by the receiver (access denied)"),
+    ("HandshakeFailure", "TLS handshake refused by the receiver"),
+    ("ProtocolVersion", "no TLS version in common with the receiver"),
+    ("InvalidContentType", "the receiver does not speak TLS on this port"),
+    ("CorruptMessage", "the receiver does not speak TLS on this port"),
+)  # fmt: skip
+
+
+def _causes(exc: PyreqwestError) -> list[str]:
+    details = getattr(exc, "details", None) or {}
+    return [str(c.get("message", "")) for c in details.get("causes") or ()]
+
+
+def _words(exc: PyreqwestError) -> str:
+    """What went wrong, in one line of at most 500 characters: hyper's innermost causes,
+    without the URL (it may hold a token) or hyper's phase names."""
+    said = [
+        c for c in _causes(exc)
+        if not c.startswith(("error sending request for url", "client error ("))
+    ]  # fmt: skip
+    return ": ".join(dict.fromkeys(said or [exc.message]))[:500]
+
+
+def _tls_reason(exc: PyreqwestError) -> str | None:
+    text = " ".join(_causes(exc)).replace(" ", "")
+    for word, reason in _RUSTLS:
+        if word in text:
+            return f"TLS: {reason}"
+    if "handshakeeof" in text.lower() or "Connectionreset" in text:
+        return HANDSHAKE_RESET  # the refusal's alert went unread
+    if "tls" in text.lower() or "handshake" in text.lower() or "certificate" in text.lower():
+        return f"TLS: {_words(exc)}"
+    return None
+
+
+def _classified(exc: PyreqwestError, target: Url) -> SendError:
+    """A failure before any answer, by the phase it happened in: hyper says which
+    (``client error (Connect)``: getting a connection, TCP and TLS; after it, the
+    request was on its way)."""
+    if isinstance(exc, ConnectTimeoutError | PoolTimeoutError):
+        return SendError(
+            "ConnectTimeout", "connect timeout: no connection within the budget", sent=False
+        )
+    if isinstance(exc, BuilderError):
+        return SendError("InvalidURL", _words(exc), sent=False)
+    causes = _causes(exc)
+    if "client error (Connect)" in causes:
+        reason = _tls_reason(exc) if target.scheme == "https" else None
+        if reason is not None:  # the handshake was refused: the receiver never had it
+            return SendError("TLSError", reason, sent=False)
+        where = f"{target.host_str}:{target.port_or_known_default}"
+        return SendError("ConnectError", f"cannot connect to {where}: {_words(exc)}", sent=False)
+    if isinstance(exc, ReadTimeoutError | RequestTimeoutError):
+        return SendError("ReadTimeout", f"read timeout: {_words(exc)}"[:500], sent=True)
+    if isinstance(exc, DecodeError) or any("closed before" in c for c in causes):
+        # Closed after reading the request, or answered with garbage: maybe processed.
+        return SendError("RemoteProtocolError", _words(exc), sent=True)
+    return SendError("ReadError", _words(exc), sent=True)  # reset, write errors, …
+
+
+def _retry_after(answer: Response) -> str | None:
+    try:
+        return answer.get_header("retry-after")
+    except ValueError:  # not text (a hostile receiver): no usable Retry-After
+        return None
+
+
+class ReqwestSender:
+    """Deliveries through pyreqwest, guarded and classified like the other senders.
+
+    ``limit`` bounds connections per client (0: unbounded); ``resolve`` replaces
+    the system resolver behind the guard (tests). ``proxy``: every request goes
+    through the aiohttp sender (see the module's docstring).
+    """
+
+    def __init__(
+        self,
+        *,
+        limit: int = 0,
+        allow_private: bool = False,
+        connect_timeout: float = 5.0,
+        resolve: Resolve = system_resolve,
+        proxy: Proxy | None = None,
+    ) -> None:
+        self._limit, self._allow_private = limit, allow_private
+        self._connect_timeout, self._resolve, self._proxy = connect_timeout, resolve, proxy
+        self._aiohttp: AiohttpSender | None = None
+        self._urls: dict[str, Url] = {}
+        # (name or "", pinned address, connect budget, identity) -> its client
+        self._clients: dict[tuple[str, str, float, str | None], Client] = {}
+        self._pins: dict[tuple[str, int], tuple[float, str]] = {}  # -> (expires, address)
+        self._resolving: dict[tuple[str, int], asyncio.Future[str]] = {}
+        self._timeouts: dict[float, timedelta] = {}
+
+    def _fallback(self) -> AiohttpSender:
+        if self._aiohttp is None:
+            self._aiohttp = AiohttpSender(
+                limit=self._limit,
+                allow_private=self._allow_private,
+                connect_timeout=self._connect_timeout,
+                proxy=self._proxy,
+                resolve=self._resolve,
+            )
+        return self._aiohttp
+
+    def _url(self, method: str, url: str) -> Url:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            preflight(url, self._allow_private)
+            try:
+                parsed = Url(url)
+            except ValueError as exc:
+                raise SendError("InvalidURL", f"{url[:200]!r}: {exc}", sent=False) from None
+            if parsed.scheme not in ("http", "https") or not parsed.host_str:
+                raise SendError("InvalidURL", f"{url[:200]!r} is not an http(s) URL", sent=False)
+            if method == "POST":  # a lookup URL holds the message's key: used once
+                if len(self._urls) >= TARGETS_KEPT:
+                    self._urls.clear()
+                self._urls[url] = parsed
+        return parsed
+
+    async def _address(self, name: str, port: int, budget: float) -> str:
+        """``name``'s first allowed address, resolved at most every PIN_TTL seconds (one
+        resolution at a time per name); SendError (not sent) when none is allowed."""
+        key = (name, port)
+        pinned = self._pins.get(key)
+        if pinned is not None and pinned[0] > time.monotonic():
+            return pinned[1]
+        waiting = self._resolving.get(key)
+        if waiting is None:
+            waiting = self._resolving[key] = asyncio.ensure_future(self._pin(name, port))
+            waiting.add_done_callback(lambda _: self._resolving.pop(key, None))
+        try:
+            async with asyncio.timeout(budget):
+                return await asyncio.shield(waiting)
+        except TimeoutError:
+            raise SendError(
+                "ConnectTimeout", f"connect timeout: resolving {name} timed out", sent=False
+            ) from None
+
+    async def _pin(self, name: str, port: int) -> str:
+        try:
+            addresses = await self._resolve(name, port)
+        except OSError as exc:
+            said = f"cannot resolve {name}: {exc}"[:500]
+            raise SendError("ConnectError", said, sent=False) from None
+        reasons = []
+        for address in addresses:
+            if not self._allow_private:
+                try:
+                    check_address(address)
+                except AddressRefused as exc:
+                    reasons.append(str(exc).removesuffix(f"; {PRIVATE_HINT}"))
+                    continue
+            if len(self._pins) >= TARGETS_KEPT:
+                self._pins.clear()
+            self._pins[(name, port)] = (time.monotonic() + PIN_TTL, address)
+            return address
+        said = "; ".join(reasons) or f"{name} resolves to no address"
+        raise SendError("ConnectError", f"refused: {said}; {PRIVATE_HINT}", sent=False)
+
+    def _client(self, name: str, address: str, budget: float, tls: TLSSettings | None) -> Client:
+        identity = None
+        if tls is not None and tls.client_cert and tls.client_key:
+            identity = tls.client_key.rstrip() + "\n" + tls.client_cert
+        key = (name, address, budget, identity)
+        client = self._clients.get(key)
+        if client is None:
+            builder = (
+                ClientBuilder()
+                .follow_redirects(False)
+                .no_proxy()
+                .gzip(False)
+                .brotli(False)
+                .zstd(False)
+                .deflate(False)
+                .referer(False)
+                .connect_timeout(timedelta(seconds=budget))
+                .max_connections(self._limit or None)
+            )
+            if name:
+                builder = builder.resolve(name, address.split("%", 1)[0], 0)
+            if identity is not None:
+                builder = builder.identity_pem(identity.encode())
+            if len(self._clients) >= CLIENTS_KEPT:
+                del self._clients[next(iter(self._clients))]  # in-flight requests keep it
+            client = self._clients[key] = builder.build()
+        return client
+
+    async def _pinned(self, target: Url, budget: float) -> tuple[str, str]:
+        """Where the request may go: (its name or "" for an IP host, the checked address)."""
+        name = target.domain
+        if name is not None:
+            return name, await self._address(name, target.port_or_known_default or 0, budget)
+        address = (target.host_str or "").strip("[]")  # an IP address, as the client reads it
+        if not self._allow_private:
+            try:
+                check_address(address)
+            except AddressRefused as exc:
+                raise SendError("ConnectError", f"refused: {exc.strerror}", sent=False) from None
+        return "", address
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeout: float,
+        tls: TLSSettings | None = None,
+    ) -> Reply:
+        if self._proxy is not None or (tls is not None and tls.ca_bundle):
+            return await self._fallback().request(method, url, headers, body, timeout, tls)
+        target = self._url(method, url)
+        budget = connect_budget(self._connect_timeout, timeout)
+        client = self._client(*await self._pinned(target, budget), budget, tls)
+        limit = self._timeouts.get(timeout)
+        if limit is None:
+            limit = self._timeouts.setdefault(timeout, timedelta(seconds=timeout))
+        try:
+            builder = client.request(method, target).headers(dict(headers)).timeout(limit)
+        except (PyreqwestError, ValueError) as exc:  # a header no client may send: none sent
+            said = str(exc).partition(":")[0]  # never the value: a header may be a credential
+            raise SendError("InvalidRequest", f"not sent: {said}"[:200], sent=False) from None
+        if body:
+            builder = builder.body_bytes(body)
+        return await self._exchange(builder.streamed_read_buffer_limit(1), target, timeout)
+
+    @staticmethod
+    async def _exchange(builder: RequestBuilder, target: Url, timeout: float) -> Reply:
+        status: int | None = None
+        retry_after: str | None = None
+        data = b""
+        try:
+            async with asyncio.timeout(timeout), builder.build_streamed() as answer:
+                status, retry_after = answer.status, _retry_after(answer)
+                reader = answer.body_reader
+                while len(data) < READ_CAP:
+                    chunk = await reader.read(READ_CAP - len(data))
+                    if not chunk:
+                        break
+                    data += bytes(chunk)
+        except (PyreqwestError, TimeoutError) as exc:
+            if status is None:
+                if isinstance(exc, PyreqwestError):
+                    raise _classified(exc, target) from None
+                raise SendError(
+                    "ReadTimeout", f"read timeout: no answer within {timeout:g} s", sent=True
+                ) from None
+            # The status arrived; a body cut short or slow does not change the answer.
+        return Reply(status, retry_after, data[:READ_CAP])
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+        if self._aiohttp is not None:
+            await self._aiohttp.aclose()
+            self._aiohttp = None
+        if clients:
+            await asyncio.sleep(SETTLE)

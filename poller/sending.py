@@ -1,0 +1,27 @@
+"""The sender the settings ask for (``POLLER_HTTP_CLIENT``): aiohttp, httpx or reqwest.
+
+The senders are in poller/senders.py (aiohttp, httpx) and poller/reqwest_sender.py;
+what they share, and the seam, in poller/wire.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from poller.reqwest_sender import ReqwestSender
+from poller.senders import AiohttpSender, HttpxSender
+from poller.wire import Sender
+
+if TYPE_CHECKING:
+    from poller.settings import Settings
+
+
+def make_sender(settings: Settings) -> Sender:
+    """The shared HTTP sender for deliveries and lookups, as the settings ask."""
+    limit, allow = settings.concurrency, settings.allow_private_targets
+    proxy, connect = settings.proxy, settings.connect_timeout
+    if settings.http_client == "reqwest":
+        return ReqwestSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
+    if settings.http_client == "httpx":
+        return HttpxSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
+    return AiohttpSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
