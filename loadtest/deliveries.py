@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -76,6 +77,7 @@ def start_poller(
     secret: str,
     concurrency: int,
     processes: int = 1,
+    http_client: str | None = None,
 ) -> Proc:
     """The endpoint "bench" on the receiver (made once), and `poller run` (with
     ``processes`` children) with ``concurrency`` deliveries in flight each, started
@@ -98,6 +100,7 @@ def start_poller(
             POLLER_CONCURRENCY=str(concurrency),
             POLLER_ALLOW_PRIVATE_TARGETS="true",
             POLLER_BATCH_SIZE="100",
+            **({"POLLER_HTTP_CLIENT": http_client} if http_client else {}),
         ),
         tmp / "poller.log",
     )
@@ -117,36 +120,65 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def raw_ceiling(
-    url: str, messages: int, concurrency: int, secret: str
+    url: str, messages: int, concurrency: int, secret: str, client: str = "aiohttp"
 ) -> tuple[float, float]:
-    """Requests/s of plain aiohttp POSTing signed payloads, ``concurrency`` in flight, and
-    the CPU seconds this process spent doing it."""
+    """Requests/s of a plain client (``aiohttp`` or ``pyreqwest``) POSTing signed payloads,
+    ``concurrency`` in flight, and the CPU seconds this process spent doing it (every
+    thread: pyreqwest's runtime included)."""
     from poller.signing import sign
 
     bodies = [json.dumps(_payload(n)).encode() for n in range(messages)]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in range(messages):
         queue.put_nowait(n)
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def worker() -> None:
-            while not queue.empty():
-                n = queue.get_nowait()
-                stamp = int(time.time())
-                headers = {
-                    "webhook-id": f"raw:{n}",
-                    "webhook-timestamp": str(stamp),
-                    "webhook-signature": sign([secret], f"raw:{n}", stamp, bodies[n]),
-                    "Content-Type": "application/json",
-                }
-                async with session.post(f"{url}/raw", data=bodies[n], headers=headers) as resp:
-                    await resp.read()
-                    assert resp.status == 200, resp.status
+    def signed(n: int) -> dict[str, str]:
+        stamp = int(time.time())
+        return {
+            "webhook-id": f"raw:{n}",
+            "webhook-timestamp": str(stamp),
+            "webhook-signature": sign([secret], f"raw:{n}", stamp, bodies[n]),
+            "Content-Type": "application/json",
+        }
 
-        began, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return messages / (time.perf_counter() - began), time.process_time() - cpu
+    if client == "pyreqwest":
+        from pyreqwest.client import ClientBuilder
+
+        rq = ClientBuilder().max_connections(concurrency).build()
+
+        async def post(n: int) -> int:
+            answer = (
+                await rq.post(f"{url}/raw").headers(signed(n)).body_bytes(bodies[n]).build().send()
+            )
+            await answer.bytes()
+            return answer.status
+
+        close: Callable[[], Any] = rq.close
+    else:
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
+
+        async def post(n: int) -> int:
+            async with session.post(f"{url}/raw", data=bodies[n], headers=signed(n)) as resp:
+                await resp.read()
+                return resp.status
+
+        close = session.close
+
+    async def worker() -> None:
+        while not queue.empty():
+            status = await post(queue.get_nowait())
+            assert status == 200, status
+
+    began, cpu = time.perf_counter(), _cpu()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    rate, used = messages / (time.perf_counter() - began), _cpu() - cpu
+    await close()
+    return rate, used
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _delivered(engine: Any) -> int:

@@ -19,9 +19,10 @@ other senders (poller/senders.py), by these means:
 * No redirects, no proxy from the environment, no decompression.
 * **Budgets.** The connect budget (poller/wire.py) is the client's connect
   timeout (TCP and TLS), after a name's resolution within the same budget;
-  the whole exchange is the request's timeout and an ``asyncio`` timeout
-  around reading the answer. A failure getting a connection is *not sent*;
-  after it, *unknown*; a status already received counts.
+  the whole exchange, body included, is the request's own timeout (reqwest's:
+  an ``asyncio`` timeout around it cost a third of the sender's CPU). hyper
+  says in which phase a failure happened: getting a connection is *not
+  sent*; after it, *unknown*; a status already received counts.
 * The answer is streamed: its status counts as soon as its headers arrive
   (pyreqwest would otherwise read ahead into the body first, and a slow-drip
   body would cost the status), and the body is read up to READ_CAP only, then
@@ -47,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -132,25 +134,37 @@ def _tls_reason(exc: PyreqwestError) -> str | None:
     return None
 
 
-def _classified(exc: PyreqwestError, target: Url) -> SendError:
+@dataclass(frozen=True, slots=True)
+class _Target:
+    url: Url
+    name: str  # "" for an IP host
+    address: str  # the IP host, checked; "" for a name (pinned per request)
+    port: int
+    https: bool
+    host: str
+
+
+def _classified(exc: PyreqwestError, target: _Target) -> SendError:
     """A failure before any answer, by the phase it happened in: hyper says which
     (``client error (Connect)``: getting a connection, TCP and TLS; after it, the
     request was on its way)."""
-    if isinstance(exc, ConnectTimeoutError | PoolTimeoutError):
+    causes = _causes(exc)
+    connecting = "client error (Connect)" in causes
+    # pyreqwest calls any timeout a ConnectTimeoutError; hyper's phase tells them apart
+    if isinstance(exc, PoolTimeoutError) or (isinstance(exc, ConnectTimeoutError) and connecting):
         return SendError(
             "ConnectTimeout", "connect timeout: no connection within the budget", sent=False
         )
     if isinstance(exc, BuilderError):
         return SendError("InvalidURL", _words(exc), sent=False)
-    causes = _causes(exc)
-    if "client error (Connect)" in causes:
-        reason = _tls_reason(exc) if target.scheme == "https" else None
+    if connecting:
+        reason = _tls_reason(exc) if target.https else None
         if reason is not None:  # the handshake was refused: the receiver never had it
             return SendError("TLSError", reason, sent=False)
-        where = f"{target.host_str}:{target.port_or_known_default}"
+        where = f"{target.host}:{target.port}"
         return SendError("ConnectError", f"cannot connect to {where}: {_words(exc)}", sent=False)
-    if isinstance(exc, ReadTimeoutError | RequestTimeoutError):
-        return SendError("ReadTimeout", f"read timeout: {_words(exc)}"[:500], sent=True)
+    if isinstance(exc, ReadTimeoutError | RequestTimeoutError):  # connected: maybe processed
+        return SendError("ReadTimeout", "read timeout: no answer within the timeout", sent=True)
     if isinstance(exc, DecodeError) or any("closed before" in c for c in causes):
         # Closed after reading the request, or answered with garbage: maybe processed.
         return SendError("RemoteProtocolError", _words(exc), sent=True)
@@ -184,7 +198,7 @@ class ReqwestSender:
         self._limit, self._allow_private = limit, allow_private
         self._connect_timeout, self._resolve, self._proxy = connect_timeout, resolve, proxy
         self._aiohttp: AiohttpSender | None = None
-        self._urls: dict[str, Url] = {}
+        self._targets: dict[str, _Target] = {}
         # (name or "", pinned address, connect budget, identity) -> its client
         self._clients: dict[tuple[str, str, float, str | None], Client] = {}
         self._pins: dict[tuple[str, int], tuple[float, str]] = {}  # -> (expires, address)
@@ -202,21 +216,33 @@ class ReqwestSender:
             )
         return self._aiohttp
 
-    def _url(self, method: str, url: str) -> Url:
-        parsed = self._urls.get(url)
-        if parsed is None:
+    def _target(self, method: str, url: str) -> _Target:
+        """The URL as the client reads it, its IP host checked; once per URL."""
+        target = self._targets.get(url)
+        if target is None:
             preflight(url, self._allow_private)
             try:
                 parsed = Url(url)
             except ValueError as exc:
                 raise SendError("InvalidURL", f"{url[:200]!r}: {exc}", sent=False) from None
-            if parsed.scheme not in ("http", "https") or not parsed.host_str:
+            host = parsed.host_str
+            if parsed.scheme not in ("http", "https") or not host:
                 raise SendError("InvalidURL", f"{url[:200]!r} is not an http(s) URL", sent=False)
+            name = parsed.domain or ""
+            address = "" if name else host.strip("[]")  # an IP address, as the client reads it
+            if address and not self._allow_private:
+                try:
+                    check_address(address)
+                except AddressRefused as exc:
+                    said = f"refused: {exc.strerror}"
+                    raise SendError("ConnectError", said, sent=False) from None
+            port = parsed.port_or_known_default or 0
+            target = _Target(parsed, name, address, port, parsed.scheme == "https", host)
             if method == "POST":  # a lookup URL holds the message's key: used once
-                if len(self._urls) >= TARGETS_KEPT:
-                    self._urls.clear()
-                self._urls[url] = parsed
-        return parsed
+                if len(self._targets) >= TARGETS_KEPT:
+                    self._targets.clear()
+                self._targets[url] = target
+        return target
 
     async def _address(self, name: str, port: int, budget: float) -> str:
         """``name``'s first allowed address, resolved at most every PIN_TTL seconds (one
@@ -286,19 +312,6 @@ class ReqwestSender:
             client = self._clients[key] = builder.build()
         return client
 
-    async def _pinned(self, target: Url, budget: float) -> tuple[str, str]:
-        """Where the request may go: (its name or "" for an IP host, the checked address)."""
-        name = target.domain
-        if name is not None:
-            return name, await self._address(name, target.port_or_known_default or 0, budget)
-        address = (target.host_str or "").strip("[]")  # an IP address, as the client reads it
-        if not self._allow_private:
-            try:
-                check_address(address)
-            except AddressRefused as exc:
-                raise SendError("ConnectError", f"refused: {exc.strerror}", sent=False) from None
-        return "", address
-
     async def request(
         self,
         method: str,
@@ -310,42 +323,41 @@ class ReqwestSender:
     ) -> Reply:
         if self._proxy is not None or (tls is not None and tls.ca_bundle):
             return await self._fallback().request(method, url, headers, body, timeout, tls)
-        target = self._url(method, url)
+        target = self._target(method, url)
         budget = connect_budget(self._connect_timeout, timeout)
-        client = self._client(*await self._pinned(target, budget), budget, tls)
+        began = time.monotonic()
+        address = target.address or await self._address(target.name, target.port, budget)
+        client = self._client(target.name, address, budget, tls)
         limit = self._timeouts.get(timeout)
         if limit is None:
+            if len(self._timeouts) >= TARGETS_KEPT:
+                self._timeouts.clear()
             limit = self._timeouts.setdefault(timeout, timedelta(seconds=timeout))
+        spent = time.monotonic() - began
+        if spent > 0.001:  # a name was resolved: the whole exchange still fits in timeout
+            limit = timedelta(seconds=max(timeout - spent, 0.001))
         try:
-            builder = client.request(method, target).headers(dict(headers)).timeout(limit)
+            builder = client.request(method, target.url).headers(headers).timeout(limit)
         except (PyreqwestError, ValueError) as exc:  # a header no client may send: none sent
             said = str(exc).partition(":")[0]  # never the value: a header may be a credential
             raise SendError("InvalidRequest", f"not sent: {said}"[:200], sent=False) from None
         if body:
             builder = builder.body_bytes(body)
-        return await self._exchange(builder.streamed_read_buffer_limit(1), target, timeout)
+        return await self._exchange(builder.streamed_read_buffer_limit(1), target)
 
     @staticmethod
-    async def _exchange(builder: RequestBuilder, target: Url, timeout: float) -> Reply:
+    async def _exchange(builder: RequestBuilder, target: _Target) -> Reply:
         status: int | None = None
         retry_after: str | None = None
         data = b""
         try:
-            async with asyncio.timeout(timeout), builder.build_streamed() as answer:
+            async with builder.build_streamed() as answer:
                 status, retry_after = answer.status, _retry_after(answer)
-                reader = answer.body_reader
-                while len(data) < READ_CAP:
-                    chunk = await reader.read(READ_CAP - len(data))
-                    if not chunk:
-                        break
-                    data += bytes(chunk)
-        except (PyreqwestError, TimeoutError) as exc:
+                # read(n) waits for n bytes or the end: one call reads a short body whole
+                data = bytes(await answer.body_reader.read(READ_CAP) or b"")
+        except PyreqwestError as exc:  # its timeouts included (they are TimeoutErrors)
             if status is None:
-                if isinstance(exc, PyreqwestError):
-                    raise _classified(exc, target) from None
-                raise SendError(
-                    "ReadTimeout", f"read timeout: no answer within {timeout:g} s", sent=True
-                ) from None
+                raise _classified(exc, target) from None
             # The status arrived; a body cut short or slow does not change the answer.
         return Reply(status, retry_after, data[:READ_CAP])
 
