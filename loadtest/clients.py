@@ -12,10 +12,10 @@ clients, each round in another order; the table gives medians: requests a second
 requests per CPU second of the client's process (user + system, every thread: the
 Rust clients' runtimes included), and that against aiohttp's.
 
-pyreqwest runs with its multithreaded runtime: on its default one it measured 1.0x
-aiohttp per CPU second here, threaded 1.4x. pyreqwest 0.15's threaded runtime aborts
-the process at interpreter exit (``PyGILState_Release: thread state must be current``,
-SIGABRT) after its work is done: the figures stand, the exit is reported.
+Every client runs on uvloop, the poller's loop: pyreqwest completes its futures from
+its own runtime thread through the loop, which uvloop does far more cheaply than
+asyncio's default loop (there pyreqwest measured no better than aiohttp). pyreqwest
+runs on its default runtime, as the poller's sender does.
 """
 
 from __future__ import annotations
@@ -98,8 +98,7 @@ async def one(client: str, url: str, requests: int, concurrency: int) -> dict[st
     elif client == "pyreqwest":
         from pyreqwest.client import ClientBuilder
 
-        # multithreaded: its own runtime threads (1.0x aiohttp per CPU s on the default one)
-        rq = ClientBuilder().max_connections(concurrency).runtime_multithreaded(True).build()
+        rq = ClientBuilder().max_connections(concurrency).build()
 
         async def post() -> int:
             answer = await rq.post(url).headers(HEADERS).body_bytes(BODY).build().send()
@@ -172,7 +171,7 @@ def measure(requests: int, concurrency: int, rounds: int) -> dict[str, dict[str,
                 if not lines or not lines[-1].startswith("{"):
                     raise SystemExit(f"{client} failed ({out.returncode}): {out.stderr[-500:]}")
                 runs[client].append(json.loads(lines[-1]))
-                if out.returncode != 0:  # pyreqwest 0.15's threaded runtime, at exit: noted
+                if out.returncode != 0:  # a Rust client's runtime at interpreter exit: noted
                     exits.setdefault(client, set()).add(out.returncode)
     finally:
         proc.terminate()
@@ -207,7 +206,9 @@ def main() -> None:
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(asyncio.run(one(args.one, args.url, args.requests, args.concurrency))))
+        import uvloop
+
+        print(json.dumps(uvloop.run(one(args.one, args.url, args.requests, args.concurrency))))
         return
     print(f"{args.requests:,} POSTs of {len(BODY)} B, {args.concurrency} in flight, medians "
           f"of {args.rounds} interleaved rounds, receiver: raw ASGI under granian")  # fmt: skip

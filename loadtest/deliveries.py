@@ -43,6 +43,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import uvloop
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -365,66 +366,66 @@ def main() -> None:
         help="comma-separated `poller run --processes` counts; each after the first drains "
         "again and is compared with one process",
     )
+    parser.add_argument(
+        "--clients",
+        default="reqwest,aiohttp",
+        help="comma-separated POLLER_HTTP_CLIENT values to drain with, the default first "
+        "(the latency phase and --processes use the first)",
+    )
     args = parser.parse_args()
     global PUBLISH
     PUBLISH = args.publish
     secret = new_secret()
+    clients = args.clients.split(",")
+    raw: dict[str, tuple[float, float]] = {}  # client -> (requests/s, per CPU s)
+    drains: dict[str, tuple[float, float]] = {}  # POLLER_HTTP_CLIENT -> (deliveries/s, per CPU s)
+    database = ""
     with tempfile.TemporaryDirectory(prefix="poller-bench-") as tmp_name, server_url() as admin:
         tmp = Path(tmp_name)
         url = fresh_database(admin, "poller_bench_deliveries")
         procs: list[Proc] = []
         try:
-            receiver, receiver_url = start_receiver(tmp, secret, "receiver-raw", args.latency)
-            procs.append(receiver)
-            ceiling, raw_cpu = asyncio.run(
-                raw_ceiling(receiver_url, args.messages, args.concurrency, secret)
-            )
-            receiver.stop()
-
-            receiver, receiver_url = start_receiver(tmp, secret, "receiver-poller", args.latency)
-            procs.append(receiver)
+            for client in ("aiohttp", "pyreqwest"):
+                receiver, receiver_url = start_receiver(tmp, secret, f"raw-{client}", args.latency)
+                procs.append(receiver)
+                rate, used = uvloop.run(
+                    raw_ceiling(receiver_url, args.messages, args.concurrency, secret, client)
+                )
+                raw[client] = (rate, args.messages / used)
+                receiver.stop()
             engine = sync_engine(url)
-            poller = start_poller(tmp, engine, url, receiver_url, secret, args.concurrency)
-            procs.append(poller)
-            cpu = cpu_seconds(poller.popen.pid)
-            pg = postgres_pid(engine)
-            marks: dict[str, float] = {"wal": wal_bytes(engine)}
-
-            def committed_mark() -> None:
-                marks["committed_wal"] = wal_bytes(engine)
-                marks["pg_cpu"] = tree_cpu_seconds(pg) if pg else 0.0
-
-            rate = drain(engine, args.messages, args.timeout, on_committed=committed_mark)
-            cpu = cpu_seconds(poller.popen.pid) - cpu
-            pg_cpu = (tree_cpu_seconds(pg) - marks["pg_cpu"]) if pg else 0.0
-            wal_enqueue = (marks["committed_wal"] - marks["wal"]) / args.messages
-            wal_delivery = (wal_bytes(engine) - marks["committed_wal"]) / args.messages
-            raw_per_cpu, per_cpu = args.messages / raw_cpu, args.messages / cpu
-            print(
-                f"raw aiohttp ceiling ({args.concurrency} in flight): {ceiling:,.0f} req/s, "
-                f"{raw_per_cpu:,.0f} per CPU second\n"
-                f"poller run drain of {args.messages:,}: {rate:,.0f} deliveries/s "
-                f"({rate / ceiling:.2f} of the raw ceiling), {per_cpu:,.0f} per CPU second of "
-                f"the poller ({per_cpu / raw_per_cpu:.2f} of raw aiohttp's)\n"
-                f"PostgreSQL during the drain: "
-                + (f"{args.messages / pg_cpu:,.0f} deliveries per CPU second (claim, complete, "
-                   f"attempt row; all backends); " if pg_cpu else "")
-                + f"WAL {wal_delivery:,.0f} B per delivery, {wal_enqueue:,.0f} B per message "
-                f"enqueued (one transaction of {args.messages:,})",
-                flush=True,
-            )  # fmt: skip
-            half = rate / 2
-            with httpx.Client() as http:
-                http.get(f"{receiver_url}/stats").raise_for_status()
-            receiver.stop()
-            receiver, receiver_url2 = start_receiver(tmp, secret, "receiver-paced", args.latency)
-            procs.append(receiver)
-            with engine.begin() as conn:  # the next claim sees the change and reloads it
-                update_endpoint(conn, "bench", url=f"{receiver_url2}/bench", allow_private=True)
-            committed = paced(engine, half, args.seconds, args.timeout)
-            receipts = httpx.get(f"{receiver_url2}/receipts", timeout=30).json()
-            p50, p99 = percentiles(committed, receipts)
-            poller.stop()
+            for n, client in enumerate(clients):
+                receiver, receiver_url = start_receiver(
+                    tmp, secret, f"drain-{client}", args.latency
+                )
+                procs.append(receiver)
+                with engine.begin() as conn:  # the next claim sees the change and reloads it
+                    if n:
+                        update_endpoint(
+                            conn, "bench", url=f"{receiver_url}/bench", allow_private=True
+                        )
+                poller = start_poller(
+                    tmp, engine, url, receiver_url, secret, args.concurrency, http_client=client
+                )
+                procs.append(poller)
+                rate, per_cpu, database_use = measured_drain(
+                    engine, poller.popen.pid, args.messages, args.timeout, f"drain-{client}"
+                )
+                drains[client] = (rate, per_cpu)
+                database = database or database_use
+                receiver.stop()
+                if n == 0:
+                    half = rate / 2
+                    receiver, receiver_url2 = start_receiver(tmp, secret, "paced", args.latency)
+                    procs.append(receiver)
+                    with engine.begin() as conn:
+                        update_endpoint(
+                            conn, "bench", url=f"{receiver_url2}/bench", allow_private=True
+                        )
+                    committed = paced(engine, half, args.seconds, args.timeout)
+                    receipts = httpx.get(f"{receiver_url2}/receipts", timeout=30).json()
+                    p50, p99 = percentiles(committed, receipts)
+                poller.stop()
             counts = [int(c) for c in args.processes.split(",")]
             scaled = spread(tmp, engine, url, receiver_url2, secret, args, counts, procs)
             engine.dispose()
@@ -432,11 +433,75 @@ def main() -> None:
             for proc in procs:
                 proc.stop()
     print(
-        f"at half that rate ({half:,.0f}/s, {len(committed):,} messages): commit→receipt "
-        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+        f"{args.messages:,} messages, {args.concurrency} in flight, the signature-checking "
+        f"receiver; raw clients on uvloop POST the same signed payloads"
     )
+    print(report(raw, drains, clients[0], half, p50, p99))
+    print(database)
     for line in scaled:
         print(line)
+
+
+def measured_drain(
+    engine: Any, pid: int, messages: int, timeout: float, prefix: str
+) -> tuple[float, float, str]:
+    """A drain's deliveries/s and per CPU second of process ``pid``, and PostgreSQL's share."""
+    cpu = cpu_seconds(pid)
+    pg = postgres_pid(engine)
+    marks: dict[str, float] = {"wal": wal_bytes(engine)}
+
+    def committed_mark() -> None:
+        marks["committed_wal"] = wal_bytes(engine)
+        marks["pg_cpu"] = tree_cpu_seconds(pg) if pg else 0.0
+
+    rate = drain(engine, messages, timeout, prefix, committed_mark)
+    per_cpu = messages / (cpu_seconds(pid) - cpu)
+    pg_cpu = (tree_cpu_seconds(pg) - marks["pg_cpu"]) if pg else 0.0
+    per_delivery = (wal_bytes(engine) - marks["committed_wal"]) / messages
+    per_enqueue = (marks["committed_wal"] - marks["wal"]) / messages
+    database = (
+        "PostgreSQL during the drain: "
+        + (f"{messages / pg_cpu:,.0f} deliveries per CPU second (claim, complete, attempt "
+           "row; all backends); " if pg_cpu else "")
+        + f"WAL {per_delivery:,.0f} B per delivery, {per_enqueue:,.0f} B per message "
+        f"enqueued (one transaction of {messages:,})"
+    )  # fmt: skip
+    return rate, per_cpu, database
+
+
+def report(
+    raw: dict[str, tuple[float, float]],
+    drains: dict[str, tuple[float, float]],
+    default: str,
+    half: float,
+    p50: float,
+    p99: float,
+) -> str:
+    """The figures, and each target against its baseline of the same run."""
+    rows = [
+        "| run | per second | per CPU second |",
+        "| --- | ---: | ---: |",
+        *(f"| raw {c} | {r:,.0f} | {cpu:,.0f} |" for c, (r, cpu) in raw.items()),
+        *(f"| `poller run`, {c} | {r:,.0f} | {cpu:,.0f} |" for c, (r, cpu) in drains.items()),
+        "",
+        "| target | measured | ratio | goal | met |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    rate, per_cpu = drains[default]
+    checks = [
+        ("per CPU s vs raw aiohttp", f"{per_cpu:,.0f}", per_cpu / raw["aiohttp"][1], 0.8),
+        ("per CPU s vs raw pyreqwest", f"{per_cpu:,.0f}", per_cpu / raw["pyreqwest"][1], 0.5),
+        ("drain rate vs raw aiohttp", f"{rate:,.0f}/s", rate / raw["aiohttp"][0], 0.5),
+    ]
+    for name, measured, ratio, goal in checks:
+        rows.append(
+            f"| {name} | {measured} | {ratio:.2f} | ≥ {goal} | {'yes' if ratio >= goal else 'no'} |"
+        )
+    rows.append(f"| commit→receipt p50 at {half:,.0f}/s | {p50:.1f} ms | | ≤ 5 ms | "
+                f"{'yes' if p50 <= 5 else 'no'} |")  # fmt: skip
+    rows.append(f"| commit→receipt p99 at {half:,.0f}/s | {p99:.1f} ms | | ≤ 50 ms | "
+                f"{'yes' if p99 <= 50 else 'no'} |")  # fmt: skip
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -195,7 +195,9 @@ class Dispatcher:
         )
         # Past its age limit it is never sent again; one that may have arrived is
         # looked up first, so a message the receiver has is still delivered.
-        age = (datetime.now(UTC) - msg.created_at).total_seconds()
+        age = 0.0  # the clock is read only when an age limit asks for it
+        if endpoint.max_age is not None:
+            age = (datetime.now(UTC) - msg.created_at).total_seconds()
         expired = endpoint.max_age is not None and age > endpoint.max_age
         if expired and not looks_up:
             return outcomes.expired(msg, endpoint.max_age or 0.0, age)

@@ -20,8 +20,8 @@ def make_sender(settings: Settings) -> Sender:
     """The shared HTTP sender for deliveries and lookups, as the settings ask."""
     limit, allow = settings.concurrency, settings.allow_private_targets
     proxy, connect = settings.proxy, settings.connect_timeout
-    if settings.http_client == "reqwest":
-        return ReqwestSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
+    if settings.http_client == "aiohttp":
+        return AiohttpSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
     if settings.http_client == "httpx":
         return HttpxSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
-    return AiohttpSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)
+    return ReqwestSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)

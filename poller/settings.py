@@ -119,9 +119,9 @@ class Settings(BaseSettings):
     """Largest payload (serialised JSON, in bytes) enqueue and publish accept."""
     max_in_flight: int = Field(default=16, ge=1, le=10_000)
     """Default per-endpoint limit of deliveries in flight (an endpoint can override it)."""
-    http_client: Literal["aiohttp", "httpx", "reqwest"] = "aiohttp"
-    """HTTP client for deliveries: ``aiohttp`` (the default), ``reqwest`` (Rust, through
-    pyreqwest: less CPU per delivery) or ``httpx``."""
+    http_client: Literal["aiohttp", "httpx", "reqwest"] = "reqwest"
+    """HTTP client for deliveries: ``reqwest`` (the default: Rust's, through pyreqwest,
+    the least CPU per delivery), ``aiohttp`` or ``httpx``."""
     notify: bool = True
     """LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode."""
     allow_private_targets: bool = False

@@ -26,7 +26,6 @@ import base64
 import binascii
 import enum
 import functools
-import hashlib
 import hmac
 import secrets as random
 from collections.abc import Iterable, Sequence
@@ -136,7 +135,7 @@ def sign(keys: Sequence[str], msg_id: str, timestamp: int, body: bytes) -> str:
         if key.startswith(PRIVATE_KEY_PREFIX):
             signatures.append("v1a," + _b64(_private_key(key).sign(signed)))
         else:
-            digest = hmac.new(_hmac_key(key), signed, hashlib.sha256).digest()
+            digest = hmac.digest(_hmac_key(key), signed, "sha256")  # one C call, no HMAC object
             signatures.append("v1," + _b64(digest))
     return " ".join(signatures)
 
@@ -178,7 +177,7 @@ class Verifier:
             version, _, value = offered.partition(b",")
             if version == b"v1" and self.secrets:
                 for secret in self.secrets:
-                    expected = base64.b64encode(hmac.new(secret, signed, hashlib.sha256).digest())
+                    expected = base64.b64encode(hmac.digest(secret, signed, "sha256"))
                     if hmac.compare_digest(expected, value):
                         return True
             elif version == b"v1a" and self.public_keys:
