@@ -1,19 +1,18 @@
-"""The two senders: aiohttp (the default) and httpx, guarded and classified alike.
+"""Two of the three senders: aiohttp and httpx, guarded and classified alike.
 
-The seam they implement, its answer and its error are in poller/wire.py.
-:class:`AiohttpSender` is the default: it delivers more per second than httpx
-on the same machine (the figures are in docs/explanation/performance.md).
-:class:`HttpxSender` uses httpx with the same guard and the same
-classification; its ``transport`` argument is for tests
-(``httpx.MockTransport``) and owns its own connections.
+The seam they implement, its answer and its error are in poller/wire.py; the
+third, the default (reqwest, through pyreqwest), is poller/reqwest_sender.py,
+and poller/sending.py builds the one the settings ask for. The figures behind
+the default are in docs/explanation/performance.md. :class:`HttpxSender`'s
+``transport`` argument is for tests (``httpx.MockTransport``) and owns its own
+connections.
 
 Both refuse private targets at the connection seam (poller/netguard.py)
 unless they are allowed, never follow redirects, verify TLS (with an
 endpoint's own client certificate and CA, poller/tls.py), ignore proxy
 environment variables — ``POLLER_PROXY_URL`` alone routes them through a
 proxy, to the address they checked (poller/proxy.py) — and read the body only
-up to READ_CAP before dropping the connection. poller/sending.py builds
-the one the settings ask for.
+up to READ_CAP before dropping the connection.
 """
 
 from __future__ import annotations
