@@ -136,7 +136,9 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None, coun
         )
         logging.getLogger("poller").info("poller %s starting %d processes", name, count)
         sys.exit(event_loop_run(fleet.run()))
-    logging.getLogger("poller").info("poller %s starting", name)
+    logging.getLogger("poller").info(
+        "poller %s starting (HTTP client %s)", name, settings.http_client
+    )
     if settings.proxy is not None:  # its password never: poller/proxy.py
         logging.getLogger("poller").info("deliveries go through the proxy %s", settings.proxy.shown)
     try:
