@@ -92,7 +92,7 @@ def _aiohttp_error(exc: BaseException, route: Route | None = None) -> SendError:
 
 
 class AiohttpSender:
-    """The default sender: one aiohttp session, created lazily on the running loop.
+    """Deliveries through aiohttp: one session, created lazily on the running loop.
 
     ``limit`` bounds open connections (0: unbounded; the service bounds
     concurrency itself). ``resolver`` replaces aiohttp's (tests: a DNS answer
