@@ -3,7 +3,6 @@ for 127.0.0.1 or another name, expired ones, and TLS servers on 127.0.0.1 using 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import ssl
@@ -141,9 +140,5 @@ async def tls_server(
     if client_ca is not None:
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(cadata=client_ca.cert)
-    listener = await asyncio.start_server(servers.answer(status), "127.0.0.1", 0, ssl=context)
-    port = listener.sockets[0].getsockname()[1]
-    try:
-        yield f"https://127.0.0.1:{port}"
-    finally:
-        listener.close()
+    async with servers.raw_server(servers.answer(status), tls=context) as url:
+        yield url

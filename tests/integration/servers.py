@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -19,8 +20,9 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def raw_server(handler: Handler) -> AsyncIterator[str]:
-    """Serve ``handler`` per connection; yields the base URL."""
+async def raw_server(handler: Handler, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    """Serve ``handler`` per connection (over TLS with ``tls``); yields the base URL. Every
+    connection is closed by the end, whatever the client keeps open."""
 
     open_writers: set[asyncio.StreamWriter] = set()
     tasks: set[asyncio.Task[None]] = set()
@@ -38,10 +40,10 @@ async def raw_server(handler: Handler) -> AsyncIterator[str]:
             open_writers.discard(writer)
             tasks.discard(task)
 
-    server = await asyncio.start_server(guarded, "127.0.0.1", 0)
+    server = await asyncio.start_server(guarded, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'http' if tls is None else 'https'}://127.0.0.1:{port}"
     finally:
         server.close()
         for task in list(tasks):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
@@ -217,14 +216,12 @@ async def test_bad_tls_certificate_is_known_not_sent(tmp_path, kind: str) -> Non
     )
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    server = await asyncio.start_server(servers.answer(200), "127.0.0.1", 0, ssl=context)
-    port = server.sockets[0].getsockname()[1]
     sender = senders.make(kind, allow_private=True)
     try:
-        attempt = await _send(sender, f"https://127.0.0.1:{port}/hook")
+        async with servers.raw_server(servers.answer(200), tls=context) as url:
+            attempt = await _send(sender, f"{url}/hook")
     finally:
         await sender.aclose()
-        server.close()
     assert attempt.verdict is Verdict.RETRY and attempt.error_class == "TLSError"
     assert "unknown CA" in (attempt.error_message or "")
     if kind != "reqwest":  # OpenSSL tells a self-signed certificate apart; rustls does not
