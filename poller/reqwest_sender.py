@@ -28,12 +28,13 @@ other senders (poller/senders.py), by these means:
   body would cost the status), and the body is read up to READ_CAP only, then
   the connection is dropped, never drained.
 * **TLS.** An endpoint's client certificate is the client's identity
-  (rustls). Two things reqwest cannot do are done by the aiohttp sender, for
-  those requests only: trusting an endpoint's CA bundle *alone* (reqwest adds
-  it to the system's roots, and a public CA that signed for the same name
-  would be a second way in), and going through ``POLLER_PROXY_URL`` (reqwest
-  asks the proxy for the name; the guard needs the checked address asked for,
-  with TLS still verifying the name).
+  (rustls). Three things reqwest cannot do are done by the aiohttp sender,
+  for those requests only: a client key rustls cannot read (DSA, Ed448:
+  OpenSSL can, and the endpoint checks accept them), trusting an endpoint's
+  CA bundle *alone* (reqwest adds it to the system's roots, and a public CA
+  that signed for the same name would be a second way in), and going through
+  ``POLLER_PROXY_URL`` (reqwest asks the proxy for the name; the guard needs
+  the checked address asked for, with TLS still verifying the name).
 
 At interpreter exit, pyreqwest 0.15's runtime thread may still be dropping
 the last connections' Python objects while the interpreter finalises, and
@@ -206,6 +207,7 @@ class ReqwestSender:
         self._pins: dict[tuple[str, int], tuple[float, str]] = {}  # -> (expires, address)
         self._resolving: dict[tuple[str, int], asyncio.Future[str]] = {}
         self._timeouts: dict[float, timedelta] = {}
+        self._foreign: set[TLSSettings] = set()  # client keys rustls cannot use
 
     def _fallback(self) -> AiohttpSender:
         if self._aiohttp is None:
@@ -226,10 +228,12 @@ class ReqwestSender:
             try:
                 parsed = Url(url)
             except ValueError as exc:
-                raise SendError("InvalidURL", f"{url[:200]!r}: {exc}", sent=False) from None
+                raise SendError(
+                    "InvalidURL", f"the URL cannot be read: {exc}", sent=False
+                ) from None
             host = parsed.host_str
             if parsed.scheme not in ("http", "https") or not host:
-                raise SendError("InvalidURL", f"{url[:200]!r} is not an http(s) URL", sent=False)
+                raise SendError("InvalidURL", "the URL is not an http(s) URL", sent=False)
             name = parsed.domain or ""
             address = "" if name else host.strip("[]")  # an IP address, as the client reads it
             if address and not self._allow_private:
@@ -256,7 +260,7 @@ class ReqwestSender:
         waiting = self._resolving.get(key)
         if waiting is None:
             waiting = self._resolving[key] = asyncio.ensure_future(self._pin(name, port))
-            waiting.add_done_callback(lambda _: self._resolving.pop(key, None))
+            waiting.add_done_callback(lambda done: self._resolved(key, done))
         try:
             async with asyncio.timeout(budget):
                 return await asyncio.shield(waiting)
@@ -264,6 +268,11 @@ class ReqwestSender:
             raise SendError(
                 "ConnectTimeout", f"connect timeout: resolving {name} timed out", sent=False
             ) from None
+
+    def _resolved(self, key: tuple[str, int], done: asyncio.Future[str]) -> None:
+        self._resolving.pop(key, None)
+        if not done.cancelled():
+            done.exception()  # retrieved: every waiter may have run out of its budget
 
     async def _pin(self, name: str, port: int) -> str:
         try:
@@ -286,7 +295,15 @@ class ReqwestSender:
         said = "; ".join(reasons) or f"{name} resolves to no address"
         raise SendError("ConnectError", f"refused: {said}; {PRIVATE_HINT}", sent=False)
 
-    def _client(self, name: str, address: str, budget: float, tls: TLSSettings | None) -> Client:
+    def _aiohttp_only(self, tls: TLSSettings) -> bool:
+        return bool(tls.ca_bundle) or tls in self._foreign
+
+    def _client(
+        self, name: str, address: str, budget: float, tls: TLSSettings | None
+    ) -> Client | None:
+        """The client for a pinned address (and the endpoint's client certificate); None
+        when rustls cannot use the certificate's key (DSA, Ed448: the checks accept what
+        OpenSSL does), and the endpoint is remembered for the aiohttp sender."""
         identity = None
         if tls is not None and tls.client_cert and tls.client_key:
             identity = tls.client_key.rstrip() + "\n" + tls.client_cert
@@ -309,9 +326,16 @@ class ReqwestSender:
                 builder = builder.resolve(name, address.split("%", 1)[0], 0)
             if identity is not None:
                 builder = builder.identity_pem(identity.encode())
+            try:
+                client = builder.build()
+            except BuilderError:
+                if identity is None or tls is None:  # pragma: no cover - nothing else is ours
+                    raise
+                self._foreign.add(tls)
+                return None
             if len(self._clients) >= CLIENTS_KEPT:
                 del self._clients[next(iter(self._clients))]  # in-flight requests keep it
-            client = self._clients[key] = builder.build()
+            self._clients[key] = client
         return client
 
     async def request(
@@ -323,13 +347,15 @@ class ReqwestSender:
         timeout: float,
         tls: TLSSettings | None = None,
     ) -> Reply:
-        if self._proxy is not None or (tls is not None and tls.ca_bundle):
+        if self._proxy is not None or (tls is not None and self._aiohttp_only(tls)):
             return await self._fallback().request(method, url, headers, body, timeout, tls)
         target = self._target(method, url)
         budget = connect_budget(self._connect_timeout, timeout)
         began = time.monotonic()
         address = target.address or await self._address(target.name, target.port, budget)
         client = self._client(target.name, address, budget, tls)
+        if client is None:  # a key rustls cannot use: OpenSSL can
+            return await self._fallback().request(method, url, headers, body, timeout, tls)
         limit = self._timeouts.get(timeout)
         if limit is None:
             if len(self._timeouts) >= TARGETS_KEPT:

@@ -19,7 +19,7 @@ from poller.errors import InvalidEndpoint
 from poller.keyring import Keyring, new_key
 from poller.senders import Sender
 from poller.tls import check_tls
-from tests.integration import senders
+from tests.integration import senders, servers
 from tests.integration.pki import Issued, authority, issue, tls_server
 from tests.integration.test_delivery import _endpoint, _message
 from tests.integration.test_delivery import client as client  # the fixture: both senders
@@ -244,3 +244,50 @@ async def test_reqwest_presents_the_client_certificate_itself(
             assert "client certificate" in (attempt.error_message or ""), attempt
         else:
             assert attempt.verdict in (Verdict.RETRY, Verdict.UNKNOWN), attempt
+
+
+def _dsa_client_certificate() -> tuple[str, str]:
+    """A self-signed client certificate with a DSA key: the endpoint checks accept it
+    (OpenSSL can use it), rustls cannot read it."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import dsa
+    from cryptography.x509.oid import NameOID
+
+    key = dsa.generate_private_key(2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dsa-client")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return (
+        cert.public_bytes(serialization.Encoding.PEM).decode(),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode(),
+    )
+
+
+async def test_a_client_key_rustls_cannot_read_goes_through_aiohttp() -> None:
+    """Not a crash per attempt: the reqwest sender hands such an endpoint to aiohttp."""
+    cert, key = _dsa_client_certificate()
+    check_tls(cert, key, None)  # accepted when the endpoint is saved
+    sender = senders.make("reqwest", allow_private=True)
+    try:
+        for _ in range(2):  # the second finds the endpoint remembered
+            async with servers.raw_server(servers.answer(200)) as url:  # one answer each
+                attempt = await _send(sender, url, client_cert=cert, client_key=key)
+            assert attempt.verdict is Verdict.DELIVERED, attempt
+    finally:
+        await sender.aclose()
