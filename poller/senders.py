@@ -413,6 +413,10 @@ class HttpxSender:
 
     def _failure(self, exc: BaseException, https: bool) -> SendError:
         """What a failure before any answer was, by the phase it happened in."""
+        if isinstance(exc, httpx.LocalProtocolError):  # h11 refused to write it: none sent
+            # never its words: h11 quotes an offending header, which may be a credential
+            said = "not sent: the request is not valid HTTP"
+            return SendError("InvalidRequest", said, sent=False)
         tls_reason = tls_failure(exc)
         if tls_reason is None and isinstance(exc, httpx.ConnectError):
             tls_reason = HANDSHAKE_RESET if https and handshake_reset(exc) else None

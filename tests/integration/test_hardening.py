@@ -87,6 +87,7 @@ def _break(engine: Engine, column: str, value: str) -> None:
         ("secret", "whsec_!!!not base64"),
         ("secret", "whsec_\u00e9t\u00e9"),
         ("lookup_url", "http://xn--zz/{{idempotency_key}}"),
+        ("headers", 'headers:[["X-Token", "s3cret\\r\\nX-Evil: 1"]]'),
     ],
 )
 async def test_values_a_client_cannot_use_are_counted_attempts(
@@ -106,6 +107,7 @@ async def test_values_a_client_cannot_use_are_counted_attempts(
     recorded = attempts_of(engine, msg_id)
     assert stored.attempts <= 2 and len(recorded) == stored.attempts
     assert all(a.error_class for a in recorded if a.outcome != "delivered")
+    assert not any("s3cret" in (a.error_message or "") for a in recorded)  # a credential
     if client == "reqwest" and value.startswith("http://0177."):
         # reqwest reads hosts as browsers do (WHATWG): 0177.0.0.1 is 127.0.0.1, allowed here
         assert stored.status == "delivered"
