@@ -320,6 +320,8 @@ class ReqwestSender:
                 .deflate(False)
                 .referer(False)
                 .connect_timeout(timedelta(seconds=budget))
+                # waiting for a connection is part of getting one: bounded by the budget
+                .pool_timeout(timedelta(seconds=budget))
                 .max_connections(self._limit or None)
             )
             if name:
