@@ -17,7 +17,8 @@ the queue or is retried through a database outage.
   held row, fenced by claim token. So a slow send plus a slow write never
   outlives the lease of a poller that is alive; only a dead, frozen or
   partitioned poller's rows are reclaimed. A row the heartbeat finds taken
-  over is dropped from the held set (its late outcome will be fenced out).
+  over is dropped from the held set (its late outcome will be fenced out); one
+  whose outcome's write committed meanwhile is not counted as taken.
 * :meth:`Completer.can_start` says whether a lookup or send may start: only
   with its timeout plus :data:`LEASE_MARGIN` of lease left by this process's
   clock, so no request is on the wire while its row can be reclaimed.
@@ -74,6 +75,9 @@ class Completer:
         # before the claim or last heartbeat was asked for, plus the lease (which
         # PostgreSQL measured from a later moment, on its own clock)
         self.lease_until: dict[int, float] = {}
+        # message id -> claim token of outcomes being written: a heartbeat that meets
+        # one of their rows no longer in flight has met this very write, not a takeover
+        self._writing: dict[int, int] = {}
         self._queue: asyncio.Queue[Outcome] = asyncio.Queue()
         self._outage = OutageLog("writing outcomes")
 
@@ -119,7 +123,13 @@ class Completer:
         for msg_id in kept:
             if self.held.get(msg_id) == held[msg_id]:
                 self.lease_until[msg_id] = asked + self.claims.claim_lease
-        lost = [msg_id for msg_id in held if msg_id not in kept]
+        # A row whose outcome is being written meanwhile is not extended (no longer in
+        # flight) yet not lost: its write committed first and is about to unhold it.
+        lost = [
+            msg_id
+            for msg_id in held
+            if msg_id not in kept and self._writing.get(msg_id) != held[msg_id]
+        ]
         for msg_id in lost:
             if self.held.get(msg_id) == held[msg_id]:
                 del self.held[msg_id]
@@ -173,16 +183,21 @@ class Completer:
 
     async def _write(self, batch: list[Outcome]) -> None:
         began_ns = time.time_ns()
+        self._writing.update((o.message_id, o.claim_token) for o in batch)
         try:
-            result = await self._complete(batch)
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            result = await self._write_apart(batch, exc)
+            try:
+                result = await self._complete(batch)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                result = await self._write_apart(batch, exc)
+            self._unhold(batch)
+        finally:
+            for o in batch:
+                self._writing.pop(o.message_id, None)
         if self.telemetry is not None:
             parents = [self.traces.pop(o.message_id, "") for o in batch]
             self.telemetry.batch("complete", began_ns, [p for p in parents if p])
-        self._unhold(batch)
         if result.promoted:
             self.on_promoted()
         if result.opened:

@@ -387,3 +387,44 @@ async def test_a_dot_segment_key_stored_before_they_were_refused_is_never_looked
         (outcome,) = (await deliver(batch, completer, fast_settings())).values()
     assert (outcome.status, outcome.kind) == ("delivered", "send")
     assert requests == [b"POST /hook HTTP/1.1"]
+
+
+async def test_a_heartbeat_meeting_an_outcome_write_counts_no_claim_lost(
+    engine: Engine, aengine: Any
+) -> None:
+    """The heartbeat's statement can run after an outcome's write committed and before
+    the completer let go of the row: the row is no longer in flight, yet nobody took it
+    over — no warning, no claims_lost (an alert on it would fire on every busy poller)."""
+    from poller import outcomes
+    from poller.claims import Claims
+    from poller.completer import Completer
+
+    make_endpoint(engine, "a", url="http://127.0.0.1:9/")
+    seed(engine, 1, "a")
+    claims = Claims(aengine, poller_id="p1", claim_lease=30)
+    (msg,) = (await claims.claim(10)).messages
+    completer = Completer(claims)
+    completer.hold(msg)
+    committed, go_on = asyncio.Event(), asyncio.Event()
+    complete = claims.complete
+
+    async def paused(batch: Any) -> Any:
+        result = await complete(batch)
+        committed.set()
+        await go_on.wait()
+        return result
+
+    claims.complete = paused  # type: ignore[method-assign]
+    lost = metrics.sample_total(metrics.CLAIMS_LOST)
+    writer = asyncio.create_task(completer.run())
+    try:
+        completer.put(outcomes.delivered(msg, status_code=200))
+        await asyncio.wait_for(committed.wait(), 10)
+        assert await completer.extend_leases() == 0  # delivered: nothing left to extend
+        assert metrics.sample_total(metrics.CLAIMS_LOST) == lost
+        assert msg.id in completer.held  # the write lets go of it
+        go_on.set()
+        assert await completer.flush(10)
+    finally:
+        writer.cancel()
+    assert msg.id not in completer.held and row(engine, msg.id).status == "delivered"
