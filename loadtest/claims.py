@@ -72,12 +72,14 @@ async def _drain_poller(url: str, batch: int, start: Any) -> int:
         versions.update((m.endpoint_id, m.endpoint_updated_at) for m in messages)
         await claims.complete([delivered(m, status_code=200) for m in messages])
         done += len(messages)
+    await claims.close()
     await engine.dispose()
     return done
 
 
 async def _drain_raw(url: str, batch: int, start: Any) -> int:
     conn = await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=False)
+    alone = await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=True)
     claim = {
         "buckets": ALL_BUCKETS_LITERAL,
         "limit": batch,
@@ -86,14 +88,15 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
         "in_flight": "[]",
         "default_max_in_flight": 1000,
         "salt": "bench",
+        "fences": None,
+        "shards": 1,
     }
     start.wait()
     done = 0
     while True:
-        async with conn.cursor() as cur:
+        async with alone.cursor() as cur:  # one statement: it needs no transaction
             await cur.execute(RAW_CLAIM, claim)
-            rows = await cur.fetchall()
-        await conn.commit()
+            rows = [r for r in await cur.fetchall() if r[0] is not None]
         if not rows:
             break
         # The same JSON a hand-written client would send, built as cheaply as possible.
@@ -126,6 +129,7 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
             raise SystemExit(f"raw: {stale} completions refused")
         done += n
     await conn.close()
+    await alone.close()
     return done
 
 
@@ -176,6 +180,8 @@ def claim_median_ms(url: str, history: int, due: int = 1000, runs: int = 40) -> 
         "in_flight": "[]",
         "default_max_in_flight": 1000,
         "salt": "bench",
+        "fences": None,
+        "shards": 1,
     }
     timings = []
     with engine.connect() as conn:

@@ -5,11 +5,13 @@ shard) while there is room under ``concurrency`` and each endpoint's
 ``max_in_flight``. When a claim comes back short it sleeps until a NOTIFY
 wake-up, freed room, the poll interval or the stop, whichever comes first.
 
-**Nothing is dropped after a claim commits.** The endpoints the claimed
-messages need are read in the claim's own transaction (a failure there rolls
-the claim back); from the commit to the last ``Dispatcher.start`` there is no
-I/O and no ``await``, so every claimed row reaches a send (or, on shutdown,
-an explicit release).
+**Nothing is dropped after a claim commits.** The claim is one statement
+(``Claims.claim``); the endpoints its messages need and the cache lacks are
+read right after it, and if that read fails those messages are handed back
+unsent (``outcomes.released``: the attempt refunded) before the error is
+handled like any failed claim. From there to the last ``Dispatcher.start``
+there is no I/O and no ``await``, so every claimed row reaches a send or an
+explicit release.
 
 The listener LISTENs on its own connection and wakes the claim loop when a
 message for one of its buckets commits (``POLLER_NOTIFY=off`` for PgBouncer
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from poller import metrics
+from poller import metrics, outcomes
 from poller.claims import Claims
 from poller.completer import Completer
 from poller.db import OutageLog, is_transient, libpq_url
@@ -139,6 +141,16 @@ class Claimer:
             self._governed_busy = batch.governed > 0
         # Committed: from here to the last start, no I/O and no await.
         self.endpoints.update(batch.endpoints)
+        if batch.unready:  # claimed, but their endpoints could not be read: back, unsent
+            log.warning(
+                "%d claimed messages handed back unsent: their endpoints could not be read",
+                len(batch.unready),
+            )
+            for msg in batch.unready:
+                self.completer.hold(msg, claimed_at=asked)
+                self.completer.put(outcomes.released(msg))
+        if batch.error is not None:
+            raise batch.error
         for msg in batch.messages:
             self.completer.hold(msg, claimed_at=asked)
             self.dispatcher.start(msg)

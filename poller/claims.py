@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import operator
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
-from poller.db import fetch
+from poller.db import Autocommit, fetch
 from poller.endpoints import Endpoint
 from poller.events import EventSink, OperationalEvent
 from poller.health import HealthPolicy, is_endpoint_failure
@@ -51,6 +51,9 @@ class ClaimBatch:
     messages: list[ClaimedMessage]
     endpoints: list[Endpoint]  # the claimed messages' endpoints the caller's cache lacked
     governed: int | None = None  # governed endpoints with due messages (None: not asked)
+    # Claimed, but their endpoints could not be read (``error``): to hand back unsent.
+    unready: list[ClaimedMessage] = field(default_factory=list)
+    error: Exception | None = None
 
 
 @dataclass(slots=True)
@@ -105,6 +108,24 @@ _optional_values = operator.attrgetter(*_OPTIONAL_FIELDS)
 _FREE_TEXT = frozenset({"error_class", "error_message", "response_excerpt"})
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
 _GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed")
+_FENCED_FIELDS = (*_CLAIMED_FIELDS, "accepted")
+
+
+def _fences_json(fences: Mapping[int, int]) -> str:
+    return json.dumps([{"shard": s, "fence": f} for s, f in fences.items()])
+
+
+def _stale_endpoints(
+    messages: Sequence[ClaimedMessage], versions: Mapping[int, datetime]
+) -> list[int]:
+    """The endpoints of ``messages`` that ``versions`` lacks or has an older version of."""
+    return sorted(
+        {
+            m.endpoint_id
+            for m in messages
+            if m.endpoint_id not in versions or versions[m.endpoint_id] < m.endpoint_updated_at
+        }
+    )
 
 
 def buckets_literal(buckets: Sequence[int]) -> str:
@@ -133,6 +154,7 @@ class Claims:
         events: EventSink | None = None,
     ) -> None:
         self.engine = engine
+        self.direct = Autocommit(engine)  # the plain claim: one statement, no transaction
         self.poller_id = poller_id
         self.claim_lease = claim_lease
         self.keyring = keyring  # opens the endpoints' secrets; None: POLLER_SECRETS_KEY's
@@ -174,9 +196,15 @@ class Claims:
 
         ``endpoint_versions`` ({id: updated_at} of the caller's endpoint cache):
         every claimed message's endpoint that is missing or older there is read
-        in the same transaction and returned in ``endpoints``. So once the claim
-        has committed the caller needs no further I/O before sending: nothing
-        can fail between a committed claim and its deliveries.
+        and returned in ``endpoints``, so the caller needs no further I/O before
+        sending. With it (and not ``governed``), the claim is **one statement on
+        its own** (CLAIM_BATCH fences and claims; :class:`~poller.db.Autocommit`),
+        the cheapest way to claim, and the endpoints are read after it committed:
+        if that read fails, the messages come back in ``unready`` with the
+        ``error``, for the caller to hand back unsent (``outcomes.released``:
+        pending again, the attempt refunded) — a claimed message is sent with its
+        endpoint or handed back, never left. Without it, or with ``governed``,
+        everything runs in one transaction, rolled back whole if a part fails.
 
         With ``governed``, the messages of rate-limited endpoints and probes of
         open circuits are claimed first (CLAIM_GOVERNED, poller/health.py), and
@@ -195,21 +223,59 @@ class Claims:
             ),
             "default_max_in_flight": default_max_in_flight or limit,
             "salt": secrets.token_hex(4),
+            "fences": None,
+            "shards": shards,
         }
+        if governed or endpoint_versions is None:
+            return await self._claim_in_transaction(
+                limit, params, fences, buckets, shards, on_refused, endpoint_versions, governed
+            )
+        if fences:
+            params["fences"] = _fences_json(fences)
+        rows = await self.direct.fetch(queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)
+        if fences:
+            self._refused(fences, rows[0][-1] or (), on_refused)
+        messages = [ClaimedMessage(*row[:-1]) for row in rows if row[0] is not None]
+        stale = _stale_endpoints(messages, endpoint_versions)
+        if not stale:
+            return ClaimBatch(messages, [])
+        try:
+            found = await self.direct.fetch(queries.ENDPOINTS_BY_ID, {"ids": stale})
+        except Exception as exc:  # the claim committed: hand its messages back, unsent
+            return ClaimBatch([], [], unready=messages, error=exc)
+        return ClaimBatch(messages, [Endpoint.from_row(row, self.keyring) for row in found])
+
+    def _refused(
+        self,
+        fences: Mapping[int, int],
+        accepted: Collection[int],
+        on_refused: Callable[[list[int]], None] | None,
+    ) -> list[int]:
+        refused = sorted(set(fences) - set(accepted))
+        if refused:
+            self.stale_leader_claims += len(refused)
+            if on_refused is not None:
+                on_refused(refused)
+        return refused
+
+    async def _claim_in_transaction(
+        self,
+        limit: int,
+        params: dict[str, Any],
+        fences: Mapping[int, int] | None,
+        buckets: Sequence[int] | None,
+        shards: int,
+        on_refused: Callable[[list[int]], None] | None,
+        endpoint_versions: Mapping[int, datetime] | None,
+        governed: bool,
+    ) -> ClaimBatch:
+        """The fences, the governed claim, the plain one and the endpoints the messages
+        need, in one transaction (rolled back whole if any part fails)."""
         async with self.engine.begin() as conn:
             if fences:
-                offered = json.dumps([{"shard": s, "fence": f} for s, f in fences.items()])
-                accepted = {
-                    row.shard
-                    for row in await fetch(
-                        conn, queries.FENCE_SHARDS, {"fences": offered, "holder": self.poller_id}
-                    )
-                }
-                refused = sorted(set(fences) - accepted)
-                if refused:
-                    self.stale_leader_claims += len(refused)
-                    if on_refused is not None:
-                        on_refused(refused)
+                offered = {"fences": _fences_json(fences), "holder": self.poller_id}
+                accepted = {row.shard for row in await fetch(conn, queries.FENCE_SHARDS, offered)}
+                self._refused(fences, accepted, on_refused)
                 allowed = [b for b in (buckets or ALL_BUCKETS) if b % shards in accepted]
                 if not allowed:
                     return ClaimBatch([], [])
@@ -222,22 +288,18 @@ class Claims:
                 messages = [ClaimedMessage(*row[:-1]) for row in found if row[0] is not None]
                 params["limit"] = limit - len(messages)
             if limit > len(messages):
-                claimed = await fetch(conn, queries.CLAIM_BATCH, params, columns=_CLAIMED_FIELDS)
-                messages += [ClaimedMessage(*row) for row in claimed]
-            versions = endpoint_versions or {}
-            stale = sorted(
-                {
-                    m.endpoint_id
-                    for m in messages
-                    if m.endpoint_id not in versions
-                    or versions[m.endpoint_id] < m.endpoint_updated_at
-                }
-            )
+                claimed = await fetch(conn, queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)
+                messages += [ClaimedMessage(*row[:-1]) for row in claimed if row[0] is not None]
+            stale = _stale_endpoints(messages, endpoint_versions or {})
             endpoints = []
             if stale:
                 rows = await conn.execute(queries.ENDPOINTS_BY_ID, {"ids": stale})
                 endpoints = [Endpoint.from_row(row, self.keyring) for row in rows]
         return ClaimBatch(messages, endpoints, governed_count)
+
+    async def close(self) -> None:
+        """Close the connection the claims go through (the engine stays the caller's)."""
+        await self.direct.close()
 
     async def extend(self, held: Mapping[int, int]) -> set[int]:
         """Extend the claim lease of held rows ({id: claim_token}); returns the ids still held.

@@ -194,6 +194,7 @@ class Poller:
         finally:
             watcher.cancel()
             await sup.cancel(*tasks)  # the shard manager is serve()'s: it releases last
+            await self.claims.close()
         log.info("poller %s stopped", self.poller_id)
         sup.raise_if_failed()
 

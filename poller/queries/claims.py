@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from poller.queries._registry import statement as _statement
+from poller.queries.cluster import OFFERED_FENCES, fencing
 from poller.schema import CIRCUIT_HOLD
 
 # --- claims (§5) --------------------------------------------------------------
@@ -49,10 +50,19 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
 # claim time, so a message that kills its poller still runs out of attempts;
 # one new claim_token per batch fences every later write for these attempts;
 # the lease is measured on the database clock.
+#
+# With :fences (JSON [{shard, fence}], else NULL) the statement first checks and
+# advances each shard's fence as FENCE_SHARDS does (poller/queries/cluster.py),
+# and claims only from the shards it accepted (bucket % :shards): one statement,
+# so the claim path can run it on its own with no transaction around it. The
+# accepted shards come back in the last column, ``accepted``, on every row (and
+# on a row of NULLs when nothing was claimed).
 CLAIM_BATCH = _statement(
     "CLAIM_BATCH",
     f"""
-    WITH busy AS (
+    WITH offered AS ({OFFERED_FENCES}), fenced AS (
+        {fencing("claimed_by")}
+    ), busy AS (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
     ), ready AS (
@@ -62,6 +72,8 @@ CLAIM_BATCH = _statement(
         FROM poller_endpoints e
         LEFT JOIN busy ON busy.endpoint_id = e.id
         WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+          AND (CAST(:fences AS jsonb) IS NULL
+               OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
           AND (e.held_by IS NULL OR e.held_until <= now())
           AND e.rate_limit IS NULL AND (e.paused_until IS NULL OR e.paused_until <= now())
         ORDER BY md5(CAST(e.id AS text) || :salt)
@@ -81,17 +93,22 @@ CLAIM_BATCH = _statement(
         LIMIT :limit
     ), token AS (
         SELECT nextval('poller_claim_token_seq') AS claim_token
+    ), claimed AS (
+        UPDATE poller_outbox o
+        {CLAIMING}
+        FROM due, token, poller_endpoints e
+        WHERE o.id = due.id AND e.id = o.endpoint_id
+        RETURNING {CLAIMED}, false AS probe, o.probe_refunds
     )
-    UPDATE poller_outbox o
-    {CLAIMING}
-    FROM due, token, poller_endpoints e
-    WHERE o.id = due.id AND e.id = o.endpoint_id
-    RETURNING {CLAIMED}, false AS probe, o.probe_refunds
+    SELECT claimed.*, f.accepted
+    FROM (SELECT array_agg(shard) AS accepted FROM fenced) AS f
+    LEFT JOIN claimed ON true
     """,
 )
 
 # The endpoints of just-claimed messages that the poller's cache lacks or holds an
-# older version of (url, secrets, limits); read in the claim's own transaction.
+# older version of (url, secrets, limits): read in the claim's transaction, or right
+# after a claim made on its own (poller/claims.py).
 ENDPOINTS_BY_ID = _statement(
     "ENDPOINTS_BY_ID",
     "SELECT * FROM poller_endpoints WHERE id = ANY(CAST(:ids AS bigint[]))",

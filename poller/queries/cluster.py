@@ -39,20 +39,28 @@ SHARD_FENCES = _statement("SHARD_FENCES", "SELECT shard, fence FROM poller_shard
 # the last accepted one is a superseded leader's, and its shard is refused; an
 # equal fence is accepted only from the poller that set it (two holders can
 # never share one fence). The row locks taken here serialize claims per shard
-# until the claim commits.
-FENCE_SHARDS = _statement(
-    "FENCE_SHARDS",
-    """
-    WITH offered AS (
-        SELECT * FROM jsonb_to_recordset(CAST(:fences AS jsonb)) AS x(shard integer, fence bigint)
-    )
-    UPDATE poller_shard_fences f
-    SET fence = offered.fence, holder = :holder, updated_at = now()
+# until the claim commits. CLAIM_BATCH does the same in its own statement.
+OFFERED_FENCES = (
+    "SELECT * FROM jsonb_to_recordset(CAST(:fences AS jsonb)) AS x(shard integer, fence bigint)"
+)
+
+
+def fencing(holder: str) -> str:
+    """The fence check and advance of the ``offered`` rows, ``:holder`` the poller's name."""
+    return f"""UPDATE poller_shard_fences f
+    SET fence = offered.fence, holder = :{holder}, updated_at = now()
     FROM offered
     WHERE f.shard = offered.shard
       AND (f.fence < offered.fence
-           OR (f.fence = offered.fence AND f.holder IS NOT DISTINCT FROM :holder))
-    RETURNING f.shard
+           OR (f.fence = offered.fence AND f.holder IS NOT DISTINCT FROM :{holder}))
+    RETURNING f.shard"""
+
+
+FENCE_SHARDS = _statement(
+    "FENCE_SHARDS",
+    f"""
+    WITH offered AS ({OFFERED_FENCES})
+    {fencing("holder")}
     """,
 )
 

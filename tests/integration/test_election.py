@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -27,7 +28,12 @@ from tests.integration.service_helpers import (
 )
 
 
-async def test_a_superseded_leader_claims_nothing(aengine: AsyncEngine, engine: Engine) -> None:
+@pytest.mark.parametrize("alone", [False, True], ids=["in a transaction", "on its own"])
+async def test_a_superseded_leader_claims_nothing(
+    aengine: AsyncEngine, engine: Engine, alone: bool
+) -> None:
+    """Both ways to claim check the fences: FENCE_SHARDS in the claim's transaction,
+    or CLAIM_BATCH itself when the claim is one statement (an endpoint cache given)."""
     ep = make_endpoint(engine, "a").endpoint
     seed(engine, 10, "a")
     await check_cluster(aengine, 4)
@@ -44,17 +50,27 @@ async def test_a_superseded_leader_claims_nothing(aengine: AsyncEngine, engine: 
 
     await wait_for(taken_over, timeout=10)  # after the old lease's TTL
     refused: list[int] = []
+    cache: dict[int, Any] | None = {} if alone else None
     claims = Claims(aengine, poller_id="old", claim_lease=30)
-    got = await claims.claim_batch(
-        10, stale_scope.buckets, fences=stale_scope.fences, shards=4, on_refused=refused.extend
+    got = await claims.claim(
+        10,
+        stale_scope.buckets,
+        fences=stale_scope.fences,
+        shards=4,
+        on_refused=refused.extend,
+        endpoint_versions=cache,
     )
-    assert got == [] and shard in refused  # PostgreSQL refused the old fence
+    assert got.messages == [] and shard in refused  # PostgreSQL refused the old fence
     assert claims.stale_leader_claims >= 1
     fresh = new.scope()
-    got = await Claims(aengine, poller_id="new", claim_lease=30).claim_batch(
-        10, fresh.buckets, fences=fresh.fences, shards=4
+    newer = Claims(aengine, poller_id="new", claim_lease=30)
+    got = await newer.claim(
+        10, fresh.buckets, fences=fresh.fences, shards=4, endpoint_versions=cache
     )
-    assert len(got) == 10
+    assert len(got.messages) == 10
+    assert [e.id for e in got.endpoints] == [ep.id]  # read for the cache
+    await claims.close()
+    await newer.close()
 
 
 async def _holdings(pollers: list[Poller]) -> list[int]:

@@ -115,27 +115,38 @@ async def test_values_a_client_cannot_use_are_counted_attempts(
         assert stored.status == "failed" and receiver.stats.received == 0
 
 
+@pytest.mark.parametrize("claim", ["in a transaction", "on its own"])
 async def test_a_failure_between_claim_and_send_spends_no_attempt(
-    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch, claim: str
 ) -> None:
-    """The endpoint read after a claim fails: the claim is rolled back, not dropped."""
-    dies = text(
+    """The endpoint read after a claim fails: a claim in a transaction (the governed
+    ones) is rolled back; a claim on its own (one statement, committed) hands its
+    messages back unsent, the attempt refunded. Neither is dropped or charged."""
+    dies = queries.Statement(
+        "ENDPOINTS_BY_ID",
         "SELECT * FROM poller_endpoints WHERE id = ANY(CAST(:ids AS bigint[])) "
-        "AND pg_terminate_backend(pg_backend_pid())"
+        "AND pg_terminate_backend(pg_backend_pid())",
     )
     original = queries.ENDPOINTS_BY_ID
-    monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", dies)
-    errors = metrics.sample_total(metrics.DB_ERRORS)
     async with running_receiver() as (receiver, url):
         make_endpoint(engine, "a", url=url)
-        (msg_id,) = seed(engine, 1, "a")
-        async with running_poller(db_url, fast_settings()):
+        async with running_poller(db_url, fast_settings()) as poller:
+            if claim == "on its own":  # every claim from now on is a plain one
+                poller.claimer._governed_last = float("inf")
+            monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", dies)
+            errors = metrics.sample_total(metrics.DB_ERRORS)
+            (msg_id,) = seed(engine, 1, "a")
 
-            async def claim_failed() -> bool:
-                return metrics.sample_total(metrics.DB_ERRORS) > errors
+            async def handed_back() -> bool:
+                return metrics.sample_total(metrics.DB_ERRORS) > errors and counts(engine) == {
+                    "pending": 1
+                }
 
-            await wait_for(claim_failed)
-            assert counts(engine) == {"pending": 1}  # rolled back, not left in flight
+            await wait_for(handed_back)
+            stored = row(engine, msg_id)
+            assert (stored.attempts, stored.refunds) == (
+                (0, 0) if claim == "in a transaction" else (0, 1)
+            )
             monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", original)
             await _until_settled(engine, 1, timeout=10)
     assert row(engine, msg_id).attempts == 1 and receiver.stats.received == 1

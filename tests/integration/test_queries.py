@@ -83,7 +83,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_MANY": MANY,
     "ENQUEUE_MANY_EXISTING": MANY,
     "NOTIFY_BUCKETS": {"buckets": [1, 2]},
-    "CLAIM_BATCH": {**CLAIM, "salt": "s"},
+    "CLAIM_BATCH": {**CLAIM, "salt": "s", "fences": '[{"shard": 0, "fence": 3}]', "shards": 8},
     "CLAIM_GOVERNED": CLAIM,
     "GAUGE_HEALTH": {},
     "HEALTH_REPORT": {"name": None},
