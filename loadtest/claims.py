@@ -99,18 +99,10 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
             rows = [r for r in await cur.fetchall() if r[0] is not None]
         if not rows:
             break
-        # The same JSON a hand-written client would send, built as cheaply as possible.
+        # The same JSON a hand-written client would send (poller.claims.OUTCOME_COLUMNS,
+        # then started_at), built as cheaply as possible.
         outcomes = [
-            {
-                "id": r[0],
-                "claim_token": r[8],
-                "attempt": r[6],
-                "status": "delivered",
-                "outcome": "delivered",
-                "needs_lookup": False,
-                "status_code": 200,
-                "kind": "send",
-            }
+            [r[0], r[8], r[6], "delivered", "delivered", None, False, None, "send", None, 200]
             for r in rows
         ]
         params = {"outcomes": json.dumps(outcomes), "poller_id": "bench", **HEALTH}

@@ -78,11 +78,22 @@ class Claimer:
         self._governed_busy = False  # it found governed endpoints with due messages
         self._outage = OutageLog("claiming")
 
+    @property
+    def low_water(self) -> int:
+        """Room worth a claim while deliveries are in flight: a quarter of the capacity,
+        rather than a claim per finished delivery."""
+        return max(1, min(self.settings.batch_size, self.settings.concurrency) // 4)
+
+    def room_freed(self) -> None:
+        """A delivery finished: wake the loop once there is room worth a claim (waking
+        it for each one cost a task switch and a timer per delivery, to sleep again)."""
+        dispatcher = self.dispatcher
+        if not dispatcher.tasks or min(dispatcher.room, self.settings.batch_size) >= self.low_water:
+            self.wake.set()
+
     async def run(self, stopping: asyncio.Event) -> None:
-        # Claim in batches: with deliveries in flight, wait until a quarter of the
-        # capacity is free rather than claiming one row per finished delivery.
         settings = self.settings
-        low_water = max(1, min(settings.batch_size, settings.concurrency) // 4)
+        low_water = self.low_water
         backoff = 0.1
         while not stopping.is_set():
             self.wake.clear()
@@ -155,6 +166,7 @@ class Claimer:
             self.completer.hold(msg, claimed_at=asked)
             self.dispatcher.start(msg)
         if batch.messages:
+            metrics.IN_FLIGHT.set(len(self.dispatcher.tasks))
             metrics.CLAIMED.inc(len(batch.messages))
             if self.telemetry is not None:
                 parents = [m.traceparent for m in batch.messages if m.traceparent]

@@ -116,7 +116,6 @@ class Dispatcher:
         task = asyncio.create_task(self._deliver(msg), name=f"deliver-{msg.id}")
         self.tasks[task] = msg
         task.add_done_callback(self._finished)
-        metrics.IN_FLIGHT.set(len(self.tasks))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         msg = self.tasks.pop(task)

@@ -114,7 +114,7 @@ class Poller:
             sender,
             self.endpoints,
             self.completer,
-            on_room=self._room_freed,
+            on_room=lambda: self.claimer.room_freed(),
             telemetry=telemetry,
         )
         self.claimer = Claimer(

@@ -120,6 +120,7 @@ class ShardManager:
         self.backend_errors = 0
         self.tick_interval = lease_ttl / 3
         self._outage = OutageLog("shard bookkeeping")
+        self._buckets: dict[tuple[int, ...], tuple[int, ...]] = {}  # shards -> their buckets
 
     # -- the scope the claimer asks for -------------------------------------------
 
@@ -136,12 +137,24 @@ class ShardManager:
             for s, lease in self.held.items()
             if s not in self.draining and now < lease.acquired_at + lease.ttl - self.margin
         }
-        buckets = tuple(b for b in range(BUCKETS) if b % self.shards in live)
+        buckets = self._buckets_of(tuple(sorted(live)))
         fences = {s: lease.fence for s, lease in live.items()}
         maintenance = self.maintenance is not None and (
             now < self.maintenance.acquired_at + self.maintenance.ttl - self.margin
         )
         return ClaimScope(buckets, fences, self.shards, maintenance)
+
+    def _buckets_of(self, shards: tuple[int, ...]) -> tuple[int, ...]:
+        """The buckets of these shards (asked for by every claim: kept per set of shards)."""
+        buckets = self._buckets.get(shards)
+        if buckets is None:
+            if len(self._buckets) >= 64:
+                self._buckets.clear()
+            held = set(shards)
+            buckets = self._buckets[shards] = tuple(
+                b for b in range(BUCKETS) if b % self.shards in held
+            )
+        return buckets
 
     def refused(self, shards: list[int]) -> None:
         """PostgreSQL refused these shards' fences: someone newer leads them."""

@@ -1,15 +1,17 @@
 """Statements of endpoint health (poller/health.py): governed claims, health reports.
 
 A *governed* endpoint is one the plain claim statement skips: rate limited, or
-with a circuit that is not closed. Its messages are claimed here, in the same
-transaction as CLAIM_BATCH (after the shard fences), at most ten times a
-second, so the hot path pays nothing for endpoints that are neither.
+with a circuit that is not closed. Its messages are claimed here, just before
+CLAIM_BATCH (each checks the shard fences itself, or both follow FENCE_SHARDS
+in one transaction), at most ten times a second, so the hot path pays nothing
+for endpoints that are neither.
 """
 
 from __future__ import annotations
 
 from poller.queries._registry import statement as _statement
 from poller.queries.claims import CLAIMED, CLAIMING
+from poller.queries.cluster import OFFERED_FENCES, fencing
 
 # Claim the due messages of governed endpoints in the given buckets: a rate-limited
 # endpoint gets as many as its token bucket holds (rate_limit per second, up to
@@ -17,14 +19,17 @@ from poller.queries.claims import CLAIMED, CLAIMING
 # passed — or a half-open one whose probe went missing for two claim leases — gets
 # one, the probe, and turns (or stays) half-open. Health rows are locked with SKIP
 # LOCKED, so two pollers never spend the same tokens or both send a probe, and a
-# claim never waits. Every row comes back flagged ``probe``; the last column,
-# ``governed`` (on every row, and on a row of NULLs when nothing was claimed),
+# claim never waits. Every row comes back flagged ``probe``; the column
+# ``governed`` (on every row, and on a row of NULLs when nothing was claimed)
 # counts the governed endpoints that had due messages, so the caller knows to come
-# back soon for the rest.
+# back soon for the rest; the last, ``accepted``, the shards whose :fences it
+# accepted (as CLAIM_BATCH does).
 CLAIM_GOVERNED = _statement(
     "CLAIM_GOVERNED",
     f"""
-    WITH busy AS (
+    WITH offered AS ({OFFERED_FENCES}), fenced AS (
+        {fencing("claimed_by")}
+    ), busy AS (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
     ), gov AS (
@@ -38,6 +43,8 @@ CLAIM_GOVERNED = _statement(
         JOIN poller_endpoint_health h ON h.endpoint_id = e.id
         LEFT JOIN busy ON busy.endpoint_id = e.id
         WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+          AND (CAST(:fences AS jsonb) IS NULL
+               OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
           AND (e.held_by IS NULL OR e.held_until <= now())
           AND ((h.state = 'closed' AND e.rate_limit IS NOT NULL
                 AND (e.paused_until IS NULL OR e.paused_until <= now()))
@@ -91,8 +98,9 @@ CLAIM_GOVERNED = _statement(
         WHERE o.id = due.id AND e.id = o.endpoint_id AND a.id = o.endpoint_id
         RETURNING {CLAIMED}, a.probing AS probe, o.probe_refunds
     )
-    SELECT claimed.*, g.n AS governed
+    SELECT claimed.*, g.n AS governed, f.accepted
     FROM (SELECT count(*) AS n FROM gov) AS g
+    CROSS JOIN (SELECT array_agg(shard) AS accepted FROM fenced) AS f
     LEFT JOIN claimed ON true
     """,
 )

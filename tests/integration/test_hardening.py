@@ -115,27 +115,25 @@ async def test_values_a_client_cannot_use_are_counted_attempts(
         assert stored.status == "failed" and receiver.stats.received == 0
 
 
-@pytest.mark.parametrize("claim", ["in a transaction", "on its own"])
+DIES = queries.Statement(  # the endpoint read, killing its own connection
+    "ENDPOINTS_BY_ID",
+    "SELECT * FROM poller_endpoints WHERE id = ANY(CAST(:ids AS bigint[])) "
+    "AND pg_terminate_backend(pg_backend_pid())",
+)
+
+
 async def test_a_failure_between_claim_and_send_spends_no_attempt(
-    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch, claim: str
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The endpoint read after a claim fails: a claim in a transaction (the governed
-    ones) is rolled back; a claim on its own (one statement, committed) hands its
-    messages back unsent, the attempt refunded. Neither is dropped or charged."""
-    dies = queries.Statement(
-        "ENDPOINTS_BY_ID",
-        "SELECT * FROM poller_endpoints WHERE id = ANY(CAST(:ids AS bigint[])) "
-        "AND pg_terminate_backend(pg_backend_pid())",
-    )
+    """The endpoint read after a claim fails: the claim (one statement, committed) hands
+    its messages back unsent, the attempt refunded — neither dropped nor charged."""
     original = queries.ENDPOINTS_BY_ID
+    monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", DIES)
+    errors = metrics.sample_total(metrics.DB_ERRORS)
     async with running_receiver() as (receiver, url):
         make_endpoint(engine, "a", url=url)
-        async with running_poller(db_url, fast_settings()) as poller:
-            if claim == "on its own":  # every claim from now on is a plain one
-                poller.claimer._governed_last = float("inf")
-            monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", dies)
-            errors = metrics.sample_total(metrics.DB_ERRORS)
-            (msg_id,) = seed(engine, 1, "a")
+        (msg_id,) = seed(engine, 1, "a")
+        async with running_poller(db_url, fast_settings()):
 
             async def handed_back() -> bool:
                 return metrics.sample_total(metrics.DB_ERRORS) > errors and counts(engine) == {
@@ -144,12 +142,26 @@ async def test_a_failure_between_claim_and_send_spends_no_attempt(
 
             await wait_for(handed_back)
             stored = row(engine, msg_id)
-            assert (stored.attempts, stored.refunds) == (
-                (0, 0) if claim == "in a transaction" else (0, 1)
-            )
+            assert (stored.attempts, stored.refunds) == (0, 1)
             monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", original)
             await _until_settled(engine, 1, timeout=10)
     assert row(engine, msg_id).attempts == 1 and receiver.stats.received == 1
+
+
+async def test_a_claim_in_a_transaction_is_rolled_back_whole(
+    engine: Engine, aengine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an endpoint cache the claim and its endpoint read are one transaction:
+    the read failing rolls the claim back (no attempt counted, nothing in flight)."""
+    from poller.claims import Claims
+
+    monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", DIES)
+    make_endpoint(engine, "a", url="http://127.0.0.1:9/")
+    (msg_id,) = seed(engine, 1, "a")
+    with pytest.raises(Exception):  # noqa: B017 - whatever the driver says
+        await Claims(aengine, poller_id="p1", claim_lease=30).claim(10)
+    stored = row(engine, msg_id)
+    assert (stored.status, stored.attempts) == ("pending", 0)
 
 
 async def test_a_slow_outcome_write_keeps_its_claim_through_the_heartbeat(

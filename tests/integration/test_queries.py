@@ -84,7 +84,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_MANY_EXISTING": MANY,
     "NOTIFY_BUCKETS": {"buckets": [1, 2]},
     "CLAIM_BATCH": {**CLAIM, "salt": "s", "fences": '[{"shard": 0, "fence": 3}]', "shards": 8},
-    "CLAIM_GOVERNED": CLAIM,
+    "CLAIM_GOVERNED": {**CLAIM, "fences": None, "shards": 8},
     "GAUGE_HEALTH": {},
     "HEALTH_REPORT": {"name": None},
     "RESET_HEALTH": {"endpoint_id": 1},
