@@ -95,9 +95,26 @@ async def test_one_subscriber_down_does_not_delay_the_others(engine: Engine, db_
             with Session(engine) as session, session.begin():
                 publish_many(session, [Event("tick", {"n": i}, f"t{i}") for i in range(300)])
             began = time.monotonic()
+
+            async def circuit_open() -> bool:
+                with engine.connect() as conn:
+                    state = conn.execute(
+                        text(
+                            "SELECT h.state FROM poller_endpoint_health h JOIN poller_endpoints e"
+                            " ON e.id = h.endpoint_id WHERE e.name = 'down'"
+                        )
+                    ).scalar_one()
+                return bool(state == "open")
+
+            await wait_for(circuit_open, timeout=20)
+            when_open = down.stats.received
             await wait_for(_applied(up1, up2, n=300), timeout=20)
             took = time.monotonic() - began
-    assert down.stats.applied == 0 and down.stats.received < 5 + 4 * 16
+    # What it got before its circuit opened depends on how many claims ran before the
+    # completion with its fifth failure committed (a race with the machine's load);
+    # once open, only what was already in flight (at most concurrency, 64) reaches it.
+    assert down.stats.applied == 0 and down.stats.received - when_open <= 64
+    assert down.stats.received < 100  # of its 300
     assert up1.stats.duplicates == up2.stats.duplicates == 0
     assert took < 10, took
     with engine.connect() as conn:
