@@ -63,6 +63,7 @@ class Completer:
         *,
         batch_limit: int = 100,
         on_promoted: Callable[[], None] = lambda: None,
+        on_written: Callable[[], None] = lambda: None,
         telemetry: Telemetry | None = None,
     ) -> None:
         self.claims = claims
@@ -70,6 +71,7 @@ class Completer:
         self.traces: dict[int, str] = {}  # message id -> its traceparent, with telemetry on
         self.batch_limit = batch_limit
         self.on_promoted = on_promoted  # ordered messages became due: claim them
+        self.on_written = on_written  # a batch was written: the queue has room again
         self.held: dict[int, int] = {}  # message id -> claim token
         # message id -> monotonic time until which its lease surely holds: the moment
         # before the claim or last heartbeat was asked for, plus the lease (which
@@ -198,6 +200,7 @@ class Completer:
         if self.telemetry is not None:
             parents = [self.traces.pop(o.message_id, "") for o in batch]
             self.telemetry.batch("complete", began_ns, [p for p in parents if p])
+        self.on_written()
         if result.promoted:
             self.on_promoted()
         if result.opened:

@@ -105,7 +105,13 @@ class Dispatcher:
 
     @property
     def room(self) -> int:
-        return self.settings.concurrency - len(self.tasks)
+        """Deliveries that may start: ``concurrency`` less those under way, less the
+        outcomes waiting to be written beyond one batch — so claims slow down to what
+        the completer writes (else a drain held ever more delivered, unwritten rows:
+        memory, heartbeats, and duplicates if the process died)."""
+        completer = self.completer
+        waiting = completer.queued - completer.batch_limit
+        return self.settings.concurrency - len(self.tasks) - max(waiting, 0)
 
     def in_flight_for_shard(self, shard: int, shards: int) -> int:
         """Deliveries under way for messages of ``shard`` (a shard being handed over)."""

@@ -106,6 +106,7 @@ class Poller:
             self.claims,
             batch_limit=max(settings.batch_size, 100),
             on_promoted=lambda: self._room_freed(),
+            on_written=lambda: self.claimer.room_freed(),
             telemetry=telemetry,
         )
         self.endpoints = EndpointCache()

@@ -135,17 +135,16 @@ async def test_a_failure_between_claim_and_send_spends_no_attempt(
         (msg_id,) = seed(engine, 1, "a")
         async with running_poller(db_url, fast_settings()):
 
-            async def handed_back() -> bool:
-                return metrics.sample_total(metrics.DB_ERRORS) > errors and counts(engine) == {
-                    "pending": 1
-                }
+            async def failed() -> bool:
+                return metrics.sample_total(metrics.DB_ERRORS) > errors
 
-            await wait_for(handed_back)
-            stored = row(engine, msg_id)
-            assert (stored.attempts, stored.refunds) == (0, 1)
+            await wait_for(failed)
             monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", original)
             await _until_settled(engine, 1, timeout=10)
-    assert row(engine, msg_id).attempts == 1 and receiver.stats.received == 1
+    stored = row(engine, msg_id)
+    # handed back (once, or again while the read kept failing), never charged
+    assert stored.attempts == 1 and 1 <= stored.refunds <= 3
+    assert receiver.stats.received == 1
 
 
 async def test_a_claim_in_a_transaction_is_rolled_back_whole(
@@ -451,3 +450,33 @@ async def test_a_heartbeat_meeting_an_outcome_write_counts_no_claim_lost(
     finally:
         writer.cancel()
     assert msg.id not in completer.held and row(engine, msg.id).status == "delivered"
+
+
+async def test_claims_slow_down_to_what_the_completer_writes(engine: Engine, aengine: Any) -> None:
+    """Outcomes waiting beyond one batch count against the room to claim: a completer
+    that falls behind (a slow or absent database) stops the claims, rather than the
+    poller holding ever more delivered, unwritten rows."""
+    from poller import outcomes
+    from poller.claims import Claims
+    from poller.completer import Completer
+    from poller.dispatcher import Dispatcher, EndpointCache
+
+    make_endpoint(engine, "a", url="http://127.0.0.1:9/")
+    seed(engine, 5, "a")
+    claims = Claims(aengine, poller_id="p1", claim_lease=30)
+    batch = await claims.claim(10)
+    completer = Completer(claims, batch_limit=2)
+    settings = fast_settings(concurrency=8)
+    no_sender: Any = None  # nothing is delivered here
+    dispatcher = Dispatcher(settings, no_sender, EndpointCache(), completer)
+    assert dispatcher.room == 8
+    for msg in batch.messages:
+        completer.hold(msg)
+        completer.put(outcomes.delivered(msg, status_code=200))
+    assert dispatcher.room == 8 - (5 - 2)
+    writer = asyncio.create_task(completer.run())
+    try:
+        assert await completer.flush(10)
+    finally:
+        writer.cancel()
+    assert dispatcher.room == 8
