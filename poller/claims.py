@@ -277,9 +277,9 @@ class Claims:
             return ClaimBatch(messages, [], governed_count)
         try:
             found = await self.direct.fetch(queries.ENDPOINTS_BY_ID, {"ids": stale})
+            endpoints = [Endpoint.from_row(row, self.keyring) for row in found]
         except Exception as exc:  # the claim committed: hand its messages back, unsent
             return ClaimBatch([], [], governed_count, unready=messages, error=exc)
-        endpoints = [Endpoint.from_row(row, self.keyring) for row in found]
         return ClaimBatch(messages, endpoints, governed_count)
 
     def _buckets_literal(self, buckets: Sequence[int] | None) -> str:
