@@ -174,6 +174,8 @@ def list_tokens(conn: Connection) -> list[Token]:
 def revoke_token(conn: Connection, name: str) -> Token:
     """Revoke the token named ``name`` (at once: its next request is refused). Revoking
     a revoked token changes nothing."""
+    if not _NAME.fullmatch(name):  # no token has it (PostgreSQL refuses a NUL outright)
+        raise TokenNotFound(f"no token named {name[:64]!r}")
     row = conn.execute(
         update(T)
         .where(T.c.name == name)

@@ -62,8 +62,9 @@ def test_names_scopes_and_lifetimes_are_checked(engine: Engine) -> None:
         for expires in (timedelta(0), "-1d", "2000-01-01T00:00:00", "soon"):
             with pytest.raises(InvalidInput):
                 tokens.create_token(conn, "two", "admin", expires=expires)
-        with pytest.raises(TokenNotFound):
-            tokens.revoke_token(conn, "nope")
+        for missing in ("nope", "\x00", "a\x00b", "x" * 500):  # PostgreSQL refuses a NUL
+            with pytest.raises(TokenNotFound):
+                tokens.revoke_token(conn, missing)
         made, _ = tokens.create_token(
             conn, "two", "tenant:acme", expires=datetime(2999, 1, 1, tzinfo=UTC)
         )
