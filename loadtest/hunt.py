@@ -23,6 +23,8 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   ``tenant:acme`` token, mostly at the hunt's endpoint, messages and events
   (none of them acme's) on every route that takes a name or an id, and
   publishes ``hunt.strict`` events, whose catalog schema some payloads break;
+* a DBA terminates the pollers' backends right after their claims, for a moment
+  after each endpoint edit (when every claim is followed by an endpoint read);
 * the configuration's extremes are drawn too: ``max_attempts`` 1, the
   endpoint's ``max_in_flight`` 1, the endpoint's own retry schedule (20 ms, or
   0.3 s then 1 s, beside the global 50–400 ms), HMAC or ed25519 signatures, an
@@ -45,7 +47,8 @@ checks them):
   included) plus its refunds;
 * no claim of a live poller expires: every ``lease_expired`` attempt names a
   poller that was killed, frozen or stopped, or falls in a PostgreSQL restart,
-  each with a lease and a sweep of slack — whatever the application holds open;
+  each with a lease and a sweep of slack — whatever the application holds open,
+  and whatever the DBA cut: a claim whose next statement failed is handed back;
 * the breaker counted every failed request: the health rows' ``failed_requests``
   (plus its backlog) equal the attempt rows that record a failed send or lookup;
 * with ``POLLER_DISABLE_AFTER`` drawn, no failure streak (no delivery, enable or
@@ -117,7 +120,7 @@ from sqlalchemy.orm import Session
 from loadtest import hunt_tenant
 from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
-from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, operator, write
+from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, dba, operator, write
 from loadtest.hunt_check import check, proxy_disagrees
 from loadtest.otlp_sink import Sink
 from loadtest.procs import Proc, clean_env, guarded
@@ -165,6 +168,8 @@ class Plan:
     # A tenant through the management API, and strict publishes (loadtest/hunt_tenant.py):
     # (seconds after the start, "calls" or "strict").
     tenant: list[tuple[float, str]] = field(default_factory=list)
+    # The DBA (loadtest/hunt_actors.py): seconds after the start of each window of cuts.
+    cuts: list[float] = field(default_factory=list)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -213,6 +218,7 @@ class Plan:
             (rng.uniform(0.5, duration), rng.choice(["calls", "calls", "strict"]))
             for _ in range(rng.randint(1, 4))
         )
+        plan.cuts = sorted(rng.uniform(1.0, duration) for _ in range(rng.randint(0, 2)))
         return plan
 
     def describe(self) -> str:
@@ -237,6 +243,8 @@ class Plan:
             + ", ".join(f"{action}@{at:.1f}s" for at, action in sorted(self.operator + self.holds))
             + "; tenant: "
             + ", ".join(f"{kind}@{at:.1f}s" for at, kind in self.tenant)
+            + "; dba: "
+            + (", ".join(f"cuts@{at:.1f}s" for at in self.cuts) or "none")
         )
 
 
@@ -271,6 +279,8 @@ class Run:
     tenant_log: list[str] = field(default_factory=list)  # each API call and its answer
     tenant_wrong: list[str] = field(default_factory=list)  # answers the tenant must not get
     strict_refused: set[str] = field(default_factory=set)  # keys of payloads the catalog refuses
+    dba_done: threading.Event = field(default_factory=threading.Event)
+    cut_claims: int = 0  # poller backends the DBA terminated right after a claim
 
     def committed_now(self, keys: set[str]) -> None:
         self.committed |= keys
@@ -598,13 +608,18 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 args=(engine, run, tenant_token, stop),
                 daemon=True,
             ),
+            threading.Thread(
+                target=guarded(dba, run.errors, run.dba_done),
+                args=(engine, run, stop),
+                daemon=True,
+            ),
         ]
         for thread in threads:
             thread.start()
         until = began + deadline
         while time.monotonic() < until:
             actors = (run.feeding_done, run.faults_done, run.app_done, run.operator_done,
-                      run.tenant_done)  # fmt: skip
+                      run.tenant_done, run.dba_done)  # fmt: skip
             if all(done.is_set() for done in actors) and _open_rows(engine) == 0:
                 break
             time.sleep(0.3)
@@ -636,6 +651,8 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             "planned": len(plan.faults),
             "tenant_calls": len(run.tenant_log),
             "tenant_refused": sum(1 for c in run.tenant_log if c.endswith(" 404")),
+            "cut_claims": run.cut_claims,
+            "handed_back": handed_back([p.log for p in fleet.procs]),
             "seconds": round(time.monotonic() - began, 1),
             "problems": problems,
         }
@@ -661,8 +678,17 @@ def summary(result: dict[str, Any]) -> str:
         f"cancelled {result['cancelled']}, "
         f"{result['posts']} POSTs, {result['lookups']} lookups, "
         f"{len(result['injected'])}/{result['planned']} faults injected, "
-        f"{result['tenant_calls']} tenant API calls ({result['tenant_refused']} not found); "
+        f"{result['tenant_calls']} tenant API calls ({result['tenant_refused']} not found), "
+        f"{result['cut_claims']} claim connections cut ({result['handed_back']} claims "
+        "handed back); "
         f"{verdict}"
+    )
+
+
+def handed_back(logs: list[Path]) -> int:
+    """Claims the pollers handed back unsent (their endpoint read failed after the claim)."""
+    return sum(
+        log.read_text(errors="replace").count("handed back unsent") for log in logs if log.exists()
     )
 
 

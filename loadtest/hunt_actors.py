@@ -14,6 +14,15 @@ the CLI and the dashboard call:
   re-enables an endpoint the pollers disabled (``POLLER_DISABLE_AFTER``), noting
   when, so the verdict can check that it was disabled when it should have been.
 
+A third acts on the connections: **the DBA** (or a pooler, or an idle-session
+killer) terminates the pollers' backends right after a claim, for a moment
+after each endpoint edit, when every poller's next claim must read the endpoint
+again. That lands between a claim that committed (one statement, in autocommit)
+and what runs next on its connection: the endpoint read, or CLAIM_BATCH after
+CLAIM_GOVERNED. Those messages must be handed back unsent and refunded, never
+left in flight until their lease runs out (the verdict's lease invariant does
+not excuse these cuts) nor charged an attempt.
+
 Each records what it did in the :class:`~loadtest.hunt.Run` (times in
 ``time.time()``, the database's clock on this machine): the verdict excludes
 messages an operator sent again from the order check, and counts the health
@@ -53,6 +62,16 @@ OPERATOR_ACTIONS = ("replay", "retry", "skip", "disable_enable", "url", "rotate"
 HOLDS = ("cancel", "pause")  # drawn apart (Plan.holds), after the rest: seeds keep their plans
 CANCELLED_AT_ONCE = 12  # open messages one cancel picks at random, with 3 in flight
 PAUSE = 1.5  # seconds an operator's pause holds the endpoint
+CUT = 0.6  # seconds the DBA cuts connections after each endpoint edit
+# The pollers' backends idle right after a claim (CLAIM_BATCH or CLAIM_GOVERNED: both
+# fence, then read what each endpoint holds in flight; pg_stat_activity keeps only a
+# statement's first 1,024 bytes): what runs next on that connection fails. An idle
+# backend has sent its whole answer, ReadyForQuery included, so a cut loses no claim's rows.
+CUT_CLAIMS = text(
+    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE state = 'idle' AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+    "AND query LIKE '%RETURNING f.shard%), busy AS (%'"
+)
 
 
 def _wait_until(began: float, at: float, stop: threading.Event) -> bool:
@@ -212,3 +231,24 @@ def _act(
                 conn, ENDPOINT, timedelta(minutes=10), keyring=keyring, signing=other
             )
         receiver.add_secret(public_key(secret) or secret)  # the old one signs for ten minutes
+
+
+def dba(engine: Any, run: Run, stop: threading.Event) -> None:
+    """At each of ``plan.cuts``, for CUT seconds: an endpoint edit every 50 ms (the same
+    ``max_attempts``: nothing changes but ``updated_at``, so every claim is followed by an
+    endpoint read), and every poller backend seen idle after a claim is terminated
+    (``run.cut_claims`` counts them)."""
+    for at in run.plan.cuts:
+        if not _wait_until(run.began, at, stop):
+            break
+        try:
+            ends = time.monotonic() + CUT
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                while time.monotonic() < ends and not stop.is_set():
+                    update_endpoint(conn, ENDPOINT, max_attempts=run.plan.max_attempts)
+                    edited = time.monotonic()
+                    while time.monotonic() < edited + 0.05 and not stop.wait(0.001):
+                        run.cut_claims += int(conn.execute(CUT_CLAIMS).scalar_one())
+        except Exception as exc:  # PostgreSQL restarting
+            run.operated.append(f"dba failed: {type(exc).__name__}")
+    run.dba_done.set()

@@ -223,7 +223,8 @@ class Claims:
         (CLAIM_BATCH checks the fences and claims; :class:`~poller.db.Autocommit`),
         the cheapest way to claim, after CLAIM_GOVERNED (which checks them too)
         when ``governed``; the endpoints are read after it committed: if that read
-        fails, the messages come back in ``unready`` with the ``error``, for the
+        fails (or CLAIM_BATCH does, after CLAIM_GOVERNED committed its claims), the
+        messages come back in ``unready`` with the ``error``, for the
         caller to hand back unsent (``outcomes.released``: pending again, the
         attempt refunded) — a claimed message is sent with its endpoint or handed
         back, never left. Without it, everything runs in one transaction (the
@@ -266,20 +267,24 @@ class Claims:
             accepted.intersection_update(found[0][-1] or ())
             messages = [ClaimedMessage(*row[:-2]) for row in found if row[0] is not None]
             params["limit"] = limit - len(messages)
-        if limit > len(messages) and (accepted or not fences):
-            rows = await self.direct.fetch(queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)
-            accepted.intersection_update(rows[0][-1] or ())
-            messages += [ClaimedMessage(*row[:-1]) for row in rows if row[0] is not None]
-        if fences:
-            self._refused(fences, accepted, on_refused)
-        stale = _stale_endpoints(messages, endpoint_versions)
-        if not stale:
-            return ClaimBatch(messages, [], governed_count)
         try:
-            found = await self.direct.fetch(queries.ENDPOINTS_BY_ID, {"ids": stale})
-            endpoints = [Endpoint.from_row(row, self.keyring) for row in found]
-        except Exception as exc:  # the claim committed: hand its messages back, unsent
+            if limit > len(messages) and (accepted or not fences):
+                rows = await self.direct.fetch(queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)
+                accepted.intersection_update(rows[0][-1] or ())
+                messages += [ClaimedMessage(*row[:-1]) for row in rows if row[0] is not None]
+            endpoints = []
+            if stale := _stale_endpoints(messages, endpoint_versions):
+                found = await self.direct.fetch(queries.ENDPOINTS_BY_ID, {"ids": stale})
+                endpoints = [Endpoint.from_row(row, self.keyring) for row in found]
+        except Exception as exc:
+            if not messages:  # nothing committed: a failed claim like any other
+                raise
+            # a statement committed claims (CLAIM_GOVERNED's, or CLAIM_BATCH's when the
+            # endpoint read failed): hand its messages back, unsent
             return ClaimBatch([], [], governed_count, unready=messages, error=exc)
+        finally:
+            if fences:
+                self._refused(fences, accepted, on_refused)
         return ClaimBatch(messages, endpoints, governed_count)
 
     def _buckets_literal(self, buckets: Sequence[int] | None) -> str:

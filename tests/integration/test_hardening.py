@@ -147,6 +147,29 @@ async def test_a_failure_between_claim_and_send_spends_no_attempt(
     assert receiver.stats.received == 1
 
 
+async def test_a_failure_after_a_governed_claim_hands_its_messages_back(
+    engine: Engine, aengine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CLAIM_GOVERNED committed its claims, then CLAIM_BATCH failed: the governed messages
+    come back unready, for the claimer to hand back, instead of staying in flight until
+    their lease runs out (the hunt's DBA found it)."""
+    from poller.claims import Claims
+
+    make_endpoint(engine, "a", url="http://127.0.0.1:9/")
+    with engine.begin() as conn:  # a rate limit: its messages are claimed governed
+        conn.execute(text("UPDATE poller_endpoints SET rate_limit = 20, rate_burst = 4"))
+    (msg_id,) = seed(engine, 1, "a")
+    kills = queries.Statement("CLAIM_BATCH", "SELECT pg_terminate_backend(pg_backend_pid())")
+    monkeypatch.setattr(queries, "CLAIM_BATCH", kills)
+    claims = Claims(aengine, poller_id="p1", claim_lease=30)
+    try:
+        batch = await claims.claim(10, endpoint_versions={}, governed=True)
+    finally:
+        await claims.close()
+    assert [m.id for m in batch.unready] == [msg_id] and batch.error is not None
+    assert not batch.messages
+
+
 async def test_a_claim_in_a_transaction_is_rolled_back_whole(
     engine: Engine, aengine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
