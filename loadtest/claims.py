@@ -33,7 +33,7 @@ from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_due, insert_history
 from poller import queries
 from poller.claims import ALL_BUCKETS_LITERAL, Claims
-from poller.db import async_engine, libpq_url, sync_engine
+from poller.db import async_engine, autocommit_connection, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
 from poller.health import HealthPolicy
 from poller.outcomes import delivered
@@ -79,7 +79,7 @@ async def _drain_poller(url: str, batch: int, start: Any) -> int:
 
 async def _drain_raw(url: str, batch: int, start: Any) -> int:
     conn = await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=False)
-    alone = await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=True)
+    alone = await autocommit_connection(libpq_url(url))  # the claim's own session, as Claims
     claim = {
         "buckets": ALL_BUCKETS_LITERAL,
         "limit": batch,

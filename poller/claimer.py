@@ -37,7 +37,7 @@ from poller.claims import Claims
 from poller.completer import Completer
 from poller.db import OutageLog, is_transient, libpq_url
 from poller.dispatcher import Dispatcher, EndpointCache
-from poller.health import GOVERN_INTERVAL
+from poller.health import GOVERN_IDLE_INTERVAL, GOVERN_INTERVAL, GOVERN_QUIET
 from poller.schema import NOTIFY_CHANNEL
 from poller.settings import Settings
 from poller.shards import ClaimScope
@@ -128,13 +128,25 @@ class Claimer:
         wait = self._governed_last + GOVERN_INTERVAL - time.monotonic()
         return min(self.settings.poll_interval, max(wait, 0.0))
 
+    def _govern_every(self, now: float) -> float:
+        """Seconds between governed claims: GOVERN_INTERVAL while there may be governed
+        work (the last one found some, a cached endpoint is rate limited, or a request
+        failed within GOVERN_QUIET seconds), else GOVERN_IDLE_INTERVAL."""
+        if (
+            self._governed_busy
+            or self.endpoints.rate_limited
+            or now - self.dispatcher.failed_at < GOVERN_QUIET
+        ):
+            return GOVERN_INTERVAL
+        return GOVERN_IDLE_INTERVAL
+
     async def _claim(self, limit: int) -> int:
         scope = self.scope()
         asked = time.monotonic()  # the lease runs from the claim, at the latest from here
         asked_ns = time.time_ns()
         # Rate-limited endpoints and open circuits' probes (poller/health.py): at most
-        # ten times a second, in the same transaction as the plain claim.
-        governed = asked - self._governed_last >= GOVERN_INTERVAL
+        # ten times a second while there may be such work, else once a second.
+        governed = asked - self._governed_last >= self._govern_every(asked)
         batch = await self.claims.claim(
             limit,
             scope.buckets,

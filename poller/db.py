@@ -202,6 +202,16 @@ async def _rows(
     return await cursor.fetchall()
 
 
+async def autocommit_connection(url: str) -> psycopg.AsyncConnection[Any]:
+    """A connection for :class:`Autocommit`: every statement prepared at once, and planned
+    once (a generic plan), not at every claim — CLAIM_BATCH's custom plan took longer to
+    make (0.9 ms) than to run (0.7 ms), and its shape depends on no value it is given."""
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.prepare_threshold = 0
+    return conn
+
+
 class Autocommit:
     """An autocommit psycopg connection to an engine's database, for statements that are
     a transaction on their own: CLAIM_BATCH fences, claims and returns in one.
@@ -223,7 +233,7 @@ class Autocommit:
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         async with self._opening:
             if self._conn is None or self._conn.closed:
-                self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+                self._conn = await autocommit_connection(self._url)
             return self._conn
 
     async def fetch(

@@ -33,7 +33,7 @@ from poller.claims import clean_text
 from poller.completer import Completer
 from poller.delivery import LookupAnswer, Verdict
 from poller.endpoints import Endpoint
-from poller.health import is_endpoint_failure
+from poller.health import GOVERN_QUIET, is_endpoint_failure
 from poller.names import DOT_SEGMENTS
 from poller.outcomes import ClaimedMessage, Outcome
 from poller.retry import backoff
@@ -54,11 +54,16 @@ class EndpointCache:
     def __init__(self) -> None:
         self._by_id: dict[int, Endpoint] = {}
         self.versions: dict[int, datetime] = {}  # id -> updated_at, passed to every claim
+        self.rate_limited: set[int] = set()  # ids of the cached endpoints with a rate limit
 
     def update(self, endpoints: list[Endpoint]) -> None:
         for endpoint in endpoints:
             self._by_id[endpoint.id] = endpoint
             self.versions[endpoint.id] = endpoint.updated_at
+            if endpoint.rate_limit is None:
+                self.rate_limited.discard(endpoint.id)
+            else:
+                self.rate_limited.add(endpoint.id)
 
     def __getitem__(self, endpoint_id: int) -> Endpoint:
         return self._by_id[endpoint_id]
@@ -90,6 +95,7 @@ class Dispatcher:
         self._sending: set[int] = set()  # message ids whose request may be on the wire
         self._released: set[int] = set()  # released by drain(): their task writes nothing
         self._span_ids: dict[int, str] = {}  # message id -> its send's span, for the log
+        self.failed_at = -GOVERN_QUIET  # monotonic time of the last failed request
         # Labelled metric children, looked up once (prometheus' labels() locks and builds
         # a key on every call; per message that was a measurable share of a delivery).
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
@@ -166,8 +172,10 @@ class Dispatcher:
 
     async def _exchange(self, msg: ClaimedMessage) -> Outcome:
         outcome = await self._lookup_or_send(msg)
-        if msg.probe and is_endpoint_failure(outcome.status_code, outcome.outcome):
-            outcome = outcomes.probe_failed(msg, outcome)
+        if is_endpoint_failure(outcome.status_code, outcome.outcome):
+            self.failed_at = time.monotonic()  # a circuit may open: govern often (claimer)
+            if msg.probe:
+                outcome = outcomes.probe_failed(msg, outcome)
         return outcome
 
     def _lease_short(self, msg: ClaimedMessage, timeout: float, what: str) -> bool:

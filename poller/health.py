@@ -50,7 +50,8 @@ one second's worth) is a token bucket in its health row. Its messages are not
 claimed by the plain claim statement but by ``CLAIM_GOVERNED``, which takes
 tokens and messages in one statement under the row's lock (SKIP LOCKED): every
 poller draws on the same bucket, whatever the election mode, with no round
-trip per message. Each poller runs it at most ten times a second.
+trip per message. Each poller runs it at most ten times a second while there may
+be governed work (``GOVERN_INTERVAL``), else once a second (``GOVERN_IDLE_INTERVAL``).
 
 A ``429`` or ``503`` with a valid ``Retry-After`` pauses the **whole
 endpoint** until then (capped by ``POLLER_RETRY_AFTER_MAX``), not only that
@@ -118,7 +119,18 @@ def is_endpoint_failure(status_code: int | None, outcome: str) -> bool:
 
 
 GOVERN_INTERVAL = 0.1
-"""Seconds between two governed claims of one poller while governed endpoints have due messages."""
+"""Seconds between two governed claims of one poller while there may be governed work:
+its last governed claim found some, it knows a rate-limited endpoint, or one of its
+requests failed in the last :data:`GOVERN_QUIET` seconds (a circuit may open)."""
+GOVERN_IDLE_INTERVAL = 1.0
+"""Seconds between two governed claims otherwise. A poller whose endpoints are all
+healthy and unlimited then claims with one statement, not two: at 100 messages/s the
+governed claim ran before nearly every plain one and was a third of commit→receipt
+(docs/explanation/performance.md). What it costs: a circuit another poller opened is
+probed up to a second later, and a rate-limited endpoint this poller has never claimed
+for waits up to a second for its first governed claim."""
+GOVERN_QUIET = 30.0
+"""Seconds after a poller's last failed request during which it keeps governing often."""
 
 
 class _Default:

@@ -158,6 +158,7 @@ async def test_a_failure_after_a_governed_claim_hands_its_messages_back(
     make_endpoint(engine, "a", url="http://127.0.0.1:9/")
     with engine.begin() as conn:  # a rate limit: its messages are claimed governed
         conn.execute(text("UPDATE poller_endpoints SET rate_limit = 20, rate_burst = 4"))
+        conn.execute(text("UPDATE poller_endpoint_health SET tokens = 4, tokens_at = now()"))
     (msg_id,) = seed(engine, 1, "a")
     kills = queries.Statement("CLAIM_BATCH", "SELECT pg_terminate_backend(pg_backend_pid())")
     monkeypatch.setattr(queries, "CLAIM_BATCH", kills)
