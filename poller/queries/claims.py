@@ -184,12 +184,22 @@ COMPLETE_BATCH = _statement(
             (message_id, endpoint_id, attempt, kind, claim_token, poller_id, started_at,
              duration_ms, outcome, status_code, error_class, error_message, response_excerpt,
              stale)
-        SELECT c.id, x.endpoint_id, c.attempt, c.kind, c.claim_token, :poller_id, c.started_at,
-               c.duration_ms, c.outcome, c.status_code, c.error_class, c.error_message,
-               c.response_excerpt, NOT EXISTS (SELECT 1 FROM done WHERE done.id = c.id)
-        FROM c
-        JOIN poller_outbox x ON x.id = c.id
-        WHERE c.kind IS NOT NULL
+        SELECT * FROM (
+            SELECT c.id,
+                   -- a stale outcome's message only is looked up, a row at a time (a
+                   -- join of them all was a scan of the outbox per completion while it
+                   -- was small); one that is gone (purged, deleted) records nothing
+                   coalesce(d.endpoint_id,
+                            (SELECT x.endpoint_id FROM poller_outbox x WHERE x.id = c.id))
+                       AS endpoint_id,
+                   c.attempt, c.kind, c.claim_token, CAST(:poller_id AS text), c.started_at,
+                   c.duration_ms, c.outcome, c.status_code, c.error_class, c.error_message,
+                   c.response_excerpt, d.id IS NULL
+            FROM c
+            LEFT JOIN done d ON d.id = c.id
+            WHERE c.kind IS NOT NULL
+        ) AS a
+        WHERE a.endpoint_id IS NOT NULL
     )
     SELECT id, endpoint_id, status, ordering_key FROM done
     """,

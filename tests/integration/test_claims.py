@@ -171,6 +171,7 @@ async def test_writes_under_a_superseded_claim_change_nothing(
     assert {row(engine, i).status for i in ids} == {"delivered"}
     stale_rows = [a for a in attempts_of(engine, ids[0]) if a.stale]
     assert len(stale_rows) == 4  # every stale send is on record (released sends nothing)
+    assert {a.endpoint_id for a in stale_rows} == {row(engine, ids[0]).endpoint_id}
 
 
 async def test_a_completed_message_refuses_a_second_completion(
