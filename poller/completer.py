@@ -126,16 +126,18 @@ class Completer:
             if self.held.get(msg_id) == held[msg_id]:
                 self.lease_until[msg_id] = asked + self.claims.claim_lease
         # A row whose outcome is being written meanwhile is not extended (no longer in
-        # flight) yet not lost: its write committed first and is about to unhold it.
+        # flight) yet not lost: its write committed first and is about to unhold it; nor
+        # is one whose write ended (unheld) while the statement was on its way.
         lost = [
             msg_id
-            for msg_id in held
-            if msg_id not in kept and self._writing.get(msg_id) != held[msg_id]
+            for msg_id, token in held.items()
+            if msg_id not in kept
+            and self.held.get(msg_id) == token
+            and self._writing.get(msg_id) != token
         ]
         for msg_id in lost:
-            if self.held.get(msg_id) == held[msg_id]:
-                del self.held[msg_id]
-                self.lease_until.pop(msg_id, None)
+            del self.held[msg_id]
+            self.lease_until.pop(msg_id, None)
         if lost:
             metrics.CLAIMS_LOST.inc(len(lost))
             log.warning(
