@@ -49,6 +49,7 @@ checks them):
   poller that was killed, frozen or stopped, or falls in a PostgreSQL restart,
   each with a lease and a sweep of slack — whatever the application holds open,
   and whatever the DBA cut: a claim whose next statement failed is handed back;
+  and every claim a poller reported taken over (``claims_lost``) was reclaimed;
 * the breaker counted every failed request: the health rows' ``failed_requests``
   (plus its backlog) equal the attempt rows that record a failed send or lookup;
 * with ``POLLER_DISABLE_AFTER`` drawn, no failure streak (no delivery, enable or

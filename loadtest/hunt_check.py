@@ -3,6 +3,7 @@ from the rows a seed left and what its receiver saw. One line per broken one."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
@@ -107,6 +108,35 @@ def expired_live_claims(conn: Any, run: Run) -> list[str]:
         for r in found
         if not excused(r.poller_id or "?", float(r.at))
     )
+
+
+TAKEN_OVER = re.compile(r"claims were taken over before their outcome was written: \[([\d, ]+)\]")
+
+
+def false_takeovers_in(conn: Any, logs: list[Path]) -> list[str]:
+    """Messages a poller's heartbeat reported taken over (``claims_lost``) that no sweep
+    ever reclaimed: the heartbeat miscounted (a busy poller once warned of 59–100 a
+    round for outcomes it had just written)."""
+    reported = {
+        int(n)
+        for log in logs
+        if log.exists()
+        for found in TAKEN_OVER.findall(log.read_text("utf-8", "replace"))
+        for n in found.split(",")
+    }
+    if not reported:
+        return []
+    reclaimed = {
+        r.message_id
+        for r in conn.execute(
+            text(
+                "SELECT DISTINCT message_id FROM poller_delivery_attempts "
+                "WHERE outcome = 'lease_expired' AND message_id = ANY(:ids)"
+            ),
+            {"ids": sorted(reported)},
+        )
+    }
+    return [str(n) for n in sorted(reported - reclaimed)]
 
 
 def miscounted_failures(conn: Any) -> list[str]:
@@ -320,6 +350,7 @@ def check(
                 )
             )
         }
+        false_takeovers = false_takeovers_in(conn, logs)
     problems = []
     checks: list[tuple[str, list[str]]] = [
         ("committed but missing", sorted(run.committed - set(rows) - reached_nothing)),
@@ -364,6 +395,7 @@ def check(
         ),
         ("sent with a position other than their event's", wrong_positions(rows, receiver)),
         ("claims of live pollers expired", expired),
+        ("reported taken over by their poller, yet never reclaimed", false_takeovers),
         ("failed requests miscounted by the breaker", miscounted),
         ("failure streaks past POLLER_DISABLE_AFTER without a disable", missed),
         (

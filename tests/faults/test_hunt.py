@@ -150,6 +150,35 @@ def test_the_checker_catches_what_the_application_and_operator_actors_are_for(
     assert not any("live pollers" in p or "DISABLE_AFTER" in p for p in problems)
 
 
+def test_the_checker_catches_a_takeover_reported_that_never_happened(
+    engine, endpoint, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """A heartbeat that warns "taken over" for a claim no sweep reclaimed miscounts
+    claims_lost; one that was reclaimed (a lease_expired attempt) is a takeover."""
+    from sqlalchemy import text
+
+    from loadtest.hunt_check import false_takeovers_in
+
+    first, second = seed_messages(engine, 2)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO poller_delivery_attempts (message_id, endpoint_id, attempt, kind, "
+                "poller_id, outcome) SELECT id, endpoint_id, 1, 'send', 'p1', 'lease_expired' "
+                "FROM poller_outbox WHERE id = :id"
+            ),
+            {"id": first},
+        )
+    log = tmp_path / "p0.log"
+    log.write_text(
+        '{"message": "2 claims were taken over before their outcome was written: '
+        f'[{first}, {second}]"}}\n'
+    )
+    with engine.connect() as conn:
+        assert false_takeovers_in(conn, [log]) == [str(second)]
+        assert false_takeovers_in(conn, [tmp_path / "none.log"]) == []
+
+
 def test_the_checker_catches_a_dashboard_that_miscounts_or_lets_markup_through(
     engine, endpoint, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
