@@ -435,13 +435,9 @@ async def test_a_dot_segment_key_stored_before_they_were_refused_is_never_looked
     assert requests == [b"POST /hook HTTP/1.1"]
 
 
-async def test_a_heartbeat_meeting_an_outcome_write_counts_no_claim_lost(
-    engine: Engine, aengine: Any
-) -> None:
-    """The heartbeat's statement can run after an outcome's write committed and before
-    the completer let go of the row: the row is no longer in flight, yet nobody took it
-    over — no warning, no claims_lost (an alert on it would fire on every busy poller)."""
-    from poller import outcomes
+async def _one_held(engine: Engine, aengine: Any) -> tuple[Any, Any, Any]:
+    """One message claimed and held by a completer (not running yet): claims, completer,
+    message."""
     from poller.claims import Claims
     from poller.completer import Completer
 
@@ -451,6 +447,18 @@ async def test_a_heartbeat_meeting_an_outcome_write_counts_no_claim_lost(
     (msg,) = (await claims.claim(10)).messages
     completer = Completer(claims)
     completer.hold(msg)
+    return claims, completer, msg
+
+
+async def test_a_heartbeat_meeting_an_outcome_write_counts_no_claim_lost(
+    engine: Engine, aengine: Any
+) -> None:
+    """The heartbeat's statement can run after an outcome's write committed and before
+    the completer let go of the row: the row is no longer in flight, yet nobody took it
+    over — no warning, no claims_lost (an alert on it would fire on every busy poller)."""
+    from poller import outcomes
+
+    claims, completer, msg = await _one_held(engine, aengine)
     committed, go_on = asyncio.Event(), asyncio.Event()
     complete = claims.complete
 
@@ -483,15 +491,8 @@ async def test_a_write_made_during_a_heartbeat_counts_no_claim_lost(
     way: the row left the heartbeat's snapshot of held claims as done, not taken over
     (a single poller draining warned of 59-100 such claims a round)."""
     from poller import outcomes
-    from poller.claims import Claims
-    from poller.completer import Completer
 
-    make_endpoint(engine, "a", url="http://127.0.0.1:9/")
-    seed(engine, 1, "a")
-    claims = Claims(aengine, poller_id="p1", claim_lease=30)
-    (msg,) = (await claims.claim(10)).messages
-    completer = Completer(claims)
-    completer.hold(msg)
+    claims, completer, msg = await _one_held(engine, aengine)
     entered, written = asyncio.Event(), asyncio.Event()
     extend = claims.extend
 
