@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -31,6 +31,11 @@ from tests.integration.service_helpers import (
     running_receiver,
     serving,
 )
+
+if TYPE_CHECKING:
+    from poller.claims import Claims
+    from poller.completer import Completer
+    from poller.outcomes import ClaimedMessage
 
 
 def _counting(handler: servers.Handler, seen: list[bytes]) -> servers.Handler:
@@ -435,7 +440,7 @@ async def test_a_dot_segment_key_stored_before_they_were_refused_is_never_looked
     assert requests == [b"POST /hook HTTP/1.1"]
 
 
-async def _one_held(engine: Engine, aengine: Any) -> tuple[Any, Any, Any]:
+async def _one_held(engine: Engine, aengine: Any) -> tuple[Claims, Completer, ClaimedMessage]:
     """One message claimed and held by a completer (not running yet): claims, completer,
     message."""
     from poller.claims import Claims
