@@ -24,24 +24,29 @@ each attempt in ``poller_delivery_attempts`` in the same transaction.
 from __future__ import annotations
 
 import json
+import logging
 import operator
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
-from poller.db import Autocommit, fetch
+from poller.db import Autocommit, OutageLog, fetch, is_transient
 from poller.endpoints import Endpoint
 from poller.events import EventSink, OperationalEvent
-from poller.health import HealthPolicy, is_endpoint_failure
+from poller.health import HealthPolicy
+from poller.judging import Signal, health_signals, judging_due, signals_json
 from poller.keyring import Keyring
-from poller.ordering import ENDED, hand_on, hand_on_ended
-from poller.outcomes import ClaimedMessage, Outcome
+from poller.ordering import ENDED, HandOver, hand_on, hand_on_ended
+from poller.outcomes import ClaimedMessage, Outcome, clean_text
 from poller.schema import BUCKETS
+
+log = logging.getLogger("poller.claims")
 
 ALL_BUCKETS: tuple[int, ...] = tuple(range(BUCKETS))
 
@@ -70,16 +75,6 @@ class ReclaimResult:
     pending: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
     events: list[OperationalEvent] = field(default_factory=list)
-
-
-TEXT_CAP = 2048
-
-
-def clean_text(value: str, cap: int = TEXT_CAP) -> str:
-    """Text PostgreSQL will store whatever a receiver sent: no NUL, no lone surrogate, capped."""
-    if not value.isascii():
-        value = value.encode("utf-8", "replace").decode("utf-8")
-    return value.replace("\x00", "\ufffd")[:cap]
 
 
 def outcomes_json(outcomes: Sequence[Outcome], poller_id: str) -> dict[str, str]:
@@ -130,6 +125,25 @@ _compact = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
 _GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed", "accepted")
 _FENCED_FIELDS = (*_CLAIMED_FIELDS, "accepted")
+_COMPLETED_FIELDS = ("id", "endpoint_id", "status", "ordering_key", "healthy", "backlog")
+
+
+def _news_free(outcome: Outcome) -> bool:
+    """An outcome whose follow-ups may come after its row is written: a delivery, or an
+    attempt handed back unsent — nothing a circuit, a pause or an event waits on."""
+    if outcome.status == "failed":
+        return False
+    return outcome.outcome == "delivered" or outcome.kind not in ("send", "lookup")
+
+
+@dataclass(slots=True)
+class _FollowUps:
+    """What follows from a completion (Claims.complete)."""
+
+    signals: dict[int, Signal]  # per endpoint, for JUDGE_HEALTH
+    judge: bool  # JUDGE_HEALTH would change something (poller/judging.py)
+    heads: list[int]  # ended ordered heads (and busy ones carried): keys to hand on
+    failed: list[int]  # messages failed for good: their operational events
 
 
 def _fences_json(fences: Mapping[int, int]) -> str:
@@ -173,9 +187,13 @@ class Claims:
         keyring: Keyring | None = None,
         health: HealthPolicy | None = None,
         events: EventSink | None = None,
+        follow_ups_apart: bool = False,
     ) -> None:
         self.engine = engine
         self.direct = Autocommit(engine)  # the plain claim: one statement, no transaction
+        # COMPLETE_BATCH alone, when its follow-ups may come after it (complete())
+        self.follow_ups_apart = follow_ups_apart
+        self.completing = Autocommit(engine, generic_plans=False)
         self.poller_id = poller_id
         self.claim_lease = claim_lease
         self.keyring = keyring  # opens the endpoints' secrets; None: POLLER_SECRETS_KEY's
@@ -184,8 +202,11 @@ class Claims:
         self.events = events or EventSink()  # poller/events.py
         self.stale_completions = 0
         self.stale_leader_claims = 0
-        # Ended heads whose key row was busy: handed on by the next completion.
+        # Ended heads whose key row was busy: handed on by the next completion; and
+        # health signals of written rows whose follow-ups met a database away.
         self._carried_heads: set[int] = set()
+        self._carried_signals: dict[int, Signal] = {}
+        self._follow_up_outage = OutageLog("following up completions")
         self._literals: dict[tuple[int, ...], str] = {}  # buckets -> buckets_literal
 
     async def claim_batch(
@@ -353,8 +374,10 @@ class Claims:
         return ClaimBatch(messages, endpoints, governed_count)
 
     async def close(self) -> None:
-        """Close the connection the claims go through (the engine stays the caller's)."""
+        """Close the connections the claims and completions go through (the engine stays
+        the caller's)."""
         await self.direct.close()
+        await self.completing.close()
 
     async def extend(self, held: Mapping[int, int]) -> set[int]:
         """Extend the claim lease of held rows ({id: claim_token}); returns the ids still held.
@@ -376,31 +399,40 @@ class Claims:
     async def complete(self, outcomes: Sequence[Outcome]) -> CompletionResult:
         """Apply outcomes (any mix) in one fenced statement; report which were stale.
 
-        In the same transaction, and without waiting on any row someone else
-        holds: the endpoints' health learns from the applied sends
-        (JUDGE_HEALTH: an endpoint whose rows are busy gets them in the health
-        backlog), the keys of ended ordered heads are handed on
-        (poller/ordering.py), and operational events for what changed (and for
-        messages that failed for good) are enqueued; the events are returned for
-        the in-process hooks. A key locked by an application's open transaction
-        is carried to the next call (:attr:`carried`), which an idle completer
-        makes soon.
+        What follows, without waiting on any row someone else holds: the
+        endpoints' health learns from the applied sends (JUDGE_HEALTH, when it
+        would change anything: poller/judging.py; an endpoint whose rows are busy
+        gets them in the health backlog), the keys of ended ordered heads are
+        handed on (poller/ordering.py), and operational events for what changed
+        (and for messages that failed for good) are enqueued; the events are
+        returned for the in-process hooks. A key locked by an application's open
+        transaction is carried to the next call (:attr:`carried`), which an idle
+        completer makes soon.
+
+        All in one transaction — unless ``follow_ups_apart`` and every outcome is a
+        delivery or sent nothing (:func:`_news_free`): then COMPLETE_BATCH is a
+        statement of its own, on a connection of its own, and the follow-ups, if
+        any, a transaction after it. A failure is judged in the transaction that
+        makes its row due again, so a circuit it opens is open before the row can
+        be claimed; a message failed for good gets its event with its row. Follow-ups that
+        fail after the rows were written are carried to the next call (the
+        database is away) or dropped with an error logged (the sweep hands on what
+        a lost hand-over left: :meth:`sweep_follow_ups`); the rows stay written.
         """
         if not outcomes and not self.carried:
             return CompletionResult()
-        params = {**outcomes_json(outcomes, self.poller_id), **self._health_params}
-        async with self.engine.begin() as conn:
-            rows = await fetch(conn, queries.COMPLETE_BATCH, params) if outcomes else []
-            signals = health_signals(outcomes, rows)
-            transitions = await self._judge(conn, signals) if signals else []
-            heads = {r.id for r in rows if r.ordering_key is not None and r.status in ENDED}
-            # No NOTIFY: a key's next message is in the same bucket, so this poller
-            # claims it — the caller wakes its own claimer (``promoted``).
-            handed = await hand_on(conn, sorted(heads | self._carried_heads), notify=False)
-            failed = [r.id for r in rows if r.status == "failed"]
-            events = await self.events.record(conn, transitions, failed)
-        self._carried_heads = set(handed.busy)
-        applied = {row.id for row in rows}
+        params = outcomes_json(outcomes, self.poller_id)
+        if self.follow_ups_apart and all(map(_news_free, outcomes)):
+            rows = await self._complete_rows(self.completing.fetch, params) if outcomes else []
+            work = self._follow_ups(outcomes, rows)
+            handed, events, transitions = await self._follow_up_apart(work)
+        else:  # a failed message's event is enqueued with its row
+            async with self.engine.begin() as conn:
+                rows = await self._complete_rows(partial(fetch, conn), params) if outcomes else []
+                work = self._follow_ups(outcomes, rows)
+                handed, events, transitions = await self._follow_up(conn, work)
+            self._followed_up(handed)
+        applied = {row[0] for row in rows}
         result = CompletionResult(
             applied=[o.message_id for o in outcomes if o.message_id in applied],
             stale=[o.message_id for o in outcomes if o.message_id not in applied],
@@ -411,6 +443,63 @@ class Claims:
         self.stale_completions += len(result.stale)
         return result
 
+    @staticmethod
+    async def _complete_rows(run: Any, params: Mapping[str, Any]) -> list[Any]:
+        return list(await run(queries.COMPLETE_BATCH, params, columns=_COMPLETED_FIELDS))
+
+    def _follow_ups(self, outcomes: Sequence[Outcome], rows: Sequence[Any]) -> _FollowUps:
+        """What follows from COMPLETE_BATCH's rows, with what earlier calls carried."""
+        signals = health_signals(outcomes, {row[0]: row[1] for row in rows})
+        judge = judging_due(signals, {row[1]: row[4] for row in rows}, any(r[5] for r in rows))
+        if self._carried_signals:  # older: the new ones fold into them
+            judge = True
+            for endpoint_id, signal in signals.items():
+                if endpoint_id in self._carried_signals:
+                    self._carried_signals[endpoint_id].add(signal)
+                else:
+                    self._carried_signals[endpoint_id] = signal
+            signals = self._carried_signals
+        heads = {row[0] for row in rows if row[3] is not None and row[2] in ENDED}
+        failed = [row[0] for row in rows if row[2] == "failed"]
+        return _FollowUps(signals, judge, sorted(heads | self._carried_heads), failed)
+
+    async def _follow_up(
+        self, conn: Any, work: _FollowUps
+    ) -> tuple[HandOver, list[OperationalEvent], list[dict[str, Any]]]:
+        transitions = await self._judge(conn, work.signals) if work.judge else []
+        # No NOTIFY: a key's next message is in the same bucket, so this poller
+        # claims it — the caller wakes its own claimer (``promoted``).
+        handed = await hand_on(conn, work.heads, notify=False)
+        events = await self.events.record(conn, transitions, work.failed)
+        return handed, events, transitions
+
+    def _followed_up(self, handed: HandOver) -> None:
+        """The follow-ups committed: carry only the keys that were busy."""
+        self._carried_heads = set(handed.busy)
+        self._carried_signals = {}
+
+    async def _follow_up_apart(
+        self, work: _FollowUps
+    ) -> tuple[HandOver, list[OperationalEvent], list[dict[str, Any]]]:
+        """The follow-ups of rows already written, in a transaction of their own."""
+        if not (work.judge or work.heads or work.failed):
+            return HandOver(), [], []
+        try:
+            async with self.engine.begin() as conn:
+                done = await self._follow_up(conn, work)
+        except Exception as exc:
+            if is_transient(exc):  # for the next call, which an idle completer makes soon
+                self._carried_signals = work.signals if work.judge else {}
+                self._carried_heads = set(work.heads)
+                self._follow_up_outage.failed(exc)
+            else:
+                log.error("a completion's follow-ups failed; dropped: %s", exc, exc_info=exc)
+                self._followed_up(HandOver())
+            return HandOver(), [], []
+        self._follow_up_outage.recovered()
+        self._followed_up(done[0])
+        return done
+
     async def _judge(self, conn: Any, signals: Mapping[int, Signal]) -> list[dict[str, Any]]:
         params = {"signals": signals_json(signals), **self._health_params}
         (judged,) = await fetch(conn, queries.JUDGE_HEALTH, params)
@@ -418,9 +507,10 @@ class Claims:
 
     @property
     def carried(self) -> int:
-        """Key hand-overs left for the next completion (their rows were busy): the
-        completer makes one soon even with no outcome to write."""
-        return len(self._carried_heads)
+        """Follow-ups left for the next completion (key hand-overs whose rows were busy,
+        health signals the database was away for): the completer makes one soon even
+        with no outcome to write."""
+        return len(self._carried_heads) + len(self._carried_signals)
 
     async def reclaim_expired(self, limit: int = 1000) -> ReclaimResult:
         """Return expired claims to pending + needs_lookup (or failed at max attempts).
@@ -447,55 +537,3 @@ class Claims:
             handed = await hand_on_ended(conn) if keys else 0
         self.events.notify(events)
         return handed
-
-
-@dataclass(slots=True)
-class Signal:
-    """What one completion's applied attempts tell an endpoint's health (JUDGE_HEALTH)."""
-
-    ok: int = 0  # deliveries
-    bad: int = 0  # failed requests (poller/health.py is_endpoint_failure)
-    pause: float | None = None  # the longest Retry-After pause asked for
-    gone: str | None = None  # a 410's disable reason
-    error: str | None = None  # the last failed request's error: "HTTP 503", "ConnectError"
-
-
-def health_signals(outcomes: Sequence[Outcome], applied: Sequence[Any]) -> dict[int, Signal]:
-    """Per endpoint, what the applied outcomes (COMPLETE_BATCH's rows) say. Every failed
-    request counts, probes and last attempts included."""
-    signals: dict[int, Signal] = {}
-    endpoint_of = {row.id: row.endpoint_id for row in applied}
-    for o in outcomes:
-        endpoint_id = endpoint_of.get(o.message_id)
-        if endpoint_id is None or o.kind not in ("send", "lookup"):  # expiry: nothing was sent
-            continue
-        signal = signals.get(endpoint_id)
-        if signal is None:
-            signal = signals[endpoint_id] = Signal()
-        if o.outcome == "delivered":
-            signal.ok += 1
-        elif is_endpoint_failure(o.status_code, o.outcome):
-            signal.bad += 1
-        if o.outcome != "delivered" and (o.status_code is not None or o.error_class):
-            signal.error = f"HTTP {o.status_code}" if o.status_code is not None else o.error_class
-        if o.pause is not None:
-            signal.pause = max(signal.pause or 0.0, o.pause)
-        if o.disable_reason is not None:
-            signal.gone = clean_text(o.disable_reason)
-    return signals
-
-
-def signals_json(signals: Mapping[int, Signal]) -> str:
-    return json.dumps(
-        [
-            {
-                "endpoint_id": e,
-                "ok": s.ok,
-                "bad": s.bad,
-                "pause": s.pause,
-                "gone": s.gone,
-                "error": None if s.error is None else clean_text(s.error, 200),
-            }
-            for e, s in signals.items()
-        ]
-    )

@@ -202,12 +202,17 @@ async def _rows(
     return await cursor.fetchall()
 
 
-async def autocommit_connection(url: str) -> psycopg.AsyncConnection[Any]:
-    """A connection for :class:`Autocommit`: every statement prepared at once, and planned
-    once (a generic plan), not at every claim — CLAIM_BATCH's custom plan took longer to
-    make (0.9 ms) than to run (0.7 ms), and its shape depends on no value it is given."""
+async def autocommit_connection(
+    url: str, *, generic_plans: bool = True
+) -> psycopg.AsyncConnection[Any]:
+    """A connection for :class:`Autocommit`: every statement prepared at once, and with
+    ``generic_plans`` planned once (a generic plan), not at every claim — CLAIM_BATCH's
+    custom plan took longer to make (0.9 ms) than to run (0.7 ms), and its shape depends
+    on no value it is given. Without it PostgreSQL chooses, as on the engine's
+    connections (COMPLETE_BATCH: its best join depends on how many outcomes come)."""
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    if generic_plans:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
     conn.prepare_threshold = 0
     return conn
 
@@ -225,15 +230,18 @@ class Autocommit:
     ever left open on it, so nothing it locks outlives its statement.
     """
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, generic_plans: bool = True) -> None:
         self._url = libpq_url(engine.url.render_as_string(hide_password=False))
+        self._generic_plans = generic_plans  # see autocommit_connection()
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._opening = asyncio.Lock()
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         async with self._opening:
             if self._conn is None or self._conn.closed:
-                self._conn = await autocommit_connection(self._url)
+                self._conn = await autocommit_connection(
+                    self._url, generic_plans=self._generic_plans
+                )
             return self._conn
 
     async def fetch(

@@ -29,13 +29,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from poller import __version__, delivery, metrics, outcomes
-from poller.claims import clean_text
 from poller.completer import Completer
 from poller.delivery import LookupAnswer, Verdict
 from poller.endpoints import Endpoint
 from poller.health import GOVERN_QUIET, is_endpoint_failure
 from poller.names import DOT_SEGMENTS
-from poller.outcomes import ClaimedMessage, Outcome
+from poller.outcomes import ClaimedMessage, Outcome, clean_text
 from poller.retry import backoff
 from poller.senders import Sender
 from poller.settings import Settings

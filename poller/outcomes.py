@@ -21,6 +21,14 @@ RowStatus = Literal["pending", "delivered", "failed"]
 AttemptKind = Literal["send", "lookup", "expiry"]
 
 _T = TypeVar("_T")
+TEXT_CAP = 2048
+
+
+def clean_text(value: str, cap: int = TEXT_CAP) -> str:
+    """Text PostgreSQL will store whatever a receiver sent: no NUL, no lone surrogate, capped."""
+    if not value.isascii():
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value.replace("\x00", "\ufffd")[:cap]
 
 
 @dataclass_transform(frozen_default=True)

@@ -98,6 +98,7 @@ class Poller:
             keyring=settings.keyring,
             health=settings.health,
             events=EventSink(settings.operator_endpoint),
+            follow_ups_apart=True,
         )
         # Operational events (poller/events.py), in process: append callables taking one
         # OperationalEvent; they run after the change committed, and must not block.

@@ -143,6 +143,11 @@ EXTEND_CLAIMS = _statement(
 # What follows from a completion — the endpoint's health (JUDGE_HEALTH), a
 # key handed on (ADVANCE_KEYS) — are later statements that skip rows someone
 # else holds, so no application or operator transaction can make it wait.
+# Each row says whether its endpoint's health row (read, never locked) is one
+# JUDGE_HEALTH would leave alone after deliveries only (``healthy``: closed, no
+# failure streak, a success within the second), and ``backlog`` whether signals
+# wait in poller_health_backlog: with both, a completion of deliveries skips
+# JUDGE_HEALTH, which would change nothing (poller/claims.py).
 COMPLETE_BATCH = _statement(
     "COMPLETE_BATCH",
     """
@@ -201,7 +206,12 @@ COMPLETE_BATCH = _statement(
         ) AS a
         WHERE a.endpoint_id IS NOT NULL
     )
-    SELECT id, endpoint_id, status, ordering_key FROM done
+    SELECT d.id, d.endpoint_id, d.status, d.ordering_key,
+           h.state = 'closed' AND h.consecutive_failures = 0
+               AND h.last_success_at >= now() - interval '1 second' AS healthy,
+           EXISTS (SELECT 1 FROM poller_health_backlog) AS backlog
+    FROM done d
+    LEFT JOIN poller_endpoint_health h ON h.endpoint_id = d.endpoint_id
     """,
 )
 

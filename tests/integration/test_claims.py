@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -25,9 +26,13 @@ from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, expire_claims, make_due, row, seed
 
 
-@pytest.fixture
-def claims(aengine: AsyncEngine) -> Claims:
-    return Claims(aengine, poller_id="p1", claim_lease=30)
+@pytest.fixture(params=[False, True], ids=["one-transaction", "follow-ups-apart"])
+async def claims(aengine: AsyncEngine, request: pytest.FixtureRequest) -> AsyncIterator[Claims]:
+    """Both ways to complete (Claims.complete): the rows and their follow-ups in one
+    transaction, and the service's, a delivery's rows first, alone."""
+    claims = Claims(aengine, poller_id="p1", claim_lease=30, follow_ups_apart=request.param)
+    yield claims
+    await claims.close()
 
 
 async def test_claim_counts_the_attempt_and_stamps_a_token(

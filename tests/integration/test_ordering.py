@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,6 +24,8 @@ from poller import (
 )
 from poller.admin import retry_messages
 from poller.claims import Claims
+from poller.db import poller_engine
+from poller.embedded import free_port
 from poller.ordering import blocked_keys, skip_messages
 from poller.receiver import Receiver
 from tests.conftest import make_endpoint
@@ -68,9 +71,12 @@ def _lock_waits(engine: Engine) -> bool:
         )
 
 
-@pytest.fixture
-def claimer(aengine: AsyncEngine) -> Claims:
-    return Claims(aengine, poller_id="p1", claim_lease=30)
+@pytest.fixture(params=[False, True], ids=["one-transaction", "follow-ups-apart"])
+async def claimer(aengine: AsyncEngine, request: pytest.FixtureRequest) -> AsyncIterator[Claims]:
+    """Both ways to complete: in one transaction, and a delivery's rows first, alone."""
+    claims = Claims(aengine, poller_id="p1", claim_lease=30, follow_ups_apart=request.param)
+    yield claims
+    await claims.close()
 
 
 @pytest.mark.parametrize("bad", ["", " ", "a b", "é", "x" * 256, 42, "line\n"])
@@ -244,6 +250,33 @@ async def test_an_open_transaction_on_a_key_never_makes_a_completion_wait(
     assert claimer.carried == 0
     assert states(engine)[tail] == "pending"
     assert key_row(engine, "a").head_id == tail
+
+
+async def test_follow_ups_that_meet_a_database_away_are_carried_not_lost(
+    engine: Engine, aengine: AsyncEngine, endpoint: Any
+) -> None:
+    """A delivered head's row is written alone (the service's way); its key's hand-over
+    then meets a database away. The row stays delivered, the hand-over is carried, and
+    the next call makes it."""
+    head, tail = put(engine, "a", 2)
+    claims = Claims(aengine, poller_id="p1", claim_lease=30, follow_ups_apart=True)
+    (claimed,) = await claims.claim_batch(limit=10)
+    away = poller_engine(f"postgresql://u:p@127.0.0.1:{free_port()}/x", fast_settings())
+    claims.engine = away  # the follow-ups' transaction cannot begin; COMPLETE_BATCH's can
+    try:
+        assert (await claims.complete([outcomes.delivered(claimed)])).applied == [head]
+        assert claims.carried == 2  # the key's hand-over, and the endpoint's first success
+        assert states(engine) == {head: "delivered", tail: "waiting"}
+        claims.engine = aengine
+        assert (await claims.complete([])).promoted == 1
+    finally:
+        await away.dispose()
+        await claims.close()
+    assert claims.carried == 0
+    assert states(engine)[tail] == "pending"
+    with engine.connect() as conn:
+        judged = text("SELECT last_success_at FROM poller_endpoint_health")
+        assert conn.execute(judged).scalar_one() is not None
 
 
 async def test_a_key_held_open_for_three_leases_holds_back_only_itself(

@@ -1,0 +1,35 @@
+"""When a completion's health signals need JUDGE_HEALTH (poller/judging.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from poller.judging import Signal, judging_due
+
+
+@pytest.mark.parametrize(
+    ("signal", "healthy", "backlog", "due"),
+    [
+        (Signal(ok=3), True, False, False),  # deliveries to a healthy endpoint: nothing new
+        (Signal(ok=3), False, False, True),  # a circuit to close, a streak to reset
+        (Signal(ok=3), None, False, True),  # no health row read: let JUDGE_HEALTH see
+        (Signal(ok=3), True, True, True),  # signals wait in the backlog: fold them in
+        (Signal(ok=2, bad=1), True, False, True),
+        (Signal(pause=1.0), True, False, True),
+        (Signal(gone="410 Gone from a"), True, False, True),
+    ],
+)
+def test_judging_is_due_when_it_would_change_something(
+    signal: Signal, healthy: bool | None, backlog: bool, due: bool
+) -> None:
+    assert judging_due({7: signal}, {7: healthy}, backlog) is due
+
+
+def test_no_signal_needs_no_judging_even_with_a_backlog() -> None:
+    assert judging_due({}, {}, True) is False  # the maintenance sweep folds it in
+
+
+def test_a_later_signal_folds_into_an_earlier_one() -> None:
+    earlier = Signal(ok=1, bad=2, pause=5.0, error="HTTP 503")
+    earlier.add(Signal(ok=1, pause=1.0, gone="410 Gone from a", error="ConnectError"))
+    assert earlier == Signal(ok=2, bad=2, pause=5.0, gone="410 Gone from a", error="ConnectError")
