@@ -282,6 +282,7 @@ class Run:
     strict_refused: set[str] = field(default_factory=set)  # keys of payloads the catalog refuses
     dba_done: threading.Event = field(default_factory=threading.Event)
     cut_claims: int = 0  # poller backends the DBA terminated right after a claim
+    cut_completions: int = 0  # ... and right after a completion's statement
 
     def committed_now(self, keys: set[str]) -> None:
         self.committed |= keys
@@ -653,6 +654,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             "tenant_calls": len(run.tenant_log),
             "tenant_refused": sum(1 for c in run.tenant_log if c.endswith(" 404")),
             "cut_claims": run.cut_claims,
+            "cut_completions": run.cut_completions,
             "handed_back": handed_back([p.log for p in fleet.procs]),
             "seconds": round(time.monotonic() - began, 1),
             "problems": problems,
@@ -681,7 +683,7 @@ def summary(result: dict[str, Any]) -> str:
         f"{len(result['injected'])}/{result['planned']} faults injected, "
         f"{result['tenant_calls']} tenant API calls ({result['tenant_refused']} not found), "
         f"{result['cut_claims']} claim connections cut ({result['handed_back']} claims "
-        "handed back); "
+        f"handed back), {result['cut_completions']} completion connections cut; "
         f"{verdict}"
     )
 

@@ -15,13 +15,16 @@ the CLI and the dashboard call:
   when, so the verdict can check that it was disabled when it should have been.
 
 A third acts on the connections: **the DBA** (or a pooler, or an idle-session
-killer) terminates the pollers' backends right after a claim, for a moment
+killer) terminates the pollers' backends right after a claim or a completion, for a moment
 after each endpoint edit, when every poller's next claim must read the endpoint
 again. That lands between a claim that committed (one statement, in autocommit)
 and what runs next on its connection: the endpoint read, or CLAIM_BATCH after
 CLAIM_GOVERNED. Those messages must be handed back unsent and refunded, never
 left in flight until their lease runs out (the verdict's lease invariant does
-not excuse these cuts) nor charged an attempt.
+not excuse these cuts) nor charged an attempt. A completion's rows are written
+once (its next statement fails and is written again, fenced), and what follows
+from them — a key handed on, a circuit judged — is carried, never lost: every
+ordered message still ends, in order.
 
 Each records what it did in the :class:`~loadtest.hunt.Run` (times in
 ``time.time()``, the database's clock on this machine): the verdict excludes
@@ -71,6 +74,19 @@ CUT_CLAIMS = text(
     "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
     "WHERE state = 'idle' AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
     "AND query LIKE '%RETURNING f.shard%), busy AS (%'"
+)
+
+# And the backends idle right after a completion's statement: COMPLETE_BATCH on the
+# connection it has to itself (its next one fails, and is written again, fenced), or
+# in the transaction of a completion with failures (rolled back, written again); a
+# follow-up (JUDGE_HEALTH, a key's hand-over) in its transaction after rows written
+# alone (rolled back, and carried to the next completion).
+CUT_COMPLETIONS = text(
+    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE state IN ('idle', 'idle in transaction') AND pid <> pg_backend_pid() "
+    "AND backend_type = 'client backend' "
+    "AND (query LIKE '%jsonb_array_elements(CAST($1 AS jsonb)) AS r%' "
+    "OR query LIKE '%WITH fresh AS (%' OR query LIKE '%JOIN poller_ordering_keys k%')"
 )
 
 
@@ -237,7 +253,8 @@ def dba(engine: Any, run: Run, stop: threading.Event) -> None:
     """At each of ``plan.cuts``, for CUT seconds: an endpoint edit every 50 ms (the same
     ``max_attempts``: nothing changes but ``updated_at``, so every claim is followed by an
     endpoint read), and every poller backend seen idle after a claim is terminated
-    (``run.cut_claims`` counts them)."""
+    (``run.cut_claims`` counts them), and every one seen idle after a completion's
+    statement (``run.cut_completions``)."""
     for at in run.plan.cuts:
         if not _wait_until(run.began, at, stop):
             break
@@ -249,6 +266,7 @@ def dba(engine: Any, run: Run, stop: threading.Event) -> None:
                     edited = time.monotonic()
                     while time.monotonic() < edited + 0.05 and not stop.wait(0.001):
                         run.cut_claims += int(conn.execute(CUT_CLAIMS).scalar_one())
+                        run.cut_completions += int(conn.execute(CUT_COMPLETIONS).scalar_one())
         except Exception as exc:  # PostgreSQL restarting
             run.operated.append(f"dba failed: {type(exc).__name__}")
     run.dba_done.set()
