@@ -23,10 +23,12 @@ other senders (poller/senders.py), by these means:
   an ``asyncio`` timeout around it cost a third of the sender's CPU). hyper
   says in which phase a failure happened: getting a connection is *not
   sent*; after it, *unknown*; a status already received counts.
-* The answer is streamed: its status counts as soon as its headers arrive
-  (pyreqwest would otherwise read ahead into the body first, and a slow-drip
-  body would cost the status), and the body is read up to READ_CAP only, then
-  the connection is dropped, never drained.
+* The answer is streamed with no read-ahead (``streamed_read_buffer_limit(0)``):
+  its status counts as soon as its headers arrive. pyreqwest would otherwise
+  read that much body first, and a body that drips slowly or never starts would
+  cost the status; a limit of 1 still waited for the first byte, and costs as
+  much (docs/explanation/performance.md). The body is read up to READ_CAP only,
+  then the connection is dropped, never drained.
 * **TLS.** An endpoint's client certificate is the client's identity
   (rustls). Three things reqwest cannot do are done by the aiohttp sender,
   for those requests only: a client key rustls cannot read (DSA, Ed448:
@@ -373,7 +375,7 @@ class ReqwestSender:
             raise SendError("InvalidRequest", f"not sent: {said}"[:200], sent=False) from None
         if body:
             builder = builder.body_bytes(body)
-        return await self._exchange(builder.streamed_read_buffer_limit(1), target)
+        return await self._exchange(builder.streamed_read_buffer_limit(0), target)
 
     @staticmethod
     async def _exchange(builder: RequestBuilder, target: _Target) -> Reply:
