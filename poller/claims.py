@@ -23,6 +23,7 @@ each attempt in ``poller_delivery_attempts`` in the same transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import operator
@@ -451,14 +452,15 @@ class Claims:
         """What follows from COMPLETE_BATCH's rows, with what earlier calls carried."""
         signals = health_signals(outcomes, {row[0]: row[1] for row in rows})
         judge = judging_due(signals, {row[1]: row[4] for row in rows}, any(r[5] for r in rows))
-        if self._carried_signals:  # older: the new ones fold into them
-            judge = True
+        if self._carried_signals:  # older: the new ones fold into copies of them (the
+            judge = True  # carried ones stay as they are until the follow-ups commit)
+            merged = {e: dataclasses.replace(s) for e, s in self._carried_signals.items()}
             for endpoint_id, signal in signals.items():
-                if endpoint_id in self._carried_signals:
-                    self._carried_signals[endpoint_id].add(signal)
+                if endpoint_id in merged:
+                    merged[endpoint_id].add(signal)
                 else:
-                    self._carried_signals[endpoint_id] = signal
-            signals = self._carried_signals
+                    merged[endpoint_id] = signal
+            signals = merged
         heads = {row[0] for row in rows if row[3] is not None and row[2] in ENDED}
         failed = [row[0] for row in rows if row[2] == "failed"]
         return _FollowUps(signals, judge, sorted(heads | self._carried_heads), failed)
