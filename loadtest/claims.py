@@ -3,9 +3,10 @@
     python -m loadtest.claims [--rows 200000] [--batch 100] [--connections 1 4]
 
 For each connection count, the same queue (ROWS due rows) is drained in turns:
-once by processes using :class:`poller.claims.Claims` (the production path:
-SQLAlchemy's pool and transaction, the statements sent to the driver) and once
-by processes sending the *same statements* through plain psycopg. Each process
+once by processes using :class:`poller.claims.Claims` as the service does (a
+claim and a completion of deliveries are each one statement on a connection of
+their own; JUDGE_HEALTH in a transaction when it would change something) and
+once by processes sending the *same statements* through plain psycopg. Each process
 holds one connection and loops claim → complete (delivered) until the queue is
 empty. Figures are rows/s; the ratio is
 poller / raw, measured in the same run on the same server (median of
@@ -62,7 +63,7 @@ def _seed(url: str, rows: int) -> None:
 
 async def _drain_poller(url: str, batch: int, start: Any) -> int:
     engine = async_engine(url, pool_size=1, max_overflow=0)
-    claims = Claims(engine, poller_id="bench", claim_lease=60)
+    claims = Claims(engine, poller_id="bench", claim_lease=60, follow_ups_apart=True)
     await claims.claim_batch(limit=0)
     # The endpoint cache the Claimer keeps: endpoints are read once, not with every claim.
     versions: dict[int, Any] = {}
@@ -80,6 +81,7 @@ async def _drain_poller(url: str, batch: int, start: Any) -> int:
 async def _drain_raw(url: str, batch: int, start: Any) -> int:
     conn = await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=False)
     alone = await autocommit_connection(libpq_url(url))  # the claim's own session, as Claims
+    completing = await autocommit_connection(libpq_url(url), generic_plans=False)
     claim = {
         "buckets": ALL_BUCKETS_LITERAL,
         "limit": batch,
@@ -108,20 +110,23 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
         params = {"outcomes": json.dumps(outcomes), "poller_id": "bench", **HEALTH}
         n = len(rows)
         # A correct client reads which completions the fence refused, as poller.claims does,
-        # and tells the endpoint's health what the sends did (the breaker is shared).
-        async with conn.cursor() as cur:
+        # and tells the endpoint's health what the sends did (the breaker is shared) when
+        # the completion says its health row is not one of a healthy endpoint.
+        async with completing.cursor() as cur:
             await cur.execute(RAW_COMPLETE, params)
             applied = await cur.fetchall()
-            stale = n - len(applied)
-            if applied:
+        stale = n - len(applied)
+        if applied and not (applied[0][4] and not applied[0][5]):
+            async with conn.cursor() as cur:
                 signals = [{"endpoint_id": applied[0][1], "ok": len(applied), "bad": 0}]
                 await cur.execute(RAW_JUDGE, {"signals": json.dumps(signals), **HEALTH})
-        await conn.commit()
+            await conn.commit()
         if stale:
             raise SystemExit(f"raw: {stale} completions refused")
         done += n
     await conn.close()
     await alone.close()
+    await completing.close()
     return done
 
 
