@@ -46,6 +46,7 @@ from poller.senders import Reply, Sender, SendError
 from poller.settings import Settings
 from poller.signing import sign
 from poller.urls import LOOKUP_PLACEHOLDER
+from poller.wire import RETRY_AFTER_STATUSES
 
 EXCERPT_CAP = 2048
 
@@ -175,7 +176,9 @@ async def send(
     if isinstance(reply, SendError):
         return _failed_exchange(reply, started_at, duration_ms)
     verdict = classify_status(reply.status, permanent_statuses)
-    retry_after = parse_retry_after(reply.retry_after) if reply.status in (429, 503) else None
+    retry_after = (
+        parse_retry_after(reply.retry_after) if reply.status in RETRY_AFTER_STATUSES else None
+    )
     return Attempt(
         verdict,
         started_at,

@@ -76,6 +76,7 @@ from poller.senders import AiohttpSender
 from poller.tls import HANDSHAKE_RESET
 from poller.wire import (
     READ_CAP,
+    RETRY_AFTER_STATUSES,
     TARGETS_KEPT,
     Reply,
     SendError,
@@ -204,11 +205,10 @@ class ReqwestSender:
         self._connect_timeout, self._resolve, self._proxy = connect_timeout, resolve, proxy
         self._aiohttp: AiohttpSender | None = None
         self._targets: dict[str, _Target] = {}
-        # (name or "", pinned address, connect budget, identity) -> its client
+        # (name or "", pinned address, timeout, identity) -> its client
         self._clients: dict[tuple[str, str, float, str | None], Client] = {}
         self._pins: dict[tuple[str, int], tuple[float, str]] = {}  # -> (expires, address)
         self._resolving: dict[tuple[str, int], asyncio.Future[str]] = {}
-        self._timeouts: dict[float, timedelta] = {}
         self._foreign: set[TLSSettings] = set()  # client keys rustls cannot use
 
     def _fallback(self) -> AiohttpSender:
@@ -301,17 +301,20 @@ class ReqwestSender:
         return bool(tls.ca_bundle) or tls in self._foreign
 
     def _client(
-        self, name: str, address: str, budget: float, tls: TLSSettings | None
+        self, name: str, address: str, timeout: float, tls: TLSSettings | None
     ) -> Client | None:
-        """The client for a pinned address (and the endpoint's client certificate); None
-        when rustls cannot use the certificate's key (DSA, Ed448: the checks accept what
-        OpenSSL does), and the endpoint is remembered for the aiohttp sender."""
+        """The client for a pinned address, a timeout (the whole exchange's: reqwest's
+        own, set once here rather than on every request) and the endpoint's client
+        certificate; None when rustls cannot use the certificate's key (DSA, Ed448: the
+        checks accept what OpenSSL does), and the endpoint is remembered for the aiohttp
+        sender."""
         identity = None
         if tls is not None and tls.client_cert and tls.client_key:
             identity = tls.client_key.rstrip() + "\n" + tls.client_cert
-        key = (name, address, budget, identity)
+        key = (name, address, timeout, identity)
         client = self._clients.get(key)
         if client is None:
+            budget = connect_budget(self._connect_timeout, timeout)
             builder = (
                 ClientBuilder()
                 .follow_redirects(False)
@@ -321,6 +324,7 @@ class ReqwestSender:
                 .zstd(False)
                 .deflate(False)
                 .referer(False)
+                .timeout(timedelta(seconds=timeout))
                 .connect_timeout(timedelta(seconds=budget))
                 # waiting for a connection is part of getting one: bounded by the budget
                 .pool_timeout(timedelta(seconds=budget))
@@ -354,25 +358,23 @@ class ReqwestSender:
         if self._proxy is not None or (tls is not None and self._aiohttp_only(tls)):
             return await self._fallback().request(method, url, headers, body, timeout, tls)
         target = self._target(method, url)
-        budget = connect_budget(self._connect_timeout, timeout)
         began = time.monotonic()
-        address = target.address or await self._address(target.name, target.port, budget)
-        client = self._client(target.name, address, budget, tls)
+        if target.address:
+            address = target.address
+        else:  # a name: resolved and checked within the connect budget
+            budget = connect_budget(self._connect_timeout, timeout)
+            address = await self._address(target.name, target.port, budget)
+        client = self._client(target.name, address, timeout, tls)
         if client is None:  # a key rustls cannot use: OpenSSL can
             return await self._fallback().request(method, url, headers, body, timeout, tls)
-        limit = self._timeouts.get(timeout)
-        if limit is None:
-            if len(self._timeouts) >= TARGETS_KEPT:
-                self._timeouts.clear()
-            limit = self._timeouts.setdefault(timeout, timedelta(seconds=timeout))
-        spent = time.monotonic() - began
-        if spent > 0.001:  # a name was resolved: the whole exchange still fits in timeout
-            limit = timedelta(seconds=max(timeout - spent, 0.001))
         try:
-            builder = client.request(method, target.url).headers(headers).timeout(limit)
+            builder = client.request(method, target.url).headers(headers)
         except (PyreqwestError, ValueError) as exc:  # a header no client may send: none sent
             said = str(exc).partition(":")[0]  # never the value: a header may be a credential
             raise SendError("InvalidRequest", f"not sent: {said}"[:200], sent=False) from None
+        spent = time.monotonic() - began
+        if spent > 0.001:  # a name was resolved: the whole exchange still fits in timeout
+            builder = builder.timeout(timedelta(seconds=max(timeout - spent, 0.001)))
         if body:
             builder = builder.body_bytes(body)
         return await self._exchange(builder.streamed_read_buffer_limit(0), target)
@@ -384,7 +386,9 @@ class ReqwestSender:
         data = b""
         try:
             async with builder.build_streamed() as answer:
-                status, retry_after = answer.status, _retry_after(answer)
+                status = answer.status
+                if status in RETRY_AFTER_STATUSES:  # the only answers whose wait counts
+                    retry_after = _retry_after(answer)
                 # read(n) waits for n bytes or the end: one call reads a short body whole
                 data = bytes(await answer.body_reader.read(READ_CAP) or b"")
         except PyreqwestError as exc:  # its timeouts included (they are TimeoutErrors)

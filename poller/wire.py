@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from poller.tls import TLSSettings
 
 READ_CAP = 64 * 1024
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+"""The answers whose ``Retry-After`` pauses the endpoint (poller/health.py); a sender may
+leave it unread on any other."""
 
 
 @dataclass(frozen=True, slots=True)
