@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import tempfile
 import time
@@ -290,6 +291,29 @@ def _balanced_names(per_shard: int, shards: int = 8) -> list[str]:
     return names
 
 
+_LEADING = re.compile(r'"message": "shard (\d+): (leading|released)[^"]*", "poller": "([^"]+)"')
+
+
+def balanced(poller: Proc, processes: int, shards: int = 8, timeout: float = 60.0) -> None:
+    """Wait until ``processes`` children lead the ``shards`` between them, none more than
+    its share: a drain that starts while one child holds every shard and hands half of
+    them over measured the hand-over (a few seconds), not the processes."""
+    share = -(-shards // processes)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        leaders: dict[int, str] = {}
+        for shard, what, who in _LEADING.findall(poller.output()):
+            if what == "leading":
+                leaders[int(shard)] = who
+            elif leaders.get(int(shard)) == who:
+                del leaders[int(shard)]
+        held = list(leaders.values())
+        if len(leaders) == shards and max(held.count(w) for w in set(held)) <= share:
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"spread: {processes} processes did not share the {shards} shards")
+
+
 def spread(
     tmp: Path,
     engine: Any,
@@ -315,6 +339,7 @@ def spread(
         poller = start_poller(tmp, engine, url, receiver_url, secret, args.concurrency, count)
         procs.append(poller)
         try:
+            balanced(poller, count)
             batch = [
                 Message(names[n % len(names)], "order.created", _payload(n), f"spread{count}:{n}")
                 for n in range(args.messages)
