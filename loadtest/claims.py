@@ -101,7 +101,7 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
             rows = [r for r in await cur.fetchall() if r[0] is not None]
         if not rows:
             break
-        # The same JSON a hand-written client would send (poller.claims.OUTCOME_COLUMNS,
+        # The same JSON a hand-written client would send (poller.outcomes.OUTCOME_COLUMNS,
         # then started_at), built as cheaply as possible.
         outcomes = [
             [r[0], r[8], r[6], "delivered", "delivered", None, False, None, "send", None, 200]

@@ -26,11 +26,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import operator
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -44,7 +43,7 @@ from poller.health import HealthPolicy
 from poller.judging import Signal, health_signals, judging_due, signals_json
 from poller.keyring import Keyring
 from poller.ordering import ENDED, HandOver, hand_on, hand_on_ended
-from poller.outcomes import ClaimedMessage, Outcome, clean_text
+from poller.outcomes import ClaimedMessage, Outcome, outcomes_json
 from poller.schema import BUCKETS
 
 log = logging.getLogger("poller.claims")
@@ -78,51 +77,6 @@ class ReclaimResult:
     events: list[OperationalEvent] = field(default_factory=list)
 
 
-def outcomes_json(outcomes: Sequence[Outcome], poller_id: str) -> dict[str, str]:
-    """COMPLETE_BATCH's parameters: the outcomes as one JSON array of arrays, a column per
-    position (:data:`OUTCOME_COLUMNS`), ``started_at`` in microseconds since the epoch.
-
-    Arrays, not objects: json.dumps spent most of its time on the keys (6.3 µs an
-    outcome as objects, 2.1 as arrays). Only the free-text fields can hold what a
-    receiver sent, so only they are cleaned; the rest are ours."""
-    rows: list[tuple[Any, ...]] = []
-    add = rows.append
-    for o in outcomes:
-        values = _outcome_values(o)
-        if o.error_class or o.error_message or o.response_excerpt:
-            values = tuple(
-                clean_text(v) if i in _FREE_TEXT and v else v for i, v in enumerate(values)
-            )
-        at = o.started_at
-        add((*values, None if at is None else (at - _EPOCH) // _MICROSECOND))
-    return {"outcomes": _compact(rows), "poller_id": clean_text(poller_id)}
-
-
-OUTCOME_COLUMNS = (
-    "message_id",
-    "claim_token",
-    "attempt",
-    "status",
-    "outcome",
-    "retry_delay",
-    "needs_lookup",
-    "refund",
-    "kind",
-    "probe",
-    "status_code",
-    "error_class",
-    "error_message",
-    "duration_ms",
-    "response_excerpt",
-)
-"""The positions of an outcome in COMPLETE_BATCH's array (then ``started_at``)."""
-_outcome_values = operator.attrgetter(*OUTCOME_COLUMNS)
-_FREE_TEXT = frozenset(
-    OUTCOME_COLUMNS.index(name) for name in ("error_class", "error_message", "response_excerpt")
-)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-_compact = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
 _GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed", "accepted")
 _FENCED_FIELDS = (*_CLAIMED_FIELDS, "accepted")

@@ -130,7 +130,7 @@ EXTEND_CLAIMS = _statement(
 
 # Apply a batch of outcomes, each fenced by (id, claim_token, in_flight): a
 # write from a superseded claim matches no row and changes nothing. The batch
-# is one JSON array of arrays (poller/claims.py outcomes_json: a column per
+# is one JSON array of arrays (poller/outcomes.py outcomes_json: a column per
 # position, nulls for what is absent): json.dumps is several times cheaper than
 # adapting fifteen parallel arrays, and arrays than objects. The status, retry
 # delay, lookup flag and refund are decided by the caller (poller/claims.py) from

@@ -11,10 +11,10 @@ from sqlalchemy import Engine, text
 
 from loadtest.fixtures import insert_due, insert_history, insert_waiting
 from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, outcomes_json
+from poller.claims import ALL_BUCKETS_LITERAL
 from poller.endpoints import CreatedEndpoint
 from poller.health import HealthPolicy
-from poller.outcomes import Outcome
+from poller.outcomes import Outcome, outcomes_json
 
 NOW = datetime.now(UTC)
 ONE = {
