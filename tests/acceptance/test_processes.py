@@ -50,10 +50,16 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_processes_share_restart_and_drain(engine: Engine, db_url: str, tmp_path: Path) -> None:
     from poller.embedded import free_port
+    from poller.endpoints import bucket_for
 
+    # An endpoint in each of the 4 shards: whichever way the children split them, both
+    # have work (with one endpoint, both delivered only if its shard changed hands)
+    names = {bucket_for(f"a{n}") % 4: f"a{n}" for n in range(64)}
+    assert len(names) == 4
     with receiver(tmp_path, "--latency", "0.1") as (_, url):
-        make_endpoint(engine, "a", url=url)
-        seed(engine, 2000, "a")
+        for name in names.values():
+            make_endpoint(engine, name, url=url)
+            seed(engine, 1000, name)
         port = free_port()
         env = poller_env(
             POLLER_DATABASE_URL=db_url,
