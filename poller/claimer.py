@@ -76,6 +76,9 @@ class Claimer:
         self.wake = asyncio.Event()
         self._governed_last = -GOVERN_INTERVAL  # monotonic time of the last governed claim
         self._governed_busy = False  # it found governed endpoints with due messages
+        # The last claim took less than it asked for while no endpoint was at its cap:
+        # nothing else was due, so freed room is no reason to claim (room_freed)
+        self._drained = False
         self._outage = OutageLog("claiming")
 
     @property
@@ -86,10 +89,27 @@ class Claimer:
 
     def room_freed(self) -> None:
         """A delivery finished: wake the loop once there is room worth a claim (waking
-        it for each one cost a task switch and a timer per delivery, to sleep again)."""
+        it for each one cost a task switch and a timer per delivery, to sleep again) —
+        unless the last claim found nothing more due. Then what makes messages due
+        wakes it instead: a NOTIFY, a key handed on, a claim handed back or reclaimed,
+        the poll interval (a retry's time, a shard won). At 3,000 messages/s in
+        transactions of 10, more than half the claims came back empty."""
+        if self._drained:
+            return
         dispatcher = self.dispatcher
         if not dispatcher.tasks or min(dispatcher.room, self.settings.batch_size) >= self.low_water:
             self.wake.set()
+
+    def _capped(self) -> bool:
+        """Some endpoint holds as many deliveries as it may: its due messages wait for
+        room (Claims.claim gives each endpoint its max_in_flight less what it holds)."""
+        default = self.settings.max_in_flight
+        for endpoint_id, held in self.dispatcher.in_flight.items():
+            endpoint = self.endpoints.get(endpoint_id)
+            cap = endpoint.max_in_flight if endpoint is not None else None
+            if held >= (cap or default):
+                return True
+        return False
 
     async def run(self, stopping: asyncio.Event) -> None:
         settings = self.settings
@@ -141,6 +161,7 @@ class Claimer:
         return GOVERN_IDLE_INTERVAL
 
     async def _claim(self, limit: int) -> int:
+        self._drained = False  # until this claim says otherwise
         scope = self.scope()
         asked = time.monotonic()  # the lease runs from the claim, at the latest from here
         asked_ns = time.time_ns()
@@ -187,6 +208,7 @@ class Claimer:
                 metrics.CIRCUIT_PROBES.inc(probes)
                 log.info("claimed %d probe message(s) for open circuits", probes)
             log.debug("claimed %d messages", len(batch.messages))
+        self._drained = len(batch.messages) < limit and not self._capped()
         return len(batch.messages)
 
     async def _sleep(self, seconds: float) -> None:

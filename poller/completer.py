@@ -70,7 +70,8 @@ class Completer:
         self.telemetry = telemetry  # a span per completion batch (poller/otel.py)
         self.traces: dict[int, str] = {}  # message id -> its traceparent, with telemetry on
         self.batch_limit = batch_limit
-        self.on_promoted = on_promoted  # ordered messages became due: claim them
+        # messages became due now (ordered ones promoted, claims handed back): claim them
+        self.on_promoted = on_promoted
         self.on_written = on_written  # a batch was written: the queue has room again
         self.held: dict[int, int] = {}  # message id -> claim token
         # message id -> monotonic time until which its lease surely holds: the moment
@@ -203,7 +204,7 @@ class Completer:
             parents = [self.traces.pop(o.message_id, "") for o in batch]
             self.telemetry.batch("complete", began_ns, [p for p in parents if p])
         self.on_written()
-        if result.promoted:
+        if result.promoted or any(o.status == "pending" and not o.retry_delay for o in batch):
             self.on_promoted()
         if result.opened:
             metrics.CIRCUIT_OPENS.inc(result.opened)
