@@ -27,7 +27,7 @@ import dataclasses
 import json
 import logging
 import secrets
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -369,10 +369,11 @@ class Claims:
         statement of its own, on a connection of its own, and the follow-ups, if
         any, a transaction after it. A failure is judged in the transaction that
         makes its row due again, so a circuit it opens is open before the row can
-        be claimed; a message failed for good gets its event with its row. Follow-ups that
-        fail after the rows were written are carried to the next call (the
-        database is away) or dropped with an error logged (the sweep hands on what
-        a lost hand-over left: :meth:`sweep_follow_ups`); the rows stay written.
+        be claimed; a message failed for good gets its event with its row.
+        Follow-ups that fail after the rows were written are carried to the next
+        call (the database is away) or dropped with an error logged (the sweep
+        hands on what a lost hand-over left: :meth:`sweep_follow_ups`); the rows
+        stay written.
         """
         if not outcomes and not self.carried:
             return CompletionResult()
@@ -399,8 +400,12 @@ class Claims:
         return result
 
     @staticmethod
-    async def _complete_rows(run: Any, params: Mapping[str, Any]) -> list[Any]:
-        return list(await run(queries.COMPLETE_BATCH, params, columns=_COMPLETED_FIELDS))
+    async def _complete_rows(
+        fetch_on: Callable[..., Awaitable[list[Any]]], params: Mapping[str, Any]
+    ) -> list[Any]:
+        """COMPLETE_BATCH's rows (``_COMPLETED_FIELDS``), through ``fetch_on``: the
+        connection of its own, or the transaction's (:func:`poller.db.fetch`)."""
+        return await fetch_on(queries.COMPLETE_BATCH, params, columns=_COMPLETED_FIELDS)
 
     def _follow_ups(self, outcomes: Sequence[Outcome], rows: Sequence[Any]) -> _FollowUps:
         """What follows from COMPLETE_BATCH's rows, with what earlier calls carried."""
