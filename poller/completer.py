@@ -63,7 +63,7 @@ class Completer:
         *,
         batch_limit: int = 100,
         on_promoted: Callable[[], None] = lambda: None,
-        on_written: Callable[[], None] = lambda: None,
+        on_written: Callable[[Sequence[Outcome]], None] = lambda _: None,
         telemetry: Telemetry | None = None,
     ) -> None:
         self.claims = claims
@@ -72,7 +72,7 @@ class Completer:
         self.batch_limit = batch_limit
         # messages became due now (ordered ones promoted, claims handed back): claim them
         self.on_promoted = on_promoted
-        self.on_written = on_written  # a batch was written: the queue has room again
+        self.on_written = on_written  # a batch was written (or refused): room again
         self.held: dict[int, int] = {}  # message id -> claim token
         # message id -> monotonic time until which its lease surely holds: the moment
         # before the claim or last heartbeat was asked for, plus the lease (which
@@ -203,7 +203,7 @@ class Completer:
         if self.telemetry is not None:
             parents = [self.traces.pop(o.message_id, "") for o in batch]
             self.telemetry.batch("complete", began_ns, [p for p in parents if p])
-        self.on_written()
+        self.on_written(batch)
         if result.promoted or any(o.status == "pending" and not o.retry_delay for o in batch):
             self.on_promoted()
         if result.opened:

@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +93,11 @@ class Dispatcher:
         self.in_flight: dict[int, int] = defaultdict(int)  # endpoint id -> deliveries
         self._sending: set[int] = set()  # message ids whose request may be on the wire
         self._released: set[int] = set()  # released by drain(): their task writes nothing
+        # A failed request keeps its endpoint's slot (in_flight) until its outcome is
+        # written, when the circuit it may open is judged: message ids whose task ended
+        # in such an outcome (_failing), then -> endpoint id while it waits (_held)
+        self._failing: set[int] = set()
+        self._held: dict[int, int] = {}
         self._span_ids: dict[int, str] = {}  # message id -> its send's span, for the log
         self.failed_at = -GOVERN_QUIET  # monotonic time of the last failed request
         # Labelled metric children, looked up once (prometheus' labels() locks and builds
@@ -131,13 +136,32 @@ class Dispatcher:
     def _finished(self, task: asyncio.Task[None]) -> None:
         msg = self.tasks.pop(task)
         self._sending.discard(msg.id)
-        self.in_flight[msg.endpoint_id] -= 1
-        if not self.in_flight[msg.endpoint_id]:
-            del self.in_flight[msg.endpoint_id]
+        if msg.id in self._failing:  # its slot waits for the outcome's write (written())
+            self._failing.discard(msg.id)
+            self._held[msg.id] = msg.endpoint_id
+        else:
+            self._free_slot(msg.endpoint_id)
         if not task.cancelled() and task.exception() is not None:  # pragma: no cover - a bug
             self.completer.put(self._crash(msg, task.exception(), 0.0, datetime.now(UTC)))
         metrics.IN_FLIGHT.set(len(self.tasks))
         self.on_room()
+
+    def _free_slot(self, endpoint_id: int) -> None:
+        self.in_flight[endpoint_id] -= 1
+        if not self.in_flight[endpoint_id]:
+            del self.in_flight[endpoint_id]
+
+    def written(self, outcomes: Sequence[Outcome]) -> None:
+        """Outcomes were written: failed requests give their endpoint's slot back. Until
+        then an endpoint that fails fast is not sent more than its ``max_in_flight``
+        before the completion that may open its circuit is judged (under load it was
+        sent ten rounds of it)."""
+        for outcome in outcomes:
+            endpoint_id = self._held.pop(outcome.message_id, None)
+            if endpoint_id is not None:
+                self._free_slot(endpoint_id)
+            else:  # written before its task's end was handled: that frees the slot
+                self._failing.discard(outcome.message_id)
 
     async def drain(self, grace: float) -> int:
         """Let deliveries finish up to ``grace`` seconds; release the rest. Returns how many."""
@@ -167,6 +191,8 @@ class Dispatcher:
         if msg.id in self._released:  # the shutdown released it while a client swallowed
             return  # the cancellation: one outcome per claim
         self._record(outcome, msg)
+        if is_endpoint_failure(outcome.status_code, outcome.outcome):
+            self._failing.add(msg.id)
         self.completer.put(outcome)
 
     async def _exchange(self, msg: ClaimedMessage) -> Outcome:

@@ -60,6 +60,7 @@ from poller.supervise import Supervisor
 
 if TYPE_CHECKING:
     from poller.otel import Telemetry
+    from poller.outcomes import Outcome
 
 log = logging.getLogger("poller.service")
 
@@ -107,7 +108,7 @@ class Poller:
             self.claims,
             batch_limit=max(settings.batch_size, 100),
             on_promoted=lambda: self._room_freed(),
-            on_written=lambda: self.claimer.room_freed(),
+            on_written=lambda batch: self._written(batch),
             telemetry=telemetry,
         )
         self.endpoints = EndpointCache()
@@ -157,6 +158,10 @@ class Poller:
 
     def _room_freed(self) -> None:
         self.claimer.wake.set()
+
+    def _written(self, batch: Sequence[Outcome]) -> None:
+        self.dispatcher.written(batch)  # failed requests give their slots back
+        self.claimer.room_freed()
 
     def _reclaimed(self, count: int) -> None:
         if count:
