@@ -190,7 +190,7 @@ def main() -> None:
             if receiver is not None:
                 receiver.stop()
         print(
-            f"median: {statistics.median(f[0] for f in figures):.0f} µs of the poller's CPU "
+            f"median: {statistics.median(f[0] for f in figures):.1f} µs of the poller's CPU "
             f"per delivery ({statistics.median(f[1] for f in figures):,.0f}/s; "
             f"{args.messages:,} messages × {args.rounds}; "
             + ("sent by the poller's HTTP client)" if args.wire else "no request sent)")

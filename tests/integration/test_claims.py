@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, text
@@ -312,3 +312,14 @@ async def test_an_equal_fence_is_accepted_only_from_its_holder(engine: Engine) -
             for who in ("a", "a", "b")
         ]
     assert [len(rows) for rows in accepted] == [1, 1, 0]  # b cannot share a's fence
+
+
+async def test_the_service_claim_reads_its_times_in_utc(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    """The service's claim (its own connection) reads times as datetime.UTC, the cheapest
+    to decode and to subtract from (not the server's zone, a ZoneInfo); same instants."""
+    seed(engine, 1)
+    msg = (await claims.claim(1, endpoint_versions={})).messages[0]
+    assert msg.created_at.tzinfo is UTC and msg.endpoint_updated_at.tzinfo is UTC
+    assert abs(datetime.now(UTC) - msg.created_at) < timedelta(minutes=1)
