@@ -199,7 +199,6 @@ class Claimer:
             self.completer.hold(msg, claimed_at=asked)
             self.dispatcher.start(msg)
         if batch.messages:
-            metrics.IN_FLIGHT.set(len(self.dispatcher.tasks))
             metrics.CLAIMED.inc(len(batch.messages))
             if self.telemetry is not None:
                 parents = [m.traceparent for m in batch.messages if m.traceparent]

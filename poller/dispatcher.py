@@ -103,6 +103,8 @@ class Dispatcher:
         # Labelled metric children, looked up once (prometheus' labels() locks and builds
         # a key on every call; per message that was a measurable share of a delivery).
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        # read when scraped, not set per delivery (a process runs one dispatcher)
+        metrics.IN_FLIGHT.set_function(self.tasks.__len__)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (metric, labels)
@@ -143,7 +145,6 @@ class Dispatcher:
             self._free_slot(msg.endpoint_id)
         if not task.cancelled() and task.exception() is not None:  # pragma: no cover - a bug
             self.completer.put(self._crash(msg, task.exception(), 0.0, datetime.now(UTC)))
-        metrics.IN_FLIGHT.set(len(self.tasks))
         self.on_room()
 
     def _free_slot(self, endpoint_id: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from prometheus_client import REGISTRY
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
@@ -187,6 +188,7 @@ async def test_graceful_stop_releases_without_counting(engine: Engine, db_url: s
                 return receiver.stats.received == 8
 
             await wait_for(sending, timeout=10)
+            assert REGISTRY.get_sample_value("webhook_poller_in_flight") == 8  # when scraped
     states = [row(engine, i) for i in ids]
     assert {r.status for r in states} == {"pending"}
     assert {r.attempts for r in states} == {0}  # no attempt wasted
