@@ -342,6 +342,14 @@ class Settings(BaseSettings):
         return 2 * request_timeout + 1.0
 
 
+LIST_EXAMPLES = {
+    "retry_schedule": "[5, 300, 1800]",
+    "permanent_statuses": "[400, 422]",
+    "portal_embed_origins": '["https://app.example.com"]',
+}
+"""What a list setting looks like, for the error that says one is not JSON."""
+
+
 def _env_name(loc: tuple[Any, ...]) -> str:
     field = str(loc[0]) if loc else ""
     return ENV_PREFIX + field.upper() if field else "settings"
@@ -364,11 +372,15 @@ def load_settings(**overrides: Any) -> Settings:
     except SettingsError as exc:  # a complex value (list) that is not JSON
         field = re.search(r'field "(\w+)"', str(exc))
         name = _env_name((field.group(1),)) if field else "settings"
-        raise ConfigurationError(f"{name}: not valid JSON (e.g. [5, 300, 1800])") from None
+        example = LIST_EXAMPLES.get(field.group(1) if field else "", "[…]")
+        raise ConfigurationError(f"{name}: not valid JSON (e.g. {example})") from None
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
             message = str(error["msg"]).removeprefix("Value error, ")
+            field = str(error["loc"][0]) if error["loc"] else ""
+            if error["type"] == "tuple_type" and field in LIST_EXAMPLES:  # JSON, not a list
+                message = f"not a JSON list (e.g. {LIST_EXAMPLES[field]})"
             if message.startswith(ENV_PREFIX):
                 problems.append(message)
             else:

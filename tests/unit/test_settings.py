@@ -79,6 +79,24 @@ def test_invalid_value_names_its_variable(
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("POLLER_RETRY_SCHEDULE", "5 minutes", r"not valid JSON \(e\.g\. \[5, 300, 1800\]\)"),
+        ("POLLER_RETRY_SCHEDULE", "5", r"=5: not a JSON list \(e\.g\. \[5, 300"),
+        ("POLLER_PERMANENT_STATUSES", "400,422", r"not valid JSON \(e\.g\. \[400, 422\]\)"),
+        ("POLLER_PERMANENT_STATUSES", '{"a": 1}', r"not a JSON list \(e\.g\. \[400, 422\]\)"),
+        ("POLLER_PORTAL_EMBED_ORIGINS", "https://a.example", r'e\.g\. \["https://app'),
+    ],
+)
+def test_a_list_setting_that_is_not_a_json_list_shows_its_own_example(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, said: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=f"^{variable}.*{said}"):
+        load_settings()
+
+
 def test_the_circuit_cool_down_cap_is_not_below_the_cool_down() -> None:
     with pytest.raises(ConfigurationError, match="POLLER_CIRCUIT_COOLDOWN_MAX=10: must be at"):
         load_settings(circuit_cooldown=60, circuit_cooldown_max=10)
