@@ -378,9 +378,9 @@ def load_settings(**overrides: Any) -> Settings:
         problems = []
         for error in exc.errors():
             message = str(error["msg"]).removeprefix("Value error, ")
-            field = str(error["loc"][0]) if error["loc"] else ""
-            if error["type"] == "tuple_type" and field in LIST_EXAMPLES:  # JSON, not a list
-                message = f"not a JSON list (e.g. {LIST_EXAMPLES[field]})"
+            setting = str(error["loc"][0]) if error["loc"] else ""
+            if error["type"] == "tuple_type" and setting in LIST_EXAMPLES:  # JSON, not a list
+                message = f"not a JSON list (e.g. {LIST_EXAMPLES[setting]})"
             if message.startswith(ENV_PREFIX):
                 problems.append(message)
             else:
