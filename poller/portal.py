@@ -5,9 +5,13 @@ tenant's endpoints and see their deliveries (served by ``poller dashboard`` unde
 **A link** (:func:`portal_link`, ``poller portal-link``) is the application's way in
 for its customer: it signs ``(tenant, expiry, nonce)`` with ``POLLER_PORTAL_KEY``
 (HMAC-SHA256) and is valid until it expires (default 15 minutes; at most a day).
-The application makes one each time its signed-in user opens "Webhooks", so a link
-that leaks is soon worth nothing. Opening it starts a session and redirects to the
-portal, so the link leaves the address bar.
+It opens the portal **once**: its nonce is written when it is opened
+(:func:`spend_link`, ``poller_portal_links_used``), and the same link again is
+refused, so one copied from a history, a log or a proxy is worth nothing, and
+one that leaked before it was opened is found out when its user's own is
+refused. The application makes one each time its signed-in user opens
+"Webhooks". Opening it starts a session and redirects to the portal, so the
+link leaves the address bar.
 
 **A session** is a cookie signed the same way, for one tenant, for
 :data:`SESSION` (an hour), never longer than a day after its link was made.
@@ -30,10 +34,14 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
+from sqlalchemy import Connection, delete, func
+from sqlalchemy.dialects.postgresql import insert
+
 from poller.errors import ConfigurationError, InvalidInput
+from poller.schema_api import portal_links_used
 from poller.settings import Settings
 from poller.signing import same_text
 from poller.subscriptions import check_tenant
@@ -42,6 +50,17 @@ KEY_FILE = "portal-key"
 SESSION = timedelta(hours=1)
 LONGEST_LINK = timedelta(days=1)
 DEFAULT_LINK = timedelta(minutes=15)
+USED_KEPT = timedelta(hours=1)  # an opened link's nonce outlives its expiry (clocks differ)
+USED = "this portal link was opened already: ask for a new one"
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A link whose signature and expiry were checked: whose portal, until when, its id."""
+
+    tenant: str
+    expires: float  # seconds since the epoch
+    nonce: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,13 +119,34 @@ def portal_link(
     return f"{base.rstrip('/')}/portal/start?link={quote(token, safe='')}"
 
 
-def open_link(key: bytes, token: str, now: float | None = None) -> Session:
-    """The session a valid link starts; InvalidInput for any other (forged, expired,
-    malformed: one message for all)."""
-    tenant, expires, _ = _verify(key, "link", token, now)
+def read_link(key: bytes, token: str, now: float | None = None) -> Link:
+    """A link signed with ``key`` and not expired; InvalidInput for any other (forged,
+    expired, malformed: one message for all). Whether it was opened before is
+    :func:`spend_link`'s to say."""
+    return Link(*_verify(key, "link", token, now))
+
+
+def spend_link(conn: Connection, link: Link) -> None:
+    """Record that ``link`` was opened, in ``conn``'s transaction; InvalidInput when it
+    was already (of two at once, one wins). Forgets links expired an hour ago."""
+    conn.execute(
+        delete(portal_links_used).where(portal_links_used.c.expires_at < func.now() - USED_KEPT)
+    )
+    fresh = conn.execute(
+        insert(portal_links_used)
+        .values(nonce=link.nonce, expires_at=datetime.fromtimestamp(link.expires, UTC))
+        .on_conflict_do_nothing()
+        .returning(portal_links_used.c.nonce)
+    ).first()
+    if fresh is None:
+        raise InvalidInput(USED)
+
+
+def session_for(link: Link, now: float | None = None) -> Session:
+    """The session an opened link starts: an hour, and never a day past the link."""
     now = time.time() if now is None else now
-    ends = min(now + SESSION.total_seconds(), expires + LONGEST_LINK.total_seconds())
-    return Session(tenant, ends, secrets.token_urlsafe(12))
+    ends = min(now + SESSION.total_seconds(), link.expires + LONGEST_LINK.total_seconds())
+    return Session(link.tenant, ends, secrets.token_urlsafe(12))
 
 
 def session_cookie(key: bytes, session: Session) -> str:

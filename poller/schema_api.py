@@ -67,3 +67,13 @@ api_requests = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_poller_api_requests_created_at", "created_at"),
 )
+
+# Portal links already opened (poller/portal.py): a link opens the portal once. A row
+# outlives its link's expiry by portal.USED_KEPT, then goes.
+portal_links_used = Table(
+    "poller_portal_links_used",
+    metadata,
+    Column("nonce", Text, primary_key=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Index("ix_poller_portal_links_used_expires_at", "expires_at"),
+)

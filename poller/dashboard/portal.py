@@ -187,13 +187,24 @@ async def start(request: Request) -> Response:
         answer.headers["retry-after"] = str(max(1, math.ceil(wait)))
         return answer
     try:
-        session = portal.open_link(_key(request), request.query_params.get("link", ""))
+        link = portal.read_link(_key(request), request.query_params.get("link", ""))
     except NotConfigured:
         return refuse(request, 503, "The portal is not set up here (POLLER_PORTAL_KEY).")
     except InvalidInput as exc:
         board.link_throttle.failed(client)
         log.warning("portal: refused a link from %s", client)
         return refuse(request, 401, str(exc))
+
+    def spend() -> None:
+        with board.engine.begin() as conn:
+            portal.spend_link(conn, link)
+
+    try:  # once: a link opened before is refused (poller/portal.py)
+        await board.act(spend)
+    except InvalidInput as exc:
+        log.warning("portal: a link of tenant %s was opened again, from %s", link.tenant, client)
+        return refuse(request, 401, str(exc))
+    session = portal.session_for(link)
     opened = RedirectResponse("/portal/", 303)
     embedded = bool(board.settings.portal_embed_origins)
     opened.set_cookie(

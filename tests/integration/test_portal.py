@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
@@ -43,26 +44,58 @@ def _open(web: TestClient, tenant: str) -> str:
 def test_links_open_only_for_their_tenant_until_they_expire() -> None:
     key = portal.portal_key(load_settings(portal_key=KEY))
     token = parse_qs(urlparse(_link("acme")).query)["link"][0]
-    assert portal.open_link(key, token).tenant == "acme"
+    assert portal.read_link(key, token).tenant == "acme"
     name, expires, nonce, _ = token.split(".")
     for forged in (token[:-2] + "xx", token.replace("YWNtZQ", "Z2xvYmV4"), "", "a.b.c.d",
                    "x" * 5000, token + ".x", f"{name}.{expires}.{nonce}.\x80é",
                    f"{name}.²³.{nonce}.x"):  # fmt: skip
         with pytest.raises(InvalidInput):
-            portal.open_link(key, forged)
+            portal.read_link(key, forged)
     with pytest.raises(InvalidInput):  # a link is no session, nor the other way round
         portal.open_session(key, token)
     with pytest.raises(InvalidInput):
-        portal.open_link(key, token, now=time.time() + 16 * 60)
+        portal.read_link(key, token, now=time.time() + 16 * 60)
     other = portal.portal_key(load_settings(portal_key="another-key-" + "9" * 24))
     with pytest.raises(InvalidInput):
-        portal.open_link(other, token)
+        portal.read_link(other, token)
     with pytest.raises(InvalidInput):
         portal.portal_link("acme", timedelta(days=2), settings=load_settings(portal_key=KEY))
     with pytest.raises(InvalidInput):
         portal.portal_link("no spaces", settings=load_settings(portal_key=KEY))
     with pytest.raises(ConfigurationError, match="POLLER_PORTAL_KEY"):
         portal.portal_link("acme", settings=load_settings(database_url="postgresql://h/db"))
+
+
+def test_a_link_opens_the_portal_once(engine: Engine) -> None:
+    link = _link("acme").removeprefix("http://127.0.0.1:8188")
+    with client(engine, portal_key=KEY) as web:
+        assert web.get(link).status_code == 303
+        web.cookies.clear()
+        again = web.get(link)  # from a history, a log, a proxy: refused
+        assert again.status_code == 401 and "opened already" in again.text
+        assert web.get("/portal/").status_code == 401  # and no session came of it
+        assert web.get(_link("acme").removeprefix("http://127.0.0.1:8188")).status_code == 303
+    key = portal.portal_key(load_settings(portal_key=KEY))
+    token = parse_qs(urlparse(_link("globex")).query)["link"][0]
+    opened = portal.read_link(key, token)
+
+    def spend() -> bool:
+        try:
+            with engine.begin() as conn:
+                portal.spend_link(conn, opened)
+        except InvalidInput:
+            return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:  # the same link, eight times at once: one opens it
+        assert sorted(pool.map(lambda _: spend(), range(8))) == [False] * 7 + [True]
+    with engine.begin() as conn:  # an hour past its expiry, a used link's row goes
+        conn.execute(
+            text("UPDATE poller_portal_links_used SET expires_at = now() - interval '2 hours'")
+        )
+    spend()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM poller_portal_links_used")).scalar() == 1
 
 
 def test_a_tenant_sees_and_changes_its_own_endpoints_alone(engine: Engine) -> None:
