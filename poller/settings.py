@@ -22,6 +22,7 @@ import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -326,6 +327,24 @@ class Settings(BaseSettings):
                 f"POLLER_CLAIM_LEASE={self.claim_lease:g}: must be at least "
                 f"2 x POLLER_REQUEST_TIMEOUT + 1 s ({needed:g}) so a lookup and a send "
                 "finish before the claim can expire"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _embedded_portal_over_https(self) -> Settings:
+        """A framed portal's cookie is ``SameSite=None; Secure``: a browser keeps it from
+        an https page alone (and from localhost), so over plain http every link would
+        open a portal that forgets its session at once."""
+        if not self.portal_embed_origins:
+            return self
+        base = self.portal_url or f"http://{self.dashboard_addr or '127.0.0.1:8188'}"
+        parts = urlsplit(base)
+        if parts.scheme == "http" and parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+            name = "POLLER_PORTAL_URL" if self.portal_url else "POLLER_DASHBOARD_ADDR"
+            raise ValueError(
+                f"{name}: POLLER_PORTAL_EMBED_ORIGINS needs the portal on https "
+                f"(set POLLER_PORTAL_URL=https://…): a framed portal's cookie is Secure, "
+                f"and a browser keeps none from {base[:80]}"
             )
         return self
 

@@ -97,6 +97,18 @@ def test_a_list_setting_that_is_not_a_json_list_shows_its_own_example(
         load_settings()
 
 
+def test_a_framed_portal_must_be_served_over_https() -> None:
+    """Its cookie is SameSite=None; Secure: over http a browser keeps none."""
+    framed = {"portal_embed_origins": ("https://app.example.com",)}
+    for where in ({"portal_url": "http://hooks.example.com"}, {"dashboard_addr": "0.0.0.0:8188"}):
+        with pytest.raises(ConfigurationError, match="needs the portal on https"):
+            load_settings(**framed, **where)
+    for where in ({"portal_url": "https://hooks.example.com"}, {"portal_url": "http://[::1]:81"},
+                  {"portal_url": "http://localhost:8188"}, {}):  # fmt: skip
+        assert load_settings(**framed, **where).portal_embed_origins
+    assert load_settings(portal_url="http://hooks.example.com").portal_url  # not framed: fine
+
+
 def test_the_circuit_cool_down_cap_is_not_below_the_cool_down() -> None:
     with pytest.raises(ConfigurationError, match="POLLER_CIRCUIT_COOLDOWN_MAX=10: must be at"):
         load_settings(circuit_cooldown=60, circuit_cooldown_max=10)
