@@ -152,7 +152,8 @@ def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None
     link = portal_link("acme", timedelta(hours=1), settings=settings, base_url=base)
     console.print(
         f"dashboard on {base}/ — open {base}/login?token={creds.token}\n"
-        f"acme's webhook portal (what acme's people see; for an hour) — open {link}\n"
+        f"acme's webhook portal (what acme's people see; opens once, within the hour) — "
+        f"open {link}\n"
         "(Ctrl-C ends the demo)",
         soft_wrap=True,
     )
