@@ -55,7 +55,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "portal-link": (
         "portal",
-        "Print a short-lived link that opens one tenant's webhook portal.",
+        "Print a short-lived link that opens one tenant's webhook portal, once.",
     ),
     "publish": ("enqueue", "Publish one event to every subscribed endpoint (committed at once)."),
     "receiver": ("receiver", "Serve the reference receiver until SIGTERM/SIGINT."),
