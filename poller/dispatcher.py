@@ -71,6 +71,15 @@ class EndpointCache:
         return self._by_id.get(endpoint_id)
 
 
+@dataclasses.dataclass(slots=True)
+class _Meters:
+    """An endpoint's children of the metrics every delivery touches, looked up once."""
+
+    seconds: Any  # DELIVERY_SECONDS
+    latency: Any  # LATENCY_SECONDS
+    delivered: Any  # DELIVERY_OUTCOMES, outcome="delivered"
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -103,6 +112,7 @@ class Dispatcher:
         # Labelled metric children, looked up once (prometheus' labels() locks and builds
         # a key on every call; per message that was a measurable share of a delivery).
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self._by_name: dict[str, _Meters] = {}  # a delivery's three, per endpoint name
         # read when scraped, not set per delivery (a process runs one dispatcher)
         metrics.IN_FLIGHT.set_function(self.tasks.__len__)
 
@@ -368,20 +378,28 @@ class Dispatcher:
         except KeyError:  # pragma: no cover - claimed rows always have a cached endpoint
             return str(msg.endpoint_id)
 
+    def _meters(self, name: str) -> _Meters:
+        meters = self._by_name.get(name)
+        if meters is None:
+            if len(self._by_name) >= CHILDREN_KEPT:
+                self._by_name.clear()
+            meters = self._by_name[name] = _Meters(
+                metrics.DELIVERY_SECONDS.labels(name),
+                metrics.LATENCY_SECONDS.labels(name),
+                metrics.DELIVERY_OUTCOMES.labels(name, "delivered"),
+            )
+        return meters
+
     def _observe(self, kind: str, endpoint: Endpoint, attempt: delivery.Attempt) -> None:
         self._child(metrics.ATTEMPTS, kind).inc()
-        self._child(metrics.DELIVERY_SECONDS, endpoint.name).observe(attempt.duration_ms / 1000)
+        self._meters(endpoint.name).seconds.observe(attempt.duration_ms / 1000)
 
     def _record(self, outcome: Outcome, msg: ClaimedMessage) -> None:
         name = self._name(msg)
         span_id = self._span_ids.pop(msg.id, None)
-        # Final states by their name (a last attempt's "unknown" or "crashed" is "failed"),
-        # so alerts on outcome="failed" count exactly the messages that failed for good.
-        final = outcome.status in ("delivered", "failed")
-        self._child(
-            metrics.DELIVERY_OUTCOMES, name, outcome.status if final else outcome.outcome
-        ).inc()
         if outcome.status == "delivered":
+            meters = self._meters(name)
+            meters.delivered.inc()
             latency = (datetime.now(UTC) - msg.created_at).total_seconds()
             # an exemplar names the delivery's trace (OpenMetrics scrapes show it)
             exemplar = (
@@ -389,8 +407,14 @@ class Dispatcher:
                 if msg.traceparent is not None and valid_traceparent(msg.traceparent)
                 else None
             )
-            self._child(metrics.LATENCY_SECONDS, name).observe(max(0.0, latency), exemplar)
+            meters.latency.observe(max(0.0, latency), exemplar)
             return
+        # Final states by their name (a last attempt's "unknown" or "crashed" is "failed"),
+        # so alerts on outcome="failed" count exactly the messages that failed for good.
+        final = outcome.status == "failed"
+        self._child(
+            metrics.DELIVERY_OUTCOMES, name, outcome.status if final else outcome.outcome
+        ).inc()
         fields = {
             "message_id": msg.id,
             "key": msg.idempotency_key,
