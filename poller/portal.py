@@ -115,7 +115,7 @@ def portal_link(
         )
     key = portal_key(settings)
     token = _sign(key, "link", tenant, time.time() + expires.total_seconds())
-    base = base_url or settings.portal_url or f"http://{settings.dashboard_addr}"
+    base = base_url or settings.portal_base
     return f"{base.rstrip('/')}/portal/start?link={quote(token, safe='')}"
 
 

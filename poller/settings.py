@@ -61,6 +61,9 @@ SECRET_FIELDS = frozenset(
 """Settings whose values never appear in an error message (passwords, keys)."""
 
 
+DASHBOARD_ADDR = "127.0.0.1:8188"  # where `poller dashboard` serves when nothing says
+
+
 class Settings(BaseSettings):
     """webhook-poller's settings; each field is the env var ``POLLER_<NAME>``."""
 
@@ -160,7 +163,7 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     """``json`` (one object per line), ``console`` (a readable line) or ``auto``: console
     on a terminal, JSON otherwise."""
-    dashboard_addr: str | None = "127.0.0.1:8188"
+    dashboard_addr: str | None = DASHBOARD_ADDR
     """``host:port`` ``poller dashboard`` serves on. It shows payloads: keep it on loopback,
     or behind a TLS proxy, unless you mean it."""
     dashboard_token: SecretStr | None = None
@@ -337,7 +340,7 @@ class Settings(BaseSettings):
         open a portal that forgets its session at once."""
         if not self.portal_embed_origins:
             return self
-        base = self.portal_url or f"http://{self.dashboard_addr or '127.0.0.1:8188'}"
+        base = self.portal_base
         parts = urlsplit(base)
         if parts.scheme == "http" and parts.hostname not in ("localhost", "127.0.0.1", "::1"):
             name = "POLLER_PORTAL_URL" if self.portal_url else "POLLER_DASHBOARD_ADDR"
@@ -347,6 +350,12 @@ class Settings(BaseSettings):
                 f"and a browser keeps none from {base[:80]}"
             )
         return self
+
+    @property
+    def portal_base(self) -> str:
+        """Where tenants' browsers reach the portal: POLLER_PORTAL_URL, else the
+        dashboard's own address over http."""
+        return self.portal_url or f"http://{self.dashboard_addr or DASHBOARD_ADDR}"
 
     @property
     def election_backend(self) -> str:

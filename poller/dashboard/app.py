@@ -28,7 +28,7 @@ from poller.dashboard.web import (
 )
 from poller.db import TRANSIENT
 from poller.errors import PollerError
-from poller.settings import Settings
+from poller.settings import DASHBOARD_ADDR, Settings
 
 
 def create_app(
@@ -65,5 +65,5 @@ def create_app(
     )
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)
     app.state.api_limits = rest.Limits(settings.api_rate_limit)
-    bound = host_of(settings.dashboard_addr or "127.0.0.1:8188")
+    bound = host_of(settings.dashboard_addr or DASHBOARD_ADDR)
     return SecurityHeaders(app, loopback_only=loopback(bound), portal=portal.headers(settings))

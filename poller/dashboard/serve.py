@@ -27,11 +27,11 @@ from poller.dashboard.auth import token_from_file as token_from_file
 from poller.dashboard.web import loopback as loopback
 from poller.db import async_engine
 from poller.errors import ConfigurationError
-from poller.settings import Settings
+from poller.settings import DASHBOARD_ADDR, Settings
 
 log = logging.getLogger("poller.dashboard")
 
-DEFAULT_ADDR = "127.0.0.1:8188"
+DEFAULT_ADDR = DASHBOARD_ADDR
 
 
 def build(settings: Settings, url: str, engine: Engine, creds: auth.Credentials) -> ASGIApp:

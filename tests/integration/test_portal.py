@@ -64,6 +64,8 @@ def test_links_open_only_for_their_tenant_until_they_expire() -> None:
         portal.portal_link("no spaces", settings=load_settings(portal_key=KEY))
     with pytest.raises(ConfigurationError, match="POLLER_PORTAL_KEY"):
         portal.portal_link("acme", settings=load_settings(database_url="postgresql://h/db"))
+    no_addr = load_settings(portal_key=KEY, dashboard_addr="")  # it was "http://None/…"
+    assert portal.portal_link("acme", settings=no_addr).startswith("http://127.0.0.1:8188/portal/")
 
 
 def test_a_link_opens_the_portal_once(engine: Engine) -> None:
