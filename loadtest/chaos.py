@@ -41,6 +41,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from loadtest.hunt_check import UNSETTLED
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Message, enqueue_many, migrate
 from poller.db import sync_engine
@@ -219,17 +220,19 @@ def _inject(
             run.faults.append("Redis restart (keys lost)")
 
 
+# Rows still to end (UNSETTLED), but for those of a disabled endpoint: they wait for an
+# operator (the endpoint that answered 410), as the audit counts them.
+OPEN_ROWS = text(
+    "SELECT count(*) FROM poller_outbox o JOIN poller_endpoints e ON e.id = o.endpoint_id "
+    f"WHERE e.enabled AND {UNSETTLED}"
+)
+
+
 def _settled(engine: Any, run: Run) -> bool:
     if not (run.feeding_done.is_set() and run.faults_done.is_set()):
         return False
     with engine.connect() as conn:
-        open_rows = conn.execute(
-            text(
-                "SELECT count(*) FROM poller_outbox o "
-                "JOIN poller_endpoints e ON e.id = o.endpoint_id "
-                "WHERE o.status IN ('pending', 'in_flight') AND e.enabled"
-            )
-        ).scalar_one()
+        open_rows = conn.execute(OPEN_ROWS).scalar_one()
     return open_rows == 0
 
 

@@ -122,7 +122,7 @@ from loadtest import hunt_tenant
 from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
 from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, dba, operator, write
-from loadtest.hunt_check import check, proxy_disagrees
+from loadtest.hunt_check import UNSETTLED, check, proxy_disagrees
 from loadtest.otlp_sink import Sink
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Message, migrate
@@ -455,21 +455,11 @@ def _inject(
         fleet.check()
 
 
-# Rows still to end, as the checker counts them (loadtest/hunt_check.py): pending and
-# in flight, and waiting rows whose key is not blocked behind a failed head. A key a
-# completion could not hand on (the application held it, then its poller was killed)
-# is handed on by the maintenance sweep seconds later; settling before that flagged its
-# messages as "not settled" (a fresh seed of `make test`, 1325690558, did).
-OPEN_ROWS = text(
-    """
-    SELECT count(*) FROM poller_outbox o
-    WHERE o.status IN ('pending', 'in_flight')  -- delivered, failed, cancelled: ended
-       OR (o.status = 'waiting' AND NOT EXISTS (
-            SELECT 1 FROM poller_ordering_keys k JOIN poller_outbox h ON h.id = k.head_id
-            WHERE k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key
-              AND h.status = 'failed' AND k.blocked_since IS NOT NULL))
-    """
-)
+# Rows still to end, as the checker counts them (UNSETTLED). A key a completion could
+# not hand on (the application held it, then its poller was killed) is handed on by the
+# maintenance sweep seconds later; settling before that flagged its messages as "not
+# settled" (a fresh seed of `make test`, 1325690558, did).
+OPEN_ROWS = text(f"SELECT count(*) FROM poller_outbox o WHERE {UNSETTLED}")
 
 
 def _open_rows(engine: Any) -> int:

@@ -17,6 +17,17 @@ from loadtest.forward_proxy import ForwardProxy
 from loadtest.hostile import HostileReceiver
 from poller.outcomes import MAX_PROBE_REFUNDS, MAX_REFUNDS
 
+# A row still to end, as the checks count it (``o``: poller_outbox): pending or in
+# flight, or waiting on a key that is not blocked behind a failed head. A waiting row
+# is open too: between a head's completion and its key's hand-over (a statement after
+# it, or the maintenance sweep's) a key has no pending or in-flight row at all, and a
+# run that settled then read the receiver before the key's last messages were sent.
+UNSETTLED = """(o.status IN ('pending', 'in_flight')  -- delivered, failed, cancelled: ended
+       OR (o.status = 'waiting' AND NOT EXISTS (
+            SELECT 1 FROM poller_ordering_keys k JOIN poller_outbox h ON h.id = k.head_id
+            WHERE k.endpoint_id = o.endpoint_id AND k.ordering_key = o.ordering_key
+              AND h.status = 'failed' AND k.blocked_since IS NOT NULL)))"""
+
 if TYPE_CHECKING:
     from loadtest.hunt import Run
 

@@ -63,3 +63,34 @@ def test_the_audit_catches_a_lost_message() -> None:
     assert result["lost"] == 1 and "lost" in result["problems"][0]
     result = audit(engine, run, counts={"a:1": 1}, order_violations=2)
     assert result["problems"] == ["2 order violations at the receiver"]
+
+
+def test_a_key_between_its_heads_completion_and_its_hand_over_is_not_settled(
+    engine, endpoint
+) -> None:  # type: ignore[no-untyped-def]
+    """A completion writes the head's row; its key is handed on a statement later. Between
+    the two the key has no pending or in-flight row: a run that called that settled read
+    the receiver before the key's last messages were sent (CI saw "lost" messages)."""
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from loadtest.chaos import Run, Scenario, _settled
+    from poller import Message, enqueue_many
+
+    with Session(engine) as session:
+        name = endpoint.endpoint.name
+        head, _ = enqueue_many(
+            session, [Message(name, "t", {}, f"k:{n}", ordering_key="k") for n in (1, 2)]
+        )
+        session.commit()
+    run = Run(Scenario("unit"))
+    run.feeding_done.set()
+    run.faults_done.set()
+    end = text("UPDATE poller_outbox SET status = :status WHERE id = :id")
+    with engine.begin() as conn:  # the head's completion, before its hand-over
+        conn.execute(end, {"status": "delivered", "id": head})
+    assert not _settled(engine, run)
+    with engine.begin() as conn:  # a head failed for good blocks its key: that is settled
+        conn.execute(end, {"status": "failed", "id": head})
+        conn.execute(text("UPDATE poller_ordering_keys SET blocked_since = now()"))
+    assert _settled(engine, run)
