@@ -29,35 +29,19 @@ def test_scenario_loses_nothing_and_explains_every_duplicate(name: str, tmp_path
         assert result["faults"], "the scenario injected no fault"
 
 
-def test_the_audit_catches_a_lost_message() -> None:
-    """An audit that cannot fail proves nothing: feed it a delivered key the receiver lacks."""
-    from types import SimpleNamespace
+def test_the_audit_catches_a_lost_message(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+    """An audit that cannot fail proves nothing: a delivered row the receiver lacks."""
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
 
     from loadtest.chaos import Run, Scenario, audit
+    from poller import Message, enqueue_many
 
-    row = SimpleNamespace(
-        id=1,
-        idempotency_key="a:1",
-        status="delivered",
-        attempts=1,
-        max_attempts=10,
-        last_error=None,
-        overdue=False,
-        waiting=False,
-    )
-
-    class FakeConn:
-        def execute(self, statement):  # type: ignore[no-untyped-def]
-            sql = str(statement)
-            return [row] if "waiting" in sql else []
-
-        def __enter__(self):  # type: ignore[no-untyped-def]
-            return self
-
-        def __exit__(self, *exc):  # type: ignore[no-untyped-def]
-            return False
-
-    engine = SimpleNamespace(connect=FakeConn)
+    with Session(engine) as session:
+        enqueue_many(session, [Message(endpoint.endpoint.name, "t", {}, "a:1")])
+        session.commit()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 1"))
     run = Run(Scenario("unit"), committed={"a:1"})
     result = audit(engine, run, counts={})
     assert result["lost"] == 1 and "lost" in result["problems"][0]
