@@ -96,6 +96,8 @@ def collect(
 def holds(figures: dict[str, Any]) -> list[str]:
     """The invariants; each broken one as a sentence (empty: all hold)."""
     broken = []
+    if not figures["orders_committed"]:  # every invariant would hold of nothing
+        broken.append("no order was committed: the load never reached the application")
     if figures["lost"]:
         broken.append(f"{figures['lost']} committed orders were never delivered")
     if figures["duplicate_effects"]:
