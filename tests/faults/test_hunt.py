@@ -114,6 +114,7 @@ def test_the_checker_catches_what_the_application_and_operator_actors_are_for(
     from sqlalchemy import text
 
     (msg_id,) = seed_messages(engine, 1, ordering_key="o1")
+    now = time.time()  # the attempts below are dated from here (a loaded check takes seconds)
     with engine.begin() as conn:
         key = conn.execute(text("SELECT idempotency_key FROM poller_outbox")).scalar_one()
         conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 2"))
@@ -143,7 +144,7 @@ def test_the_checker_catches_what_the_application_and_operator_actors_are_for(
     assert any("more often than their attempts and refunds allow" in p for p in problems)
     assert any("position other than their event's" in p for p in problems)
     assert any("past POLLER_DISABLE_AFTER" in p for p in problems)
-    now = time.time()  # the same run, excused: p1 was killed; the pollers did disable it
+    # the same run, excused: p1 was killed; the pollers did disable it
     run.fault_log.append(("kill", 1, now - 10, now - 10))
     run.auto_disabled.append((now - 2, "failing since ... with no success"))
     problems = check(engine, run, receiver, db_url, [])  # type: ignore[arg-type]
