@@ -17,13 +17,12 @@ expected. No face parses these itself: the CLI wraps them in click types
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
 
 from poller.errors import InvalidInput, InvalidPayload
-from poller.payloads import RawJSON
+from poller.payloads import RawJSON, json_problem, loads
 
 ROW_ID_MAX = 2**63 - 1
 """The largest id a row can have (bigint): a larger one names no row, and sent to
@@ -100,7 +99,7 @@ def json_payload(text: str, what: str = "the payload") -> RawJSON:
     """JSON text, checked and kept exactly as written (it is sent as written);
     :class:`~poller.errors.InvalidPayload` if it is not JSON."""
     try:
-        json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise InvalidPayload(f"{what} is not JSON: {exc}") from None
+        loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidPayload(json_problem(what, exc)) from None
     return RawJSON(text)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, time
@@ -29,6 +31,40 @@ JsonDefault = Callable[[Any], Any]
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+def _not_a_number(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # PostgreSQL's jsonb refuses 1e999999; most receivers read inf
+        raise ValueError(f"{text[:24]} is beyond the range of a JSON number (about 1.8e308)")
+    return value
+
+
+def _integer(text: str) -> int:
+    most = sys.get_int_max_str_digits()
+    if most and len(text.lstrip("-")) > most:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (at most {most})")
+    return int(text)
+
+
+def loads(text: str | bytes | bytearray) -> Any:
+    """JSON text as it can be stored and sent (ValueError, saying why, if not): Python's
+    ``json.loads`` takes ``NaN`` and ``Infinity``, which JSON has not and a ``json``
+    column refuses; a number past a double's range (RFC 8259's interoperable one),
+    which ``jsonb`` may refuse (a publish reads the payload as jsonb) and receivers
+    read as infinity; and an integer longer than Python reads."""
+    return json.loads(text, parse_constant=_not_a_number, parse_float=_number, parse_int=_integer)
+
+
+def json_problem(what: str, error: Exception) -> str:
+    """What to say of text :func:`loads` refused: not JSON, or JSON it cannot take."""
+    if isinstance(error, json.JSONDecodeError | RecursionError):
+        return f"{what} is not JSON: {error}"
+    return f"{what}: {error}"
+
+
 @dataclass(frozen=True, slots=True)
 class RawJSON:
     """A payload your code already serialized: its text is checked (a JSON object,
@@ -44,9 +80,9 @@ def _raw_json(raw: RawJSON) -> str:
     if not isinstance(raw.text, str):
         raise InvalidPayload("RawJSON takes the JSON text as a str")
     try:
-        value = json.loads(raw.text)
-    except ValueError as exc:
-        raise InvalidPayload(f"RawJSON is not JSON: {exc}") from None
+        value = loads(raw.text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidPayload(json_problem("RawJSON", exc)) from None
     if not isinstance(value, dict):
         raise InvalidPayload(f"payload must be a JSON object, not {type(value).__name__}")
     return raw.text

@@ -32,6 +32,7 @@ from typing import Any
 
 from poller.errors import InvalidSubscription
 from poller.health import DEFAULT
+from poller.payloads import loads
 
 MAX_PATTERNS = 100
 MAX_TENANT_LENGTH = 255
@@ -83,7 +84,7 @@ def check_filter(payload_filter: object) -> dict[str, Any] | None:
         if len(payload_filter.encode("utf-8", "surrogatepass")) > MAX_FILTER_BYTES:
             raise InvalidSubscription(f"payload filter is over {MAX_FILTER_BYTES} bytes")
         try:
-            payload_filter = json.loads(payload_filter)
+            payload_filter = loads(payload_filter)
         except (ValueError, RecursionError) as exc:
             raise InvalidSubscription(f"payload filter is not valid JSON: {exc}") from None
     if not isinstance(payload_filter, dict):

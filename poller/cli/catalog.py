@@ -12,6 +12,7 @@ import click
 from poller.cli.common import command_engine
 from poller.cli.lazy import lazy
 from poller.cli.output import age, emit_json, json_option, table
+from poller.payloads import loads
 
 if TYPE_CHECKING:
     from poller import catalog
@@ -41,7 +42,7 @@ def _json(value: str, option: str) -> Any:
             raise click.BadParameter(f"{path!r} is over {MAX_FILE} bytes", param_hint=option)
         text = raw.decode("utf-8", "replace")
     try:
-        return json.loads(text)
+        return loads(text)
     except (ValueError, RecursionError) as exc:
         raise click.BadParameter(f"not JSON: {str(exc)[:120]}", param_hint=option) from None
 

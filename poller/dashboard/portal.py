@@ -17,7 +17,6 @@ page's CSP ``frame-ancestors``).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -52,6 +51,7 @@ from poller.errors import (
     UnknownEndpoint,
 )
 from poller.outbox import send_test_event
+from poller.payloads import loads
 from poller.replay import replay
 from poller.settings import Settings
 from poller.signing import Scheme, same_text
@@ -241,7 +241,7 @@ async def add(request: Request, session: portal.Session) -> Response:
     chosen = [str(v) for v in form.getlist("event_types") if isinstance(v, str) and v]
     raw_filter = _text(form, "payload_filter")
     try:
-        payload_filter = json.loads(raw_filter) if raw_filter else None
+        payload_filter = loads(raw_filter) if raw_filter else None
     except ValueError:
         raise InvalidInput('The filter must be a JSON object, e.g. {"region": "eu"}.') from None
     board = dashboard(request)

@@ -7,7 +7,6 @@ reading a JSON body no larger than a limit and checking it against its shape
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import time
@@ -40,6 +39,7 @@ from poller.errors import (
     TokenRefused,
     UnknownEndpoint,
 )
+from poller.payloads import json_problem, loads
 
 log = logging.getLogger("poller.api")
 PROBLEM = "application/problem+json"
@@ -242,9 +242,9 @@ async def _json(request: Request, limit: int) -> Any:
     if not raw.strip():
         return {}
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        raise Refused(422, "the body is not JSON") from None
+        return loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise Refused(422, json_problem("the body", exc)[:200]) from None
 
 
 def _checked(shape: TypeAdapter[Any], body: Any) -> dict[str, Any]:

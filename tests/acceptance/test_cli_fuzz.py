@@ -122,6 +122,9 @@ def invocations(draw: st.DrawFn) -> list[str]:
 @given(args=invocations())
 @example(args=["endpoints", "update", "--ca-bundle", "\x00", "--", "billing"])  # was a bug
 @example(args=["enqueue", "billing", "e", "--data", "@\x00", "--key", "k"])  # was a bug
+@example(args=["publish", "--key", "billing", "--data", '{"a": NaN}', "--", "billing"])  # was a bug
+@example(args=["enqueue", "billing", "e", "--data", '{"a": Infinity}', "--key", "k"])
+@example(args=["publish", "--key", "k", "--data", '{"a": 1e999999}', "--", "billing"])  # was a bug
 def test_nasty_command_lines_get_one_line_never_a_traceback(
     engine: Engine, db_url: str, args: list[str]
 ) -> None:

@@ -151,6 +151,8 @@ def test_a_tenants_token_publishes_as_its_tenant_once_per_key(
 
 BAD_EVENTS = [
     (b"not json", 422, "not JSON"),
+    (b'{"event_type": "e", "payload": {"a": NaN}, "idempotency_key": "k"}', 422, "NaN is not"),
+    (b'{"event_type": "e", "payload": {"a": 1e999999}, "idempotency_key": "k"}', 422, "range"),
     (b"[1, 2]", 422, "JSON object"),
     (b"[" * 100_000 + b"]" * 100_000, 422, "not JSON"),  # nested past any parser
     ({"event_type": "e", "payload": {}}, 422, "idempotency_key: Field required"),

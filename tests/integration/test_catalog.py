@@ -125,6 +125,7 @@ def test_the_cli_defines_shows_and_removes_event_types(
     assert code == 0 and "order.paid" in out and "Paid" in out
     for args, said in (
         (("define", "x", "--schema", "{"), "not JSON"),
+        (("define", "x", "--schema", "{}", "--example", '{"n": NaN}'), "NaN is not"),
         (("define", "x", "--schema", "@/no/such/file"), "cannot read"),
         (("define", "x", "--schema", "@a\x00b"), "cannot read"),
         (("define", "x", "--schema", '{"type": 5}'), "not a JSON Schema"),

@@ -144,7 +144,7 @@ def test_what_cannot_be_sent_is_refused_before_any_write(payload: object, error:
 def test_raw_json_is_kept_exactly_as_written() -> None:
     text = '{"total": 1e3, "name" : "Zo\\u00eb",\n "a":1}'
     assert _body(RawJSON(text)) == text
-    for bad in ("[1, 2]", "null", "{nope", '{"x": "\\u0000"}'):
+    for bad in ("[1, 2]", "null", "{nope", '{"x": "\\u0000"}', '{"a": NaN}', '{"a": -Infinity}'):
         with pytest.raises(InvalidPayload):
             _body(RawJSON(bad))
 

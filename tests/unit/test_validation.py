@@ -192,6 +192,10 @@ def test_the_error_tree_drawn_in_errors_py_is_the_classes() -> None:
         ("row_id", str(2**63), "from 1 to"),
         ("row_id", "0", "from 1 to"),
         ("json_payload", "{", "is not JSON"),
+        ("json_payload", '{"a": NaN}', "NaN is not a JSON number"),  # Python reads it
+        ("json_payload", '{"a": [Infinity]}', "Infinity is not a JSON number"),
+        ("json_payload", '{"a": 1e999999}', "beyond the range"),  # jsonb refuses it
+        ("json_payload", '{"a": ' + "9" * 5000 + "}", "an integer of 5000 digits"),
         ("json_payload", "[" * 100_000, "is not JSON"),  # too deep: refused, not a crash
     ],
 )  # fmt: skip
