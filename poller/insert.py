@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Row, TextClause
@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from poller import queries
+from poller.endpoint_checks import MAX_COUNT
 from poller.errors import EnqueueError, IdempotencyConflict, IdempotencyKeySpent, NaiveDatetime
 from poller.ordering import Positions
 from poller.settings import default_settings
@@ -63,6 +64,8 @@ def check_schedule(deliver_after: object) -> tuple[datetime | None, float]:
                 "deliver_after must be timezone-aware (e.g. datetime.now(timezone.utc)); "
                 "a naive datetime is ambiguous"
             )
+        if (deliver_after - datetime.now(UTC)).total_seconds() > MAX_DELAY:  # year 9999…
+            raise EnqueueError("deliver_after must be at most 100 years away")
         return deliver_after, 0.0
     if isinstance(deliver_after, timedelta):
         seconds = deliver_after.total_seconds()
@@ -81,6 +84,8 @@ def check_max_attempts(max_attempts: object) -> int | None:
         return None
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise EnqueueError(f"max_attempts must be a positive integer, not {max_attempts!r}")
+    if max_attempts > MAX_COUNT:  # the column's integer
+        raise EnqueueError(f"max_attempts must be at most {MAX_COUNT}, not {max_attempts}")
     return max_attempts
 
 

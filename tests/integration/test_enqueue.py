@@ -132,6 +132,8 @@ BAD_INPUTS = [
     ({"deliver_after": timedelta(seconds=-1)}, ValueError),
     ({"deliver_after": "tomorrow"}, ValueError),
     ({"max_attempts": 0}, ValueError),
+    ({"max_attempts": 2**40}, ValueError),  # past the column's integer: was a DataError
+    ({"deliver_after": datetime.max.replace(tzinfo=UTC)}, ValueError),  # 100 years, as a delay
 ]
 
 
