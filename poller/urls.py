@@ -19,6 +19,10 @@ from poller.errors import InvalidEndpoint
 from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
 
 LOOKUP_PLACEHOLDER = "{idempotency_key}"
+MAX_URL = 8192
+"""Characters a URL may have: its path and query go in every request's first line, which
+servers commonly cap at 8 KiB (a longer one is answered 414, or the connection closed);
+and a URL is stored, cached by every poller and shown on every endpoint page."""
 
 _LABEL_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 
@@ -63,6 +67,8 @@ def check_url(url: object, *, what: str = "url", allow_private: bool = False) ->
     """
     if not isinstance(url, str) or not url:
         raise InvalidEndpoint(f"{what} must be a non-empty http(s) URL")
+    if len(url) > MAX_URL:
+        raise InvalidEndpoint(f"{what} is {len(url):,} characters; at most {MAX_URL:,} are allowed")
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -90,11 +90,18 @@ def test_secrets_are_standard_webhooks_secrets() -> None:
         "http://09.1.1.1/",  # 09 is not octal
         "http://[::1/",
         "http://-bad-.example/",
+        "https://x.example/" + "a" * 8175,  # 8,193 characters: servers refuse the request line
     ],
 )
 def test_bad_urls_are_refused(url: str) -> None:
-    with pytest.raises(InvalidEndpoint):
+    with pytest.raises(InvalidEndpoint) as refused:
         check_url(url, allow_private=True)
+    assert len(str(refused.value)) < 300  # the URL is not echoed whole
+
+
+def test_a_url_of_8192_characters_is_taken() -> None:
+    url = "https://x.example/" + "a" * 8174
+    assert len(url) == 8192 and check_url(url) == url
 
 
 @pytest.mark.parametrize(
