@@ -48,19 +48,18 @@ def check_patterns(events: object) -> list[str]:
         events = [part.strip() for part in events.split(",") if part.strip()]
     if not isinstance(events, Iterable) or isinstance(events, Mapping | bytes):
         raise InvalidSubscription("event_types must be a list of event types or patterns")
-    patterns: list[str] = []
+    patterns: dict[str, None] = {}  # in the order given
     for pattern in events:
-        if not isinstance(pattern, str) or not _PATTERN_RE.fullmatch(pattern) or len(pattern) > 255:
+        if not isinstance(pattern, str) or len(pattern) > 255 or not _PATTERN_RE.fullmatch(pattern):
             shown = pattern[:80] if isinstance(pattern, str) else type(pattern).__name__
             raise InvalidSubscription(
                 f"event type pattern {shown!r} must be an event type (letters, digits and "
                 ". _ : / -), a prefix ending in '*' like 'invoice.*', or '*'"
             )
-        if pattern not in patterns:
-            patterns.append(pattern)
-    if len(patterns) > MAX_PATTERNS:
-        raise InvalidSubscription(f"at most {MAX_PATTERNS} event type patterns per endpoint")
-    return patterns
+        patterns[pattern] = None
+        if len(patterns) > MAX_PATTERNS:  # as soon as it is: a list may be endless
+            raise InvalidSubscription(f"at most {MAX_PATTERNS} event type patterns per endpoint")
+    return list(patterns)
 
 
 def check_tenant(tenant: object, error: type[Exception] = InvalidSubscription) -> str | None:
