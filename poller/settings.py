@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from poller.proxy import Proxy
 from poller.health import HealthPolicy
 from poller.keyring import Keyring, keyring_for, parse_keys
+from poller.retry import MAX_SCHEDULE_LENGTH
 
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
 """Seconds after the previous attempt (±20 % jitter). Ten attempts in about three days."""
@@ -43,7 +44,12 @@ arithmetic must stay exact."""
 MAX_RETRY_SECONDS = 30 * 86400.0
 """A retry interval, or an honoured Retry-After, is at most 30 days."""
 
+MIN_INTERVAL = 0.05
+"""A loop's interval or a request's timeout is at least this: 1e-300 was taken, and a
+sweep or poll loop then ran flat out against the database, every request timed out."""
+
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+IntervalSeconds = Annotated[float, Field(ge=MIN_INTERVAL, le=MAX_SECONDS)]
 RetrySeconds = Annotated[float, Field(gt=0, le=MAX_RETRY_SECONDS)]
 
 ENV_PREFIX = "POLLER_"
@@ -98,21 +104,23 @@ class Settings(BaseSettings):
 
     claim_lease: PositiveSeconds = 60.0
     """Row claim lease; must exceed the worst delivery time (send + lookup + margin)."""
-    sweep_interval: PositiveSeconds = 5.0
-    """How often the maintenance leader reclaims expired claims."""
+    sweep_interval: IntervalSeconds = 5.0
+    """How often the maintenance leader reclaims expired claims (at least 0.05 s)."""
     batch_size: int = Field(default=100, ge=1, le=10_000)
     """Most rows one claim statement takes."""
     concurrency: int = Field(default=64, ge=1, le=10_000)
     """Deliveries in flight per ``poller run`` process, across all endpoints."""
-    poll_interval: PositiveSeconds = 1.0
-    """Fallback poll when no NOTIFY wake-up comes."""
-    request_timeout: PositiveSeconds = 10.0
-    """Whole-exchange timeout for one delivery or one lookup (connect, send, answer)."""
-    connect_timeout: PositiveSeconds = 5.0
+    poll_interval: IntervalSeconds = 1.0
+    """Fallback poll when no NOTIFY wake-up comes (at least 0.05 s)."""
+    request_timeout: IntervalSeconds = 10.0
+    """Whole-exchange timeout for one delivery or one lookup (connect, send, answer; at
+    least 0.05 s)."""
+    connect_timeout: IntervalSeconds = 5.0
     """Budget for getting a connection (pool, DNS, TCP, TLS), at most half the request
     timeout: failing within it is *not sent*, timing out after it is *unknown*."""
     retry_schedule: tuple[RetrySeconds, ...] = DEFAULT_RETRY_SCHEDULE
-    """JSON list of seconds (each ≤ 30 days), e.g. ``[5, 300, 1800]``; the last repeats."""
+    """JSON list of 1 to 50 seconds (each ≤ 30 days), e.g. ``[5, 300, 1800]``; the last
+    repeats."""
     retry_after_max: RetrySeconds = 3600.0
     """A receiver's Retry-After is honoured up to this many seconds."""
     permanent_statuses: tuple[Annotated[int, Field(ge=100, le=599)], ...] = ()
@@ -281,6 +289,8 @@ class Settings(BaseSettings):
     def _schedule_not_empty(cls, value: tuple[float, ...]) -> tuple[float, ...]:
         if not value:
             raise ValueError("must list at least one interval, e.g. [5, 300, 1800]")
+        if len(value) > MAX_SCHEDULE_LENGTH:  # as an endpoint's (poller/retry.py)
+            raise ValueError(f"may list at most {MAX_SCHEDULE_LENGTH} intervals")
         return value
 
     @field_validator("portal_embed_origins")

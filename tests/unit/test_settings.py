@@ -59,6 +59,10 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
         ("POLLER_RETRY_AFTER_MAX", "inf"),
         ("POLLER_SHUTDOWN_GRACE", "inf"),
         ("POLLER_CONNECT_TIMEOUT", "0"),
+        ("POLLER_SWEEP_INTERVAL", "1e-300"),  # a sweep loop flat out against the database
+        ("POLLER_POLL_INTERVAL", "0.001"),
+        ("POLLER_REQUEST_TIMEOUT", "1e-300"),  # every request timed out
+        ("POLLER_RETRY_SCHEDULE", "[" + ",".join(["1"] * 51) + "]"),  # as an endpoint's: 50
         ("POLLER_PERMANENT_STATUSES", "[99]"),
         ("POLLER_CIRCUIT_FAILURES", "-1"),
         ("POLLER_CIRCUIT_FAILURES", "ten"),
