@@ -16,6 +16,7 @@ from typing import Any
 
 from poller.errors import InvalidEndpoint
 from poller.schema import ON_FAILED_HEAD
+from poller.settings import MIN_INTERVAL
 from poller.signing import Scheme, check_scheme, scheme_of
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -62,6 +63,16 @@ def positive(value: Any, what: str, *, integer: bool) -> Any:
     if not integer and value > MAX_SECONDS:
         raise InvalidEndpoint(f"{what} must be at most 365 days")
     return value
+
+
+def check_timeout(value: Any) -> float | None:
+    """An endpoint's request timeout: seconds, at least POLLER_REQUEST_TIMEOUT's floor."""
+    seconds = positive(value, "timeout", integer=False)
+    if seconds is None:
+        return None
+    if seconds < MIN_INTERVAL:
+        raise InvalidEndpoint(f"timeout must be at least {MIN_INTERVAL} s")
+    return float(seconds)
 
 
 def check_max_age(value: Any) -> float | None:

@@ -32,6 +32,7 @@ from poller.endpoint_checks import (
     check_max_age,
     check_name,
     check_on_failed_head,
+    check_timeout,
     could_be_name,
     positive,
     signing_scheme,
@@ -272,7 +273,7 @@ def create_endpoint(
         if lookup_url is None
         else check_lookup_url(lookup_url, allow_private=allow_private),
         "max_attempts": positive(max_attempts, "max_attempts", integer=True),
-        "timeout": positive(timeout, "timeout", integer=False),
+        "timeout": check_timeout(timeout),
         "max_in_flight": positive(max_in_flight, "max_in_flight", integer=True),
         "max_age": check_max_age(max_age),
         "secret": secret if secret is not None else new_secret(scheme),
@@ -387,13 +388,11 @@ def update_endpoint(
         changes["lookup_url"] = (
             None if lookup_url == "" else check_lookup_url(lookup_url, allow_private=allow_private)
         )
-    for field_name, value, integer in (
-        ("max_attempts", max_attempts, True),
-        ("timeout", timeout, False),
-        ("max_in_flight", max_in_flight, True),
-    ):
+    for field_name, value in (("max_attempts", max_attempts), ("max_in_flight", max_in_flight)):
         if value is not None:
-            changes[field_name] = positive(value, field_name, integer=integer)
+            changes[field_name] = positive(value, field_name, integer=True)
+    if timeout is not None:
+        changes["timeout"] = check_timeout(timeout)
     if on_failed_head is not None:
         changes["on_failed_head"] = check_on_failed_head(on_failed_head)
     if trace_context is not None:

@@ -240,3 +240,12 @@ def test_an_endless_list_of_event_types_is_refused_at_its_101st() -> None:
     with pytest.raises(InvalidSubscription, match="at most 100"):
         check_patterns(f"t{n}" for n in itertools.count())
     assert check_patterns(["a", "b*", "a", "*"]) == ["a", "b*", "*"]
+
+
+def test_an_endpoint_timeout_has_the_settings_floor() -> None:
+    """1e-300 was taken: every request to the endpoint timed out at once."""
+    from poller.endpoint_checks import check_timeout
+
+    with pytest.raises(InvalidEndpoint, match=r"at least 0\.05 s"):
+        check_timeout(1e-300)
+    assert check_timeout(0.05) == 0.05 and check_timeout(None) is None
