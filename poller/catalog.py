@@ -31,6 +31,7 @@ from poller.schema_api import event_types as T
 
 COMPILED = 256  # schemas kept compiled
 MAX_SCHEMA_BYTES = 64 * 1024
+MAX_EXAMPLE_BYTES = 256 * 1024  # a payload, as POLLER_MAX_PAYLOAD_BYTES' default
 ERRORS_SHOWN = 5
 
 
@@ -95,6 +96,18 @@ def check_payload(event_type: str, schema: dict[str, Any] | str, payload_json: s
         )
 
 
+def _json_text(value: Any, what: str, limit: int = MAX_SCHEMA_BYTES) -> str:
+    """``value`` as the JSON text PostgreSQL will store, or InvalidInput naming ``what``:
+    JSON types only (no NaN or Infinity), no NUL, at most ``limit`` bytes."""
+    try:
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInput(f"{what}: not JSON ({str(exc)[:120]})") from None
+    if len(text) > limit or "\\u0000" in text:
+        raise InvalidInput(f"{what}: at most {limit:,} bytes of JSON, and no NUL")
+    return text
+
+
 def define_event_type(
     conn: Connection,
     name: str,
@@ -112,14 +125,12 @@ def define_event_type(
     if schema is not None:
         if not isinstance(schema, dict):
             raise InvalidInput("schema: a JSON Schema is an object")
-        text = json.dumps(schema, sort_keys=True)
-        if len(text) > MAX_SCHEMA_BYTES or "\\u0000" in text:
-            raise InvalidInput(f"schema: at most {MAX_SCHEMA_BYTES} bytes of JSON, and no NUL")
+        text = _json_text(schema, "schema")
         _validator(text)
         if example is not None and (found := problems(text, example)):
             raise InvalidInput(f"example does not match the schema: {'; '.join(found)}")
-    if example is not None and "\\u0000" in json.dumps(example):
-        raise InvalidInput("example: no NUL characters")
+    if example is not None:
+        _json_text(example, "example", MAX_EXAMPLE_BYTES)
     values = {"description": description, "schema": schema, "example": example,
               "deprecated": bool(deprecated)}  # fmt: skip
     row = conn.execute(

@@ -81,6 +81,10 @@ def test_the_catalog_refuses_what_cannot_work(catalog: Engine) -> None:
             {"schema": SCHEMA, "example": {"order": "x"}},
             {"schema": {"const": "\x00"}},
             {"description": "x" * 2001},
+            {"schema": {"maximum": float("nan")}},  # these four were DataError or TypeError
+            {"example": {"a": float("inf")}},
+            {"schema": {"a": {1, 2}}},
+            {"example": "x" * 300_000},
         ):
             with pytest.raises(InvalidInput):
                 define_event_type(conn, "order.refunded", **kwargs)  # type: ignore[arg-type]
