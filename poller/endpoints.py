@@ -219,6 +219,16 @@ class CreatedEndpoint:
     secret: str = field(repr=False)
 
 
+def _flag(value: object, what: str, *, default: bool) -> bool:
+    """A yes/no option: True, False, or None for ``default`` (a string like "false" is
+    not read as true)."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidEndpoint(f"{what} must be True or False, not {type(value).__name__}")
+    return value
+
+
 def create_endpoint(
     conn: Conn,
     name: str,
@@ -279,7 +289,7 @@ def create_endpoint(
         "secret": secret if secret is not None else new_secret(scheme),
         "bucket": bucket_for(name),
         "on_failed_head": check_on_failed_head(on_failed_head) or "block",
-        "trace_context": trace_context is not False,  # on unless refused
+        "trace_context": _flag(trace_context, "trace_context", default=True),
         **check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
         **check_subscription_settings(event_types, tenant, payload_filter),
     }
@@ -396,7 +406,7 @@ def update_endpoint(
     if on_failed_head is not None:
         changes["on_failed_head"] = check_on_failed_head(on_failed_head)
     if trace_context is not None:
-        changes["trace_context"] = bool(trace_context)
+        changes["trace_context"] = _flag(trace_context, "trace_context", default=True)
     changes.update(
         check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown)
     )

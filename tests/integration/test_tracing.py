@@ -223,3 +223,17 @@ async def test_the_latency_metric_names_a_deliverys_trace_in_openmetrics(
     )  # fmt: skip
     assert f'trace_id="{TRACE_ID:032x}"' in line
     assert "trace_id" not in plain  # the Prometheus text format has no exemplars
+
+
+def test_trace_context_takes_true_or_false_not_a_word(engine: Engine) -> None:
+    """bool("false") is True: a string was read as "send the trace context"."""
+    from poller.endpoints import update_endpoint
+    from poller.errors import InvalidEndpoint
+
+    with engine.begin() as conn, pytest.raises(InvalidEndpoint, match="True or False"):
+        create_endpoint(conn, "words", "https://x.example/h", trace_context="false")  # type: ignore[arg-type]
+    with engine.begin() as conn:
+        create_endpoint(conn, "words", "https://x.example/h")
+        with pytest.raises(InvalidEndpoint, match="True or False"):
+            update_endpoint(conn, "words", trace_context="no")  # type: ignore[arg-type]
+        assert update_endpoint(conn, "words", trace_context=False).trace_context is False
