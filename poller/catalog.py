@@ -131,8 +131,10 @@ def define_event_type(
             raise InvalidInput(f"example does not match the schema: {'; '.join(found)}")
     if example is not None:
         _json_text(example, "example", MAX_EXAMPLE_BYTES)
+    if not isinstance(deprecated, bool):
+        raise InvalidInput(f"deprecated: True or False, not {type(deprecated).__name__}")
     values = {"description": description, "schema": schema, "example": example,
-              "deprecated": bool(deprecated)}  # fmt: skip
+              "deprecated": deprecated}  # fmt: skip
     row = conn.execute(
         insert(T)
         .values(name=name, **values)

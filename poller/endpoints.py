@@ -275,6 +275,7 @@ def create_endpoint(
     keyring = keyring or default_settings().keyring
     if allow_private is None:
         allow_private = default_settings().allow_private_targets
+    allow_private = _flag(allow_private, "allow_private", default=False)  # not "false"
     scheme = signing_scheme(signing, secret)
     values = {
         "name": check_name(name),
@@ -389,6 +390,7 @@ def update_endpoint(
     """
     if allow_private is None:
         allow_private = default_settings().allow_private_targets
+    allow_private = _flag(allow_private, "allow_private", default=False)  # not "false"
     changes = _sealed_changes(
         conn, name, keyring, headers, clear_headers, client_cert, client_key, ca_bundle
     )

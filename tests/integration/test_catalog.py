@@ -85,6 +85,7 @@ def test_the_catalog_refuses_what_cannot_work(catalog: Engine) -> None:
             {"example": {"a": float("inf")}},
             {"schema": {"a": {1, 2}}},
             {"example": "x" * 300_000},
+            {"deprecated": "false"},  # bool("false") is True
         ):
             with pytest.raises(InvalidInput):
                 define_event_type(conn, "order.refunded", **kwargs)  # type: ignore[arg-type]

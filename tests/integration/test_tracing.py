@@ -225,8 +225,9 @@ async def test_the_latency_metric_names_a_deliverys_trace_in_openmetrics(
     assert "trace_id" not in plain  # the Prometheus text format has no exemplars
 
 
-def test_trace_context_takes_true_or_false_not_a_word(engine: Engine) -> None:
-    """bool("false") is True: a string was read as "send the trace context"."""
+def test_yes_no_options_take_true_or_false_not_a_word(engine: Engine) -> None:
+    """bool("false") is True: a string was read as "send the trace context", and as
+    "allow private targets"."""
     from poller.endpoints import update_endpoint
     from poller.errors import InvalidEndpoint
 
@@ -237,3 +238,5 @@ def test_trace_context_takes_true_or_false_not_a_word(engine: Engine) -> None:
         with pytest.raises(InvalidEndpoint, match="True or False"):
             update_endpoint(conn, "words", trace_context="no")  # type: ignore[arg-type]
         assert update_endpoint(conn, "words", trace_context=False).trace_context is False
+        with pytest.raises(InvalidEndpoint, match="True or False"):  # "false" allowed 10.0.0.1
+            create_endpoint(conn, "lan", "http://10.0.0.1/h", allow_private="false")  # type: ignore[arg-type]
