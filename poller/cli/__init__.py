@@ -104,7 +104,7 @@ class _Group(click.Group):
         args = [_text_arg(a) for a in (sys.argv[1:] if args is None else args)]
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
-        from poller.cli.output import safe_text
+        from poller.cli.output import error_text
 
         try:
             done = super().main(args, prog_name, complete_var, False, **extra)
@@ -113,10 +113,10 @@ class _Group(click.Group):
             sys.exit(exc.exit_code)
         except click.UsageError as exc:
             hint = f" (see: {exc.ctx.command_path} -h)" if exc.ctx is not None else ""
-            click.echo(f"error: {safe_text(exc.format_message())}{hint}", err=True)
+            click.echo(f"error: {error_text(exc.format_message())}{hint}", err=True)
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
-            click.echo(f"error: {safe_text(exc.format_message())}", err=True)
+            click.echo(f"error: {error_text(exc.format_message())}", err=True)
             sys.exit(exc.exit_code)
         except (click.Abort, EOFError, KeyboardInterrupt):
             click.echo("aborted", err=True)
@@ -158,9 +158,9 @@ def _fail(ctx: click.Context, error: object, code: int) -> None:
     root = ctx.find_root()
     if root.params.get("verbose"):
         traceback.print_exc()
-    from poller.cli.output import safe_text
+    from poller.cli.output import error_text
 
-    click.echo(f"error: {safe_text(str(error))}", err=True)
+    click.echo(f"error: {error_text(str(error))}", err=True)
     sys.exit(code)
 
 

@@ -15,6 +15,7 @@ answering ``[/x]`` crashed ``admin failed``; ``[link=…]`` made a hyperlink).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -110,6 +111,16 @@ def age(value: datetime | None, now: datetime | None = None) -> str:
 def safe_text(text: str) -> str:
     """``text`` with each character a terminal could act on spelled as an escape."""
     return printable(text)
+
+
+# A value quoted in an error (click's "Invalid value for '--x': '…'" and ours): past
+# 100 characters only its start is shown, so a 20 KB argument is not a 20 KB line.
+_LONG_QUOTED = re.compile(r"""(?<![^\s(\[=])(['"])([^'"\n]{60})[^'"\n]{40,}\1(?=[\s.,;:)\]]|$)""")
+
+
+def error_text(text: str) -> str:
+    """An error's one line: :func:`safe_text`, with long quoted values cut short."""
+    return safe_text(_LONG_QUOTED.sub(lambda m: f"{m[1]}{m[2]}…{m[1]}", text))
 
 
 def safe_json(document: Any, **dumps: Any) -> str:

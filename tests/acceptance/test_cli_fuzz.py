@@ -125,6 +125,7 @@ def invocations(draw: st.DrawFn) -> list[str]:
 @example(args=["publish", "--key", "billing", "--data", '{"a": NaN}', "--", "billing"])  # was a bug
 @example(args=["enqueue", "billing", "e", "--data", '{"a": Infinity}', "--key", "k"])
 @example(args=["publish", "--key", "k", "--data", '{"a": 1e999999}', "--", "billing"])  # was a bug
+@example(args=["endpoints", "update", "--timeout", "x" * 5000, "--", "billing"])  # 5 KB line
 def test_nasty_command_lines_get_one_line_never_a_traceback(
     engine: Engine, db_url: str, args: list[str]
 ) -> None:
@@ -143,5 +144,6 @@ def test_nasty_command_lines_get_one_line_never_a_traceback(
     if result.exit_code == 2:  # usage, configuration, bad input: one line
         assert result.stderr.startswith("error: "), (args, result.stderr[-500:])
         assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr[-500:])
+        assert len(result.stderr) < 1000, (args, result.stderr[:500])  # a value cut short
     if result.exit_code == 1 and result.stderr:  # not found, nothing matched: one line, so
         assert NOT_FOUND.fullmatch(result.stderr), (args, result.stderr[-500:])
