@@ -10,7 +10,10 @@ delivery carries) with ``--concurrency`` in flight, from a process of its own (n
 client's threads or pools linger into another's figures). Rounds interleave the
 clients, each round in another order; the table gives medians: requests a second,
 requests per CPU second of the client's process (user + system, every thread: the
-Rust clients' runtimes included), and that against aiohttp's.
+Rust clients' runtimes included), and that against aiohttp's. Two more rows show the
+wire as the poller uses it: ``pyreqwest-streamed`` (status first, then the body: the
+exchange the sender's contract needs) and ``poller-reqwest`` (the poller's own
+ReqwestSender around it), so what each adds over plain pyreqwest is measured too.
 
 Every client runs on uvloop, the poller's loop: pyreqwest completes its futures from
 its own runtime thread through the loop, which uvloop does far more cheaply than
@@ -32,7 +35,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-CLIENTS = ("aiohttp", "httpx", "pyreqwest", "rnet")
+CLIENTS = ("aiohttp", "httpx", "pyreqwest", "rnet", "pyreqwest-streamed", "poller-reqwest")
+"""The last two are the wire as the poller uses it: pyreqwest's streamed exchange (the
+status as soon as it arrives, then the body: what the sender's contract needs), and the
+poller's own ReqwestSender around it (guard, pinned client, classification)."""
 BODY = json.dumps({"type": "order.paid", "data": {"order": 7, "pad": "x" * 220}}).encode()
 HEADERS = {
     "content-type": "application/json",
@@ -71,55 +77,107 @@ async def _fire(post: Callable[[], Awaitable[int]], requests: int, concurrency: 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def one(client: str, url: str, requests: int, concurrency: int) -> dict[str, float]:
-    """``requests`` POSTs with ``client``; its wall and CPU seconds (a warm-up aside)."""
-    if client == "aiohttp":
-        import aiohttp
+Post = Callable[[], Awaitable[int]]
+Close = Callable[[], Awaitable[Any]]
 
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
 
-        async def post() -> int:
-            async with session.post(url, data=BODY, headers=HEADERS) as answer:
-                await answer.read()
-                return answer.status
+def _aiohttp(url: str, concurrency: int) -> tuple[Post, Close]:
+    import aiohttp
 
-        close: Callable[[], Awaitable[Any]] = session.close
-    elif client == "httpx":
-        import httpx
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
 
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        hx = httpx.AsyncClient(limits=limits)
-
-        async def post() -> int:
-            answer = await hx.post(url, content=BODY, headers=HEADERS)
-            return answer.status_code
-
-        close = hx.aclose
-    elif client == "pyreqwest":
-        from pyreqwest.client import ClientBuilder
-
-        rq = ClientBuilder().max_connections(concurrency).build()
-
-        async def post() -> int:
-            answer = await rq.post(url).headers(HEADERS).body_bytes(BODY).build().send()
-            await answer.bytes()
+    async def post() -> int:
+        async with session.post(url, data=BODY, headers=HEADERS) as answer:
+            await answer.read()
             return answer.status
 
-        close = rq.close
-    elif client == "rnet":
-        import rnet
+    return post, session.close
 
-        rn = rnet.Client(pool_max_size=concurrency)
 
-        async def post() -> int:
-            answer = await rn.post(url, body=BODY, headers=HEADERS)
-            await answer.bytes()
-            return int(answer.status)
+def _httpx(url: str, concurrency: int) -> tuple[Post, Close]:
+    import httpx
 
-        async def close() -> None:
-            return None
-    else:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    hx = httpx.AsyncClient(limits=limits)
+
+    async def post() -> int:
+        answer = await hx.post(url, content=BODY, headers=HEADERS)
+        return answer.status_code
+
+    return post, hx.aclose
+
+
+def _pyreqwest(url: str, concurrency: int) -> tuple[Post, Close]:
+    from pyreqwest.client import ClientBuilder
+
+    rq = ClientBuilder().max_connections(concurrency).build()
+
+    async def post() -> int:
+        answer = await rq.post(url).headers(HEADERS).body_bytes(BODY).build().send()
+        await answer.bytes()
+        return answer.status
+
+    return post, rq.close
+
+
+def _rnet(url: str, concurrency: int) -> tuple[Post, Close]:
+    import rnet
+
+    rn = rnet.Client(pool_max_size=concurrency)
+
+    async def post() -> int:
+        answer = await rn.post(url, body=BODY, headers=HEADERS)
+        await answer.bytes()
+        return int(answer.status)
+
+    async def close() -> None:
+        return None
+
+    return post, close
+
+
+def _pyreqwest_streamed(url: str, concurrency: int) -> tuple[Post, Close]:
+    from datetime import timedelta
+
+    from pyreqwest.client import ClientBuilder
+
+    rs = ClientBuilder().max_connections(concurrency).timeout(timedelta(seconds=30)).build()
+
+    async def post() -> int:
+        builder = rs.post(url).headers(HEADERS).body_bytes(BODY)
+        async with builder.streamed_read_buffer_limit(0).build_streamed() as answer:
+            await answer.body_reader.read(64 * 1024)
+            return answer.status
+
+    return post, rs.close
+
+
+def _poller_reqwest(url: str, concurrency: int) -> tuple[Post, Close]:
+    from poller.reqwest_sender import ReqwestSender
+
+    sender = ReqwestSender(limit=concurrency, allow_private=True)
+
+    async def post() -> int:
+        return (await sender.request("POST", url, HEADERS, BODY, 30.0)).status
+
+    return post, sender.aclose
+
+
+POSTERS = {
+    "aiohttp": _aiohttp,
+    "httpx": _httpx,
+    "pyreqwest": _pyreqwest,
+    "rnet": _rnet,
+    "pyreqwest-streamed": _pyreqwest_streamed,
+    "poller-reqwest": _poller_reqwest,
+}
+
+
+async def one(client: str, url: str, requests: int, concurrency: int) -> dict[str, float]:
+    """``requests`` POSTs with ``client``; its wall and CPU seconds (a warm-up aside)."""
+    if client not in POSTERS:
         raise SystemExit(f"unknown client {client!r}: one of {', '.join(CLIENTS)}")
+    post, close = POSTERS[client](url, concurrency)
     await _fire(post, min(requests, 1000), concurrency)  # warm: connections, caches
     began, cpu = time.perf_counter(), _cpu()
     await _fire(post, requests, concurrency)
