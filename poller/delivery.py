@@ -33,14 +33,13 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 from poller import outcomes
 from poller.endpoints import Endpoint
-from poller.outcomes import ClaimedMessage, Outcome
+from poller.outcomes import ClaimedMessage, Outcome, record
 from poller.retry import parse_retry_after, retry_delay
 from poller.senders import Reply, Sender, SendError
 from poller.settings import Settings
@@ -65,7 +64,7 @@ class LookupAnswer(enum.StrEnum):
     ERROR = "error"  # neither: ask again later
 
 
-@dataclass(frozen=True, slots=True)
+@record  # frozen to the type checker; built per request, so not frozen at run time
 class Attempt:
     """What one HTTP exchange (send or lookup) came to."""
 

@@ -25,11 +25,11 @@ blackholed host is therefore a connect timeout, never a "maybe delivered".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from poller.netguard import PRIVATE_HINT, host_refusal
+from poller.outcomes import record
 
 if TYPE_CHECKING:
     from poller.tls import TLSSettings
@@ -40,7 +40,7 @@ RETRY_AFTER_STATUSES = frozenset({429, 503})
 leave it unread on any other."""
 
 
-@dataclass(frozen=True, slots=True)
+@record  # frozen to the type checker; built per request, so not frozen at run time
 class Reply:
     status: int
     retry_after: str | None
