@@ -65,6 +65,16 @@ def positive(value: Any, what: str, *, integer: bool) -> Any:
     return value
 
 
+def check_flag(value: object, what: str, default: bool) -> bool:
+    """A yes/no option: True, False, or None for ``default``; anything else is refused
+    (``bool("false")`` is True: a word from a config file would switch it on)."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidEndpoint(f"{what} must be True or False, not {type(value).__name__}")
+    return value
+
+
 def check_timeout(value: Any) -> float | None:
     """An endpoint's request timeout: seconds, at least POLLER_REQUEST_TIMEOUT's floor."""
     seconds = positive(value, "timeout", integer=False)

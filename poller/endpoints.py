@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from poller import headers as header_codec
 from poller import queries
 from poller.endpoint_checks import (
+    check_flag,
     check_max_age,
     check_name,
     check_on_failed_head,
@@ -219,16 +220,6 @@ class CreatedEndpoint:
     secret: str = field(repr=False)
 
 
-def _flag(value: object, what: str, *, default: bool) -> bool:
-    """A yes/no option: True, False, or None for ``default`` (a string like "false" is
-    not read as true)."""
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidEndpoint(f"{what} must be True or False, not {type(value).__name__}")
-    return value
-
-
 def create_endpoint(
     conn: Conn,
     name: str,
@@ -273,9 +264,9 @@ def create_endpoint(
     a private CA (poller/tls.py); the key is sealed like the secret.
     """
     keyring = keyring or default_settings().keyring
-    if allow_private is None:
-        allow_private = default_settings().allow_private_targets
-    allow_private = _flag(allow_private, "allow_private", default=False)  # not "false"
+    allow_private = check_flag(
+        allow_private, "allow_private", default_settings().allow_private_targets
+    )
     scheme = signing_scheme(signing, secret)
     values = {
         "name": check_name(name),
@@ -290,7 +281,7 @@ def create_endpoint(
         "secret": secret if secret is not None else new_secret(scheme),
         "bucket": bucket_for(name),
         "on_failed_head": check_on_failed_head(on_failed_head) or "block",
-        "trace_context": _flag(trace_context, "trace_context", default=True),
+        "trace_context": check_flag(trace_context, "trace_context", True),
         **check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
         **check_subscription_settings(event_types, tenant, payload_filter),
     }
@@ -388,9 +379,9 @@ def update_endpoint(
     certificate comes with its key; ``client_cert`` (or ``ca_bundle``) of
     :data:`DEFAULT` removes it.
     """
-    if allow_private is None:
-        allow_private = default_settings().allow_private_targets
-    allow_private = _flag(allow_private, "allow_private", default=False)  # not "false"
+    allow_private = check_flag(
+        allow_private, "allow_private", default_settings().allow_private_targets
+    )
     changes = _sealed_changes(
         conn, name, keyring, headers, clear_headers, client_cert, client_key, ca_bundle
     )
@@ -408,7 +399,7 @@ def update_endpoint(
     if on_failed_head is not None:
         changes["on_failed_head"] = check_on_failed_head(on_failed_head)
     if trace_context is not None:
-        changes["trace_context"] = _flag(trace_context, "trace_context", default=True)
+        changes["trace_context"] = check_flag(trace_context, "trace_context", True)
     changes.update(
         check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown)
     )
