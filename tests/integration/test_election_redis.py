@@ -103,6 +103,15 @@ async def test_fail_closed_stops_claiming_until_redis_returns(
                 return poller.shards is not None and poller.shards.scope().buckets == ()
 
             await wait_for(closed, timeout=10)
+            # A claim that read the scope just before it closed may still be on its way
+            # (its fences are good in PostgreSQL: nobody else took the shards); two more
+            # claim cycles and every claim from here on reads the closed scope.
+            cycles = poller.claimer.cycles
+
+            async def claimed_closed() -> bool:
+                return poller.claimer.cycles >= cycles + 2
+
+            await wait_for(claimed_closed, timeout=10)
             seed(engine, 100, "a")
             await asyncio.sleep(1.0)  # a window in which nothing may be claimed
             assert counts(engine) == {"pending": 100} and receiver.stats.received == 0
