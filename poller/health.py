@@ -142,6 +142,9 @@ class _Default:
 
 DEFAULT: Any = _Default()
 MAX_RATE = 1_000_000.0
+MIN_RATE = 0.00001  # requests a second: about one a day. Below it the token bucket's
+# arithmetic in PostgreSQL underflows (5e-324 × seconds is 0: "value out of range") and
+# every claim of rate-limited endpoints failed.
 
 
 def check_health_settings(
@@ -162,9 +165,9 @@ def check_health_settings(
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidEndpoint(f"{name} must be a number")
-        if name == "rate_limit" and not (math.isfinite(value) and 0 < value <= MAX_RATE):
+        if name == "rate_limit" and not (math.isfinite(value) and MIN_RATE <= value <= MAX_RATE):
             raise InvalidEndpoint(
-                f"rate_limit must be more than 0 and at most {MAX_RATE:g} per second"
+                f"rate_limit must be from {MIN_RATE:g} (about one a day) to {MAX_RATE:g} per second"
             )
         if name == "rate_burst" and (not isinstance(value, int) or not 1 <= value <= 1_000_000):
             raise InvalidEndpoint("rate_burst must be a whole number from 1 to 1000000")

@@ -137,7 +137,7 @@ endpoints = Table(
     CheckConstraint("(client_cert IS NULL) = (client_key IS NULL)", name="client_cert_with_key"),
     CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
     CheckConstraint(
-        "rate_limit IS NULL OR (rate_limit > 0 AND rate_limit <= 1000000)",
+        "rate_limit IS NULL OR (rate_limit >= 0.00001 AND rate_limit <= 1000000)",
         name="rate_limit_positive",
     ),
     CheckConstraint("rate_burst IS NULL OR rate_burst >= 1", name="rate_burst_positive"),

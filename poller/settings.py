@@ -183,9 +183,10 @@ class Settings(BaseSettings):
     """HTTP basic password for the dashboard (with POLLER_DASHBOARD_USER)."""
     dashboard_read_only: bool = False
     """Show everything, change nothing: no retry, replay, enable or disable."""
-    api_rate_limit: float = Field(default=50.0, gt=0, le=100_000)
+    api_rate_limit: float = Field(default=50.0, ge=0.01, le=100_000)
     """Requests a second each API token may make (``/api/v1``, poller/dashboard/api.py),
-    in bursts of up to twice that; past it, 429 with ``Retry-After``. Per process."""
+    0.01 to 100,000, in bursts of up to twice that (at least one); past it, 429 with
+    ``Retry-After``. Per process."""
     portal_key: SecretStr | None = None
     """Signs tenant portal links and sessions (32+ characters; poller/portal.py). Unset
     and no database URL: a key kept in the embedded server's data folder."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from poller.health import DEFAULT, MAX_RATE
+from poller.health import DEFAULT, MAX_RATE, MIN_RATE
 
 
 class OrDefault(click.ParamType[Any]):
@@ -141,7 +141,7 @@ def limit_options(func: Any) -> Any:
             ),
             click.option(
                 "--rate-limit",
-                type=OrDefault(float, 0, MAX_RATE, low_open=True),
+                type=OrDefault(float, MIN_RATE, MAX_RATE),
                 help="Requests per second across all pollers ('default': unlimited).",
             ),
             click.option(

@@ -50,10 +50,12 @@ TITLES = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflic
 
 
 class Limits:
-    """A token bucket per API token: ``rate`` requests a second, bursts of twice that."""
+    """A token bucket per API token: ``rate`` requests a second, bursts of twice that,
+    and of at least one (a bucket of 2 × 0.25 never held a whole request: every call
+    was refused for ever)."""
 
     def __init__(self, rate: float, tracked: int = 10_000) -> None:
-        self.rate, self.burst, self.tracked = rate, 2 * rate, tracked
+        self.rate, self.burst, self.tracked = rate, max(1.0, 2 * rate), tracked
         self._buckets: dict[str, tuple[float, float]] = {}  # token -> (tokens left, at)
 
     def wait(self, who: str, now: float | None = None) -> float:

@@ -319,6 +319,8 @@ def test_each_token_is_throttled_on_its_own(engine: Engine) -> None:
     limits = Limits(2.0)  # bursts of 4, then one every half second
     assert [limits.wait("a", now=0.0) for _ in range(5)] == [0, 0, 0, 0, 0.5]
     assert limits.wait("b", now=0.0) == 0 and limits.wait("a", now=0.5) == 0
+    slow = Limits(0.25)  # one every 4 s: its first call is let through, then it waits
+    assert [slow.wait("a", now=0.0), slow.wait("a", now=0.0), slow.wait("a", now=4.0)] == [0, 4, 0]
     with engine.begin() as conn:
         _, first = tokens.create_token(conn, "first", "admin")
         _, second = tokens.create_token(conn, "second", "admin")

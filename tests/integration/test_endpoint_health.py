@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
@@ -29,7 +30,7 @@ from poller.events import (
     EventSink,
     OperationalEvent,
 )
-from poller.health import HealthPolicy
+from poller.health import MIN_RATE, HealthPolicy
 from poller.outcomes import ClaimedMessage
 from poller.receiver import Faults, Receiver
 from tests.conftest import make_endpoint
@@ -559,6 +560,7 @@ def cli_run(db_url: str, *args: str) -> tuple[int, str]:
         ("--rate-limit", "nan"),
         ("--rate-limit", "inf"),
         ("--rate-limit", "1e400"),
+        ("--rate-limit", "5e-324"),  # its token arithmetic underflowed in every claim
         ("--rate-limit", "fast"),
         ("--rate-burst", "0"),
         ("--rate-burst", "1.5"),
@@ -588,9 +590,28 @@ def test_nasty_health_settings_are_refused_by_the_api(engine: Engine) -> None:
         {"circuit_failures": -1},
         {"circuit_cooldown": float("inf")},
         {"rate_limit": "50"},
+        {"rate_limit": 5e-324},
+        {"rate_limit": 0.000009},
     ):
         with Session(engine) as session, pytest.raises(InvalidEndpoint):
             update_endpoint(session, "billing", **changes)
+    with Session(engine) as session, session.begin():
+        update_endpoint(session, "billing", rate_limit=MIN_RATE)  # the floor: one a day
+
+
+async def test_the_slowest_rate_limit_claims_and_the_database_refuses_a_slower_one(
+    engine: Engine, breaker: Claims
+) -> None:
+    make_endpoint(engine, "billing")
+    with Session(engine) as session, session.begin():
+        update_endpoint(session, "billing", rate_limit=MIN_RATE, rate_burst=1)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoint_health SET tokens_at = now() - interval '2 days'"))
+    seed(engine, 3)
+    assert len(await claim(breaker)) == 1  # its one token
+    assert await claim(breaker) == []  # and no underflow in the bucket's arithmetic
+    with pytest.raises(IntegrityError, match="rate_limit_positive"), engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoints SET rate_limit = 5e-324"))
 
 
 def test_health_settings_and_the_health_command(db_url: str, engine: Engine) -> None:
