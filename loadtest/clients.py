@@ -4,7 +4,8 @@ a delivery can cost, and the figures the choice of the wire rests on.
     python -m loadtest.clients [--requests 20000] [--concurrency 64] [--rounds 3]
 
 One receiver, a raw ASGI app under granian in its own process (it reads the body
-and answers 204: as cheap as a receiver gets, so the client is what is measured).
+and answers 200 with ``ok``: as cheap as a receiver gets, so the client is what is
+measured, and a body to read, as most receivers send).
 Each client POSTs ``--requests`` signed-webhook-sized bodies (~300 B, the headers a
 delivery carries) with ``--concurrency`` in flight, from a process of its own (no
 client's threads or pools linger into another's figures). Rounds interleave the
@@ -13,7 +14,9 @@ requests per CPU second of the client's process (user + system, every thread: th
 Rust clients' runtimes included), and that against aiohttp's. Two more rows show the
 wire as the poller uses it: ``pyreqwest-streamed`` (status first, then the body: the
 exchange the sender's contract needs) and ``poller-reqwest`` (the poller's own
-ReqwestSender around it), so what each adds over plain pyreqwest is measured too.
+ReqwestSender around it), so what each adds over plain pyreqwest is measured too;
+``pyreqwest-readahead`` is the streamed exchange reading up to 64 KiB of body before
+the status is seen: what the contract costs (docs/explanation/performance.md).
 
 Every client runs on uvloop, the poller's loop: pyreqwest completes its futures from
 its own runtime thread through the loop, which uvloop does far more cheaply than
@@ -35,10 +38,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-CLIENTS = ("aiohttp", "httpx", "pyreqwest", "rnet", "pyreqwest-streamed", "poller-reqwest")
+CLIENTS = (
+    "aiohttp",
+    "httpx",
+    "pyreqwest",
+    "rnet",
+    "pyreqwest-streamed",
+    "poller-reqwest",
+    "pyreqwest-readahead",
+)
 """The last two are the wire as the poller uses it: pyreqwest's streamed exchange (the
 status as soon as it arrives, then the body: what the sender's contract needs), and the
-poller's own ReqwestSender around it (guard, pinned client, classification)."""
+poller's own ReqwestSender around it (guard, pinned client, classification). The
+last reads ahead: cheaper, but a body that stalls after the status costs the status."""
 BODY = json.dumps({"type": "order.paid", "data": {"order": 7, "pad": "x" * 220}}).encode()
 HEADERS = {
     "content-type": "application/json",
@@ -48,16 +60,19 @@ HEADERS = {
 }
 
 
+_OK_HEADERS = [(b"content-type", b"text/plain"), (b"content-length", b"2")]
+
+
 async def receiver(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """The raw ASGI receiver: read the body, answer 204."""
+    """The raw ASGI receiver: read the body, answer 200 ``ok``."""
     if scope["type"] != "http":
         return
     more = True
     while more:
         message = await receive()
         more = message.get("more_body", False)
-    await send({"type": "http.response.start", "status": 204, "headers": []})
-    await send({"type": "http.response.body", "body": b""})
+    await send({"type": "http.response.start", "status": 200, "headers": _OK_HEADERS})
+    await send({"type": "http.response.body", "body": b"ok"})
 
 
 def _cpu() -> float:
@@ -71,7 +86,7 @@ async def _fire(post: Callable[[], Awaitable[int]], requests: int, concurrency: 
     async def worker() -> None:
         for _ in left:
             status = await post()
-            if status != 204:
+            if status != 200:
                 raise RuntimeError(f"the receiver answered {status}")
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -152,6 +167,22 @@ def _pyreqwest_streamed(url: str, concurrency: int) -> tuple[Post, Close]:
     return post, rs.close
 
 
+def _pyreqwest_readahead(url: str, concurrency: int) -> tuple[Post, Close]:
+    from datetime import timedelta
+
+    from pyreqwest.client import ClientBuilder
+
+    ra = ClientBuilder().max_connections(concurrency).timeout(timedelta(seconds=30)).build()
+
+    async def post() -> int:
+        builder = ra.post(url).headers(HEADERS).body_bytes(BODY)
+        async with builder.streamed_read_buffer_limit(64 * 1024).build_streamed() as answer:
+            await answer.body_reader.read(64 * 1024)
+            return answer.status
+
+    return post, ra.close
+
+
 def _poller_reqwest(url: str, concurrency: int) -> tuple[Post, Close]:
     from poller.reqwest_sender import ReqwestSender
 
@@ -170,6 +201,7 @@ POSTERS = {
     "rnet": _rnet,
     "pyreqwest-streamed": _pyreqwest_streamed,
     "poller-reqwest": _poller_reqwest,
+    "pyreqwest-readahead": _pyreqwest_readahead,
 }
 
 
