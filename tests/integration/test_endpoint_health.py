@@ -606,7 +606,9 @@ async def test_the_slowest_rate_limit_claims_and_the_database_refuses_a_slower_o
     with Session(engine) as session, session.begin():
         update_endpoint(session, "billing", rate_limit=MIN_RATE, rate_burst=1)
     with engine.begin() as conn:
-        conn.execute(text("UPDATE poller_endpoint_health SET tokens_at = now() - interval '2 days'"))
+        conn.execute(
+            text("UPDATE poller_endpoint_health SET tokens_at = now() - interval '2 days'")
+        )
     seed(engine, 3)
     assert len(await claim(breaker)) == 1  # its one token
     assert await claim(breaker) == []  # and no underflow in the bucket's arithmetic
