@@ -50,9 +50,9 @@ def is_duration(value: str) -> bool:
 
 
 def moment(value: str | datetime, now: datetime | None = None) -> datetime:
-    """A duration ago (``1h``) or an ISO 8601 time → an aware datetime."""
+    """A duration ago (``1h``) or an ISO 8601 time → an aware datetime, in UTC."""
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
+        return _in_utc(value, value)
     if is_duration(str(value)):
         try:
             return (now or datetime.now(UTC)) - duration(value)
@@ -64,7 +64,19 @@ def moment(value: str | datetime, now: datetime | None = None) -> datetime:
         raise InvalidInput(
             f"{value!r} is neither a duration (1h, 7d) nor an ISO 8601 time"
         ) from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    return _in_utc(when, value)
+
+
+def _in_utc(when: datetime, value: object) -> datetime:
+    """``when`` in UTC (a time without a zone is UTC already). The years 1 to 9999 are
+    a Python datetime's, in UTC too: ``9999-12-31T23:59:59-14:00`` is in the year 10000,
+    which PostgreSQL stores and no reader could load back."""
+    if when.tzinfo is None:
+        return when.replace(tzinfo=UTC)
+    try:
+        return when.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(f"{value!r} is outside the years 1 to 9999 in UTC") from None
 
 
 def deadline(value: str | datetime, now: datetime | None = None) -> datetime:

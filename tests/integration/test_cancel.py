@@ -197,6 +197,7 @@ def test_the_cli_cancels_pauses_and_refuses_in_one_line(engine: Engine, db_url: 
         (("admin", "cancel", "--endpoint", "nope", "--yes"), "nope"),
         (("endpoints", "pause", "billing", "--until", "2000-01-01T00:00:00"), "not in the future"),
         (("endpoints", "pause", "billing", "--until", "soon"), "neither a duration"),
+        (("endpoints", "pause", "billing", "--until", "9999-12-31T23:59:59-14:00"), "9999 in UTC"),
         (("endpoints", "pause", "nope"), "nope"),
         (("endpoints", "resume", "nope\x00"), "nope"),
     ):

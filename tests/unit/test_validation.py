@@ -193,6 +193,10 @@ def test_the_error_tree_drawn_in_errors_py_is_the_classes() -> None:
         ("duration", "99999999999d", "longer than any date"),
         ("moment", "yesterday", "neither a duration"),
         ("moment", "99999999999d", "longer than any date"),
+        # the year 10000 in UTC: PostgreSQL stored it, and nothing could read it back
+        ("moment", "9999-12-31T23:59:59-14:00", "outside the years 1 to 9999 in UTC"),
+        ("moment", "0001-01-01T00:00:00+14:00", "outside the years 1 to 9999 in UTC"),
+        ("deadline", "9999-12-31T23:59:59-14:00", "outside the years 1 to 9999 in UTC"),
         ("row_id", "abc", "is not a message id"),
         ("row_id", "-1", "is not a message id"),
         ("row_id", "٣", "is not a message id"),  # a digit, but not an ASCII one
@@ -226,6 +230,8 @@ def test_what_people_type_is_read() -> None:
     assert parse.duration("90s") == timedelta(seconds=90) == parse.duration(" 1.5m ")
     assert parse.moment("1h", now) == now - timedelta(hours=1)
     assert parse.moment("2026-11-30T09:00:00") == datetime(2026, 11, 30, 9, tzinfo=UTC)
+    east = parse.moment("2026-11-30T09:00:00+14:00")
+    assert east.tzinfo is UTC and east == datetime(2026, 11, 29, 19, tzinfo=UTC)
     assert parse.row_id(" 42 ") == 42 == parse.row_id(42)
     assert parse.json_payload('{"a": 1}').text == '{"a": 1}'
 
