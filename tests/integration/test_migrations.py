@@ -59,3 +59,25 @@ def test_version_table_leaves_the_applications_alembic_alone(empty_db_url: str) 
         engine.dispose()
     assert "alembic_version" not in tables
     assert {"poller_alembic_version", "poller_outbox", "poller_endpoints"} <= tables
+
+
+def test_0022_raises_a_stored_rate_limit_to_the_floor(empty_db_url: str) -> None:
+    """A rate the old check took (5e-324) failed every governed claim: the upgrade
+    raises it to the floor, and the new check refuses it."""
+    from sqlalchemy import text
+
+    from poller.endpoints import create_endpoint
+    from poller.health import MIN_RATE
+
+    migrate.upgrade(empty_db_url, "0021")
+    engine = sync_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            create_endpoint(conn, "billing", "https://example.com/hook")
+            conn.execute(text("UPDATE poller_endpoints SET rate_limit = 5e-324"))
+        migrate.upgrade(empty_db_url)
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT rate_limit FROM poller_endpoints")).scalar_one()
+        assert stored == MIN_RATE
+    finally:
+        engine.dispose()
