@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
@@ -43,6 +45,7 @@ OWN = "acme-own"
 STRICT = "hunt.strict"
 SCHEMA = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
 CALLS = 6  # API calls per planned step
+PATIENCE = 20.0  # seconds a step's calls wait out PostgreSQL restarting
 # (method, path template, body): {name} the hunt's endpoint or acme's, {id} a message's,
 # {event} an event's. None: the route takes no body.
 ROUTES: tuple[tuple[str, str, Any], ...] = (
@@ -89,9 +92,10 @@ def tenant(engine: Any, run: Run, token: str, stop: threading.Event) -> None:
                 if kind == "strict":
                     _strict(engine, run, web, n)
                 else:
+                    deadline = time.monotonic() + PATIENCE
                     for _ in range(CALLS):
-                        _call(engine, run, web, rng)
-            except Exception as exc:  # PostgreSQL restarting: the API answers 503, or this
+                        _call(engine, run, web, rng, deadline, stop)
+            except Exception as exc:  # not PostgreSQL restarting: _call waits that out
                 run.tenant_log.append(f"{kind} failed: {type(exc).__name__}")
     run.tenant_done.set()
 
@@ -107,16 +111,39 @@ def _foreign_ids(engine: Any) -> tuple[list[int], list[int]]:
     return messages, events
 
 
-def _call(engine: Any, run: Run, web: TestClient, rng: random.Random) -> None:
+def _call(
+    engine: Any,
+    run: Run,
+    web: TestClient,
+    rng: random.Random,
+    deadline: float,
+    stop: threading.Event,
+) -> None:
+    """One call, made again while PostgreSQL is away (this thread's own reads fail, the
+    API answers 503) until ``deadline``: a restart that lands on the step must not leave
+    the tenant with no call answered, and the hunt with nothing checked."""
     method, template, body = rng.choice(ROUTES)
     own = "{name}" in template and rng.random() < 0.3
     if own and not any(template.endswith(r) or method == r for r in OWN_ROUTES):
         own = False  # acme's endpoint: nothing that would send or delete
-    messages, events = _foreign_ids(engine)
-    path = template.replace("{name}", OWN if own else "hostile")
-    path = path.replace("{id}", str(rng.choice(messages or [1])))
-    path = path.replace("{event}", str(rng.choice(events or [1])))
-    answer = web.request(method, path, json=body)
+    while True:
+        try:
+            ids: tuple[list[int], list[int]] | None = _foreign_ids(engine)
+        except DBAPIError:  # PostgreSQL restarting
+            ids = None
+        if ids is not None:
+            messages, events = ids
+            path = template.replace("{name}", OWN if own else "hostile")
+            path = path.replace("{id}", str(rng.choice(messages or [1])))
+            path = path.replace("{event}", str(rng.choice(events or [1])))
+            answer = web.request(method, path, json=body)
+            if answer.status_code != 503 or time.monotonic() > deadline:
+                break
+        elif time.monotonic() > deadline:
+            run.tenant_log.append(f"{method} {template}: PostgreSQL away past the step")
+            return
+        if stop.wait(0.1):
+            return
     run.tenant_log.append(f"{method} {path} {answer.status_code}")
     if answer.status_code >= 500 and answer.status_code != 503:  # 503: PostgreSQL away
         run.tenant_wrong.append(f"{method} {path} answered {answer.status_code}")
