@@ -64,8 +64,10 @@ def check_schedule(deliver_after: object) -> tuple[datetime | None, float]:
                 "deliver_after must be timezone-aware (e.g. datetime.now(timezone.utc)); "
                 "a naive datetime is ambiguous"
             )
-        if (deliver_after - datetime.now(UTC)).total_seconds() > MAX_DELAY:  # year 9999…
-            raise EnqueueError("deliver_after must be at most 100 years away")
+        # Either way: the year 9999 overflows; 0001-01-01T00:00+14:00 is stored in 1 BC,
+        # which no reader could load back (showing the message was a DataError).
+        if abs((deliver_after - datetime.now(UTC)).total_seconds()) > MAX_DELAY:
+            raise EnqueueError("deliver_after must be at most 100 years away, either way")
         return deliver_after, 0.0
     if isinstance(deliver_after, timedelta):
         seconds = deliver_after.total_seconds()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -134,6 +134,8 @@ BAD_INPUTS = [
     ({"max_attempts": 0}, ValueError),
     ({"max_attempts": 2**40}, ValueError),  # past the column's integer: was a DataError
     ({"deliver_after": datetime.max.replace(tzinfo=UTC)}, ValueError),  # 100 years, as a delay
+    # 1 BC in UTC: stored, and then no reader could load the message (a DataError)
+    ({"deliver_after": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))}, ValueError),
 ]
 
 
