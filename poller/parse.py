@@ -7,7 +7,7 @@ expected. No face parses these itself: the CLI wraps them in click types
 (``poller/cli/output.py``), the dashboard turns the error into a 400 page.
 
 - a **duration** is ``90s``, ``15m``, ``1h``, ``7d``, ``2w`` or plain seconds,
-  more than zero;
+  more than zero and at most 100 years;
 - a **time** (``since``/``until``) is a duration ago or an ISO 8601 time; a time
   without a zone is UTC;
 - a **row id** (a message's or an event's) is a positive bigint, so an id past
@@ -27,6 +27,11 @@ from poller.payloads import RawJSON, json_problem, loads
 ROW_ID_MAX = 2**63 - 1
 """The largest id a row can have (bigint): a larger one names no row, and sent to
 PostgreSQL it is an error, not an empty answer."""
+MAX_DURATION = timedelta(days=36_525)
+"""100 years: the longest duration anything here takes. Longer ones reached past what
+PostgreSQL or Python can hold (``--keep-old-for 3000000d`` stored a time in the year
+10198 that no reader could load; ``--delivered-older-than`` that far back is out of
+PostgreSQL's range) and mean nothing for a webhook anyway."""
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
 
@@ -38,10 +43,10 @@ def duration(value: str | timedelta) -> timedelta:
     match = _DURATION.match(str(value))
     if not match or not 0 < float(match.group(1)) < math.inf:
         raise InvalidInput(f"{value!r} is not a duration like 90s, 15m, 1h or 7d")
-    try:
-        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-    except OverflowError:
-        raise InvalidInput(f"{value!r} is longer than any date can reach") from None
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DURATION.total_seconds():
+        raise InvalidInput(f"{value!r} is longer than 100 years")
+    return timedelta(seconds=seconds)
 
 
 def is_duration(value: str) -> bool:

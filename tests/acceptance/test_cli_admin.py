@@ -75,6 +75,9 @@ def test_endpoint_lifecycle_and_secrets_shown_only_once(run, engine: Engine) -> 
         (("admin", "failed", "--since", "yesterday"), 2, "neither a duration"),
         (("admin", "failed", "--limit", "-1"), 2, "--limit"),
         (("admin", "purge", "--delivered-older-than", "7 fortnights"), 2, "not a duration"),
+        # a time in the year 10198 no reader could load, and one out of PostgreSQL's range
+        (("endpoints", "rotate-secret", "x", "--keep-old-for", "3000000d"), 2, "100 years"),
+        (("admin", "purge", "--delivered-older-than", "3000000d"), 2, "100 years"),
         (("admin", "failed", "--endpoint", "x' OR 1=1 --"), 1, "unknown endpoint"),
         (("admin", "retry"), 2, "message ids, or --all-failed"),
         # Found by tests/acceptance/test_cli_fuzz.py: these were tracebacks.

@@ -431,6 +431,8 @@ def test_a_tenant_pauses_resumes_and_rotates_its_endpoint(
     status, rotated = _send(web, "POST", "/api/v1/endpoints/acme-hooks/rotate-secret", acme,
                             {"keep_old_for": "1h"})  # fmt: skip
     assert status == 200 and str(rotated["secret"]).startswith("whsec_")
+    far = {"keep_old_for": "3000000d"}  # a time in the year 10198: no reader could load it
+    assert _send(web, "POST", "/api/v1/endpoints/acme-hooks/rotate-secret", acme, far)[0] == 422
     assert rotated["previous_secret_expires_at"] is not None
     status, switched = _send(web, "POST", "/api/v1/endpoints/acme-hooks/rotate-secret", acme,
                              {"signing": "ed25519"})  # fmt: skip
