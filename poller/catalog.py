@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import unquote
 
 from sqlalchemy import Connection, Row, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -73,23 +74,72 @@ def _validator(schema_text: str) -> Any:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         raise InvalidInput(f"schema is not a JSON Schema: {exc.message[:300]}") from None
+    _check_refs(schema, schema)
     return Draft202012Validator(schema)
+
+
+def _check_refs(node: Any, root: dict[str, Any]) -> None:
+    """Every ``$ref`` points inside the schema, at something there. Nothing is fetched
+    (jsonschema follows no URL), so any other one failed every payload's check with
+    jsonschema's own error: each publish of the type raised an untyped exception."""
+    if isinstance(node, list):
+        for item in node:
+            _check_refs(item, root)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key in ("$ref", "$dynamicRef") and isinstance(value, str):
+            if not value.startswith("#"):
+                raise InvalidInput(
+                    f"schema: {key} {value[:100]!r} points outside the schema; only "
+                    "references inside it (like #/$defs/name) can be followed"
+                )
+            if value.startswith("#/") and not _resolves(value[1:], root):
+                raise InvalidInput(f"schema: {key} {value[:100]!r} points at nothing")
+        else:
+            _check_refs(value, root)
+
+
+def _resolves(pointer: str, root: Any) -> bool:
+    """Whether the JSON pointer (RFC 6901) names a value in ``root``."""
+    node = root
+    for part in pointer.split("/")[1:]:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
 
 
 def problems(schema: dict[str, Any] | str, payload: Any) -> list[str]:
     """Where and why ``payload`` does not match ``schema`` (the first few); none: it does."""
     text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+    from referencing.exceptions import Unresolvable  # jsonschema's, imported with it
+
     validator = _validator(text)
+    try:
+        errors = list(validator.iter_errors(payload))
+    except Unresolvable as exc:  # stored before references were checked (_check_refs)
+        raise InvalidInput(f"the schema cannot be followed: {str(exc)[:200]}") from None
     found = []
-    for error in sorted(validator.iter_errors(payload), key=lambda e: list(e.path))[:ERRORS_SHOWN]:
+    for error in sorted(errors, key=lambda e: list(e.path))[:ERRORS_SHOWN]:
         where = "/" + "/".join(str(p) for p in error.path)
         found.append(f"{where}: {error.message[:200]}")
     return found
 
 
 def check_payload(event_type: str, schema: dict[str, Any] | str, payload_json: str) -> None:
-    """Raise :class:`PayloadInvalid` unless the payload (JSON text) matches ``schema``."""
-    found = problems(schema, json.loads(payload_json))
+    """Raise :class:`PayloadInvalid` unless the payload (JSON text) matches ``schema``,
+    also when the stored schema itself cannot be followed (nothing can match it then)."""
+    try:
+        found = problems(schema, json.loads(payload_json))
+    except InvalidInput as exc:
+        said = f"the schema of {event_type!r} cannot check it: {exc}"
+        raise PayloadInvalid(f"payload refused: {said}", [said]) from None
     if found:
         raise PayloadInvalid(
             f"payload does not match the schema of {event_type!r}: {'; '.join(found)}", found

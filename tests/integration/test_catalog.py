@@ -86,6 +86,9 @@ def test_the_catalog_refuses_what_cannot_work(catalog: Engine) -> None:
             {"schema": {"a": {1, 2}}},
             {"example": "x" * 300_000},
             {"deprecated": "false"},  # bool("false") is True
+            # every publish of the type raised jsonschema's own error (nothing is fetched)
+            {"schema": {"$ref": "https://schemas.example/order.json"}},
+            {"schema": {"properties": {"n": {"$ref": "#/$defs/missing"}}}},
         ):
             with pytest.raises(InvalidInput):
                 define_event_type(conn, "order.refunded", **kwargs)  # type: ignore[arg-type]
@@ -141,3 +144,17 @@ def test_the_cli_defines_shows_and_removes_event_types(
         assert code == 2 and said in out and len(out.strip().splitlines()) == 1, (args, out)
     assert run("show", "nope") == (1, "error: no event type 'nope' in the catalog\n")
     assert run("remove", "order.paid")[0] == 0 and json.loads(run("list", "--json")[1]) == []
+
+
+def test_a_stored_schema_that_cannot_be_followed_refuses_publishes_in_a_typed_error(
+    catalog: Engine,
+) -> None:
+    """Stored before references were checked (or an anchor nobody defined): each publish of
+    the type raised jsonschema's own exception; now a typed error, and nothing is kept."""
+    with catalog.begin() as conn:
+        conn.execute(text('UPDATE poller_event_types SET schema = \'{"$ref": "#nowhere"}\''))
+    with Session(catalog) as session, session.begin():
+        with pytest.raises(PayloadInvalid, match="cannot be followed"):
+            publish(session, event_type="order.paid", payload={}, idempotency_key="k")
+        session.commit()
+    assert _counts(catalog) == (0, 0)
