@@ -97,8 +97,25 @@ def _check_refs(node: Any, root: dict[str, Any]) -> None:
                 )
             if value.startswith("#/") and not _resolves(value[1:], root):
                 raise InvalidInput(f"schema: {key} {value[:100]!r} points at nothing")
+            if len(value) > 1 and not value.startswith("#/") and not _has_anchor(value, root):
+                raise InvalidInput(f"schema: {key} {value[:100]!r} names no $anchor")
         else:
             _check_refs(value, root)
+
+
+def _has_anchor(ref: str, root: dict[str, Any]) -> bool:
+    """Whether ``#name`` names an anchor of the schema (as jsonschema will look it up)."""
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    uri = "urn:webhook-poller:schema"
+    registry = Registry().with_resource(uri, DRAFT202012.create_resource(root)).crawl()
+    try:
+        registry.resolver(base_uri=uri).lookup(ref)
+    except Unresolvable:
+        return False
+    return True
 
 
 def _resolves(pointer: str, root: Any) -> bool:
@@ -125,6 +142,10 @@ def problems(schema: dict[str, Any] | str, payload: Any) -> list[str]:
         errors = list(validator.iter_errors(payload))
     except Unresolvable as exc:  # stored before references were checked (_check_refs)
         raise InvalidInput(f"the schema cannot be followed: {str(exc)[:200]}") from None
+    except RecursionError:  # {"$ref": "#"}: its references go round without end
+        raise InvalidInput(
+            "the schema cannot be followed: its references go round without end"
+        ) from None
     found = []
     for error in sorted(errors, key=lambda e: list(e.path))[:ERRORS_SHOWN]:
         where = "/" + "/".join(str(p) for p in error.path)
@@ -176,7 +197,7 @@ def define_event_type(
         if not isinstance(schema, dict):
             raise InvalidInput("schema: a JSON Schema is an object")
         text = _json_text(schema, "schema")
-        _validator(text)
+        problems(text, {})  # compiled, and followed once: a schema that loops is refused
         if example is not None and (found := problems(text, example)):
             raise InvalidInput(f"example does not match the schema: {'; '.join(found)}")
     if example is not None:
