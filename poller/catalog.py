@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import unquote
 
 from sqlalchemy import Connection, Row, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -74,69 +74,56 @@ def _validator(schema_text: str) -> Any:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         raise InvalidInput(f"schema is not a JSON Schema: {exc.message[:300]}") from None
-    _check_refs(schema, schema)
+    _check_refs(schema)
     return Draft202012Validator(schema)
 
 
-def _check_refs(node: Any, root: dict[str, Any]) -> None:
-    """Every ``$ref`` points inside the schema, at something there. Nothing is fetched
-    (jsonschema follows no URL), so any other one failed every payload's check with
-    jsonschema's own error: each publish of the type raised an untyped exception."""
-    if isinstance(node, list):
-        for item in node:
-            _check_refs(item, root)
+def _check_refs(schema: dict[str, Any]) -> None:
+    """Every ``$ref`` points inside the schema, at something there (a pointer or an
+    ``$anchor``), looked up as jsonschema will. Nothing is fetched (jsonschema follows
+    no URL), so any other one failed every payload's check with jsonschema's own error:
+    each publish of the type raised an untyped exception."""
+    refs = list(_refs(schema))
+    if not refs:
         return
-    if not isinstance(node, dict):
-        return
-    for key, value in node.items():
-        if key in ("$ref", "$dynamicRef") and isinstance(value, str):
-            if not value.startswith("#"):
-                raise InvalidInput(
-                    f"schema: {key} {value[:100]!r} points outside the schema; only "
-                    "references inside it (like #/$defs/name) can be followed"
-                )
-            if value.startswith("#/") and not _resolves(value[1:], root):
-                raise InvalidInput(f"schema: {key} {value[:100]!r} points at nothing")
-            if len(value) > 1 and not value.startswith("#/") and not _has_anchor(value, root):
-                raise InvalidInput(f"schema: {key} {value[:100]!r} names no $anchor")
-        else:
-            _check_refs(value, root)
-
-
-def _has_anchor(ref: str, root: dict[str, Any]) -> bool:
-    """Whether ``#name`` names an anchor of the schema (as jsonschema will look it up)."""
     from referencing import Registry
     from referencing.exceptions import Unresolvable
     from referencing.jsonschema import DRAFT202012
 
     uri = "urn:webhook-poller:schema"
-    registry = Registry().with_resource(uri, DRAFT202012.create_resource(root)).crawl()
-    try:
-        registry.resolver(base_uri=uri).lookup(ref)
-    except Unresolvable:
-        return False
-    return True
+    resolver = (
+        Registry().with_resource(uri, DRAFT202012.create_resource(schema)).crawl()
+    ).resolver(base_uri=uri)
+    for key, ref in refs:
+        if not ref.startswith("#"):
+            raise InvalidInput(
+                f"schema: {key} {ref[:100]!r} points outside the schema; only "
+                "references inside it (like #/$defs/name) can be followed"
+            )
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            raise InvalidInput(f"schema: {key} {ref[:100]!r} points at nothing in it") from None
 
 
-def _resolves(pointer: str, root: Any) -> bool:
-    """Whether the JSON pointer (RFC 6901) names a value in ``root``."""
-    node = root
-    for part in pointer.split("/")[1:]:
-        part = unquote(part).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return False
-    return True
+def _refs(node: Any) -> Iterator[tuple[str, str]]:
+    """Each ``$ref`` and ``$dynamicRef`` in the schema: (keyword, reference)."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("$ref", "$dynamicRef") and isinstance(value, str):
+                yield key, value
+            else:
+                yield from _refs(value)
 
 
 def problems(schema: dict[str, Any] | str, payload: Any) -> list[str]:
     """Where and why ``payload`` does not match ``schema`` (the first few); none: it does."""
-    text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
     from referencing.exceptions import Unresolvable  # jsonschema's, imported with it
 
+    text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
     validator = _validator(text)
     try:
         errors = list(validator.iter_errors(payload))
