@@ -9,6 +9,16 @@ flag. When a type has a schema, :func:`poller.publish` (and the API's
 never reaches a customer. Messages enqueued to a named endpoint are not checked: the
 catalog is the publisher's contract with subscribers.
 
+**Patterns** (``pattern``, ``patternProperties``, and the names ``additionalProperties``
+weighs against them) run on RE2, whose time grows linearly with the string: on Python's
+``re`` (and on ECMA-262 engines, which backtrack too) one pattern like ``^(a+)+$`` held
+a publish for minutes on a 30-character string, inside the application's transaction.
+RE2 has no lookaround and no backreferences, and its ``\\d`` and ``\\w`` are ASCII, as
+ECMA-262's are: a schema whose patterns RE2 cannot run is refused, and so is one that
+puts ``unevaluatedProperties`` beside ``patternProperties`` (jsonschema matches those
+names with ``re`` inside). A schema stored before this was checked keeps being checked
+with ``re``, with a warning, so an upgrade refuses no payload it took before.
+
 **Cost.** The check rides on the publish's own statement (it reads the type's schema
 back), so a type without one costs nothing more; a schema is compiled once per
 process and kept (:func:`_validator`, the :data:`COMPILED` most recent).
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +41,10 @@ from poller.errors import EventTypeNotFound, InvalidInput, PayloadInvalid
 from poller.names import check_event_type
 from poller.schema_api import event_types as T
 
+log = logging.getLogger(__name__)
+
 COMPILED = 256  # schemas kept compiled
+PATTERNS_KEPT = 1024  # patterns kept compiled
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_EXAMPLE_BYTES = 256 * 1024  # a payload, as POLLER_MAX_PAYLOAD_BYTES' default
 ERRORS_SHOWN = 5
@@ -64,8 +78,10 @@ def _entry(row: Row[Any]) -> EventType:
 
 
 @functools.lru_cache(maxsize=COMPILED)
-def _validator(schema_text: str) -> Any:
-    """The schema (its JSON text, the cache's key), checked and compiled."""
+def _validator(schema_text: str, stored: bool = False) -> Any:
+    """The schema (its JSON text, the cache's key), checked and compiled. ``stored``: read
+    back for a publish; one whose patterns RE2 cannot run was stored before they were
+    checked, and is checked with ``re`` as it was then."""
     from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
     from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 
@@ -75,7 +91,119 @@ def _validator(schema_text: str) -> Any:
     except SchemaError as exc:
         raise InvalidInput(f"schema is not a JSON Schema: {exc.message[:300]}") from None
     _check_refs(schema)
-    return Draft202012Validator(schema)
+    try:
+        _check_patterns(schema)
+    except InvalidInput as exc:
+        if not stored:
+            raise
+        log.warning(
+            "an event type's stored schema is checked with Python's re, whose time can "
+            "grow exponentially with a payload's strings (%s); define the type again",
+            exc,
+        )
+        return Draft202012Validator(schema)
+    return _linear_validator()(schema)
+
+
+@functools.cache
+def _linear_validator() -> Any:
+    """Draft 2020-12 with every pattern matched by RE2 (:func:`_regex`)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import extend  # type: ignore[import-untyped]
+
+    return extend(
+        Draft202012Validator,
+        {
+            "pattern": _pattern,
+            "patternProperties": _pattern_properties,
+            "additionalProperties": _additional_properties,
+        },
+    )
+
+
+@functools.lru_cache(maxsize=PATTERNS_KEPT)
+def _regex(pattern: str) -> Any:
+    """``pattern`` compiled by RE2; InvalidInput saying why when RE2 cannot run it."""
+    import re2  # type: ignore[import-untyped]
+
+    options = re2.Options()
+    options.log_errors = False  # else RE2 writes each refusal to stderr
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        why = exc.args[0].decode(errors="replace") if exc.args else "refused"
+        raise InvalidInput(
+            f"schema: pattern {pattern[:100]!r} cannot be used ({why[:120]}); patterns "
+            "run on RE2, in linear time, which has no lookaround or backreferences"
+        ) from None
+
+
+def _check_patterns(schema: dict[str, Any]) -> None:
+    """Every pattern of the schema compiles on RE2; no ``unevaluatedProperties`` beside
+    ``patternProperties`` (jsonschema matches those names with ``re``)."""
+    seen = set()
+    for key, value in _keywords(schema):
+        if key == "pattern" and isinstance(value, str):
+            _regex(value)
+        elif key == "patternProperties" and isinstance(value, dict):
+            for pattern in value:
+                _regex(pattern)
+        seen.add(key)
+    if {"unevaluatedProperties", "patternProperties"} <= seen:
+        raise InvalidInput(
+            "schema: unevaluatedProperties cannot be used beside patternProperties (their "
+            "names would be matched in exponential time); use additionalProperties"
+        )
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and not _regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: Any
+) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        regex = _regex(pattern)
+        for name, value in instance.items():
+            if regex.search(name):
+                yield from validator.descend(value, subschema, path=name, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, extra: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    """As jsonschema's, with the names matched against ``patternProperties`` by RE2."""
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    known = schema.get("properties", {})
+    patterns = [_regex(p) for p in schema.get("patternProperties", {})]
+    extras = sorted(
+        (
+            name
+            for name in instance
+            if name not in known and not any(regex.search(name) for regex in patterns)
+        ),
+        key=str,
+    )
+    if validator.is_type(extra, "object"):
+        for name in extras:
+            yield from validator.descend(instance[name], extra, path=name)
+    elif extra is False and extras:
+        names = ", ".join(repr(name) for name in extras)
+        verb = "was" if len(extras) == 1 else "were"
+        if patterns:
+            regexes = ", ".join(repr(p) for p in sorted(schema["patternProperties"]))
+            yield ValidationError(f"{names} {verb} not matched by any of the patterns {regexes}")
+        else:
+            yield ValidationError(
+                f"Additional properties are not allowed ({names} {verb} unexpected)"
+            )
 
 
 def _check_refs(schema: dict[str, Any]) -> None:
@@ -83,7 +211,11 @@ def _check_refs(schema: dict[str, Any]) -> None:
     ``$anchor``), looked up as jsonschema will. Nothing is fetched (jsonschema follows
     no URL), so any other one failed every payload's check with jsonschema's own error:
     each publish of the type raised an untyped exception."""
-    refs = list(_refs(schema))
+    refs = [
+        (key, ref)
+        for key, ref in _keywords(schema)
+        if key in ("$ref", "$dynamicRef") and isinstance(ref, str)
+    ]
     if not refs:
         return
     from referencing import Registry
@@ -106,25 +238,34 @@ def _check_refs(schema: dict[str, Any]) -> None:
             raise InvalidInput(f"schema: {key} {ref[:100]!r} points at nothing in it") from None
 
 
-def _refs(node: Any) -> Iterator[tuple[str, str]]:
-    """Each ``$ref`` and ``$dynamicRef`` in the schema: (keyword, reference)."""
+_VALUES = frozenset({"const", "enum", "default", "examples"})  # hold payloads, not schemas
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _keywords(node: Any, named: bool = False) -> Iterator[tuple[str, Any]]:
+    """Every keyword of the schema and its subschemas, as (key, value): not inside the
+    keywords that hold payloads (an ``enum`` of objects with a ``pattern`` key holds no
+    pattern); ``named``: ``node`` maps names to subschemas (``properties``)."""
     if isinstance(node, list):
         for item in node:
-            yield from _refs(item)
+            yield from _keywords(item)
     elif isinstance(node, dict):
         for key, value in node.items():
-            if key in ("$ref", "$dynamicRef") and isinstance(value, str):
-                yield key, value
-            else:
-                yield from _refs(value)
+            if named:  # a property called "enum" is a subschema
+                yield from _keywords(value)
+                continue
+            yield key, value
+            if key not in _VALUES:
+                yield from _keywords(value, key in _NAMED)
 
 
-def problems(schema: dict[str, Any] | str, payload: Any) -> list[str]:
-    """Where and why ``payload`` does not match ``schema`` (the first few); none: it does."""
+def problems(schema: dict[str, Any] | str, payload: Any, *, stored: bool = False) -> list[str]:
+    """Where and why ``payload`` does not match ``schema`` (the first few); none: it does.
+    ``stored``: the schema as the catalog holds it (see :func:`_validator`)."""
     from referencing.exceptions import Unresolvable  # jsonschema's, imported with it
 
     text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
-    validator = _validator(text)
+    validator = _validator(text, stored)
     try:
         errors = list(validator.iter_errors(payload))
     except Unresolvable as exc:  # stored before references were checked (_check_refs)
@@ -144,7 +285,7 @@ def check_payload(event_type: str, schema: dict[str, Any] | str, payload_json: s
     """Raise :class:`PayloadInvalid` unless the payload (JSON text) matches ``schema``,
     also when the stored schema itself cannot be followed (nothing can match it then)."""
     try:
-        found = problems(schema, json.loads(payload_json))
+        found = problems(schema, json.loads(payload_json), stored=True)
     except InvalidInput as exc:
         said = f"the schema of {event_type!r} cannot check it: {exc}"
         raise PayloadInvalid(f"payload refused: {said}", [said]) from None

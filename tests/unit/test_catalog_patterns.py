@@ -1,0 +1,66 @@
+"""Event-type schemas' patterns run on RE2, in linear time (poller/catalog.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from poller.catalog import problems
+from poller.errors import InvalidInput
+
+NESTED = "^(a+)+$"  # Python's re took ~75 s for 30 characters, doubling with each one
+
+
+def test_a_pattern_that_backtracks_checks_a_long_string_at_once() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "pattern": NESTED}},
+        "patternProperties": {NESTED: {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    nasty = "a" * 100_000 + "b"
+    began = time.monotonic()
+    found = problems(schema, {"name": nasty, nasty: 1, "aaa": 2})
+    assert time.monotonic() - began < 2
+    assert [f.partition(":")[0] for f in found] == ["/", "/name"]  # nasty, as a name too
+    assert problems(schema, {"name": "aaa", "aa": 1}) == []
+    assert problems(schema, {"aa": "x"}) == ["/aa: 'x' is not of type 'integer'"]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"pattern": "^(?=a)"},  # lookaround
+        {"properties": {"n": {"pattern": r"(a)\1"}}},  # a backreference
+        {"properties": {"enum": {"pattern": "(?<=a)b"}}},  # a property named "enum"
+        {"patternProperties": {"(?!x)": {}}},
+        {"pattern": "(a{1000}){1000}"},  # too large for RE2
+        # jsonschema matches these names with re inside unevaluatedProperties
+        {"unevaluatedProperties": False, "allOf": [{"patternProperties": {"^a": {}}}]},
+    ],
+)
+def test_a_schema_whose_patterns_cannot_run_in_linear_time_is_refused(
+    schema: dict[str, object],
+) -> None:
+    with pytest.raises(InvalidInput, match="pattern"):
+        problems(schema, {})
+
+
+def test_a_payload_held_in_a_schema_is_no_pattern() -> None:
+    schema = {"enum": [{"pattern": "(?=x)"}], "default": {"pattern": "(?=x)"}}
+    assert problems(schema, {"pattern": "(?=x)"}) == []
+
+
+def test_a_stored_schema_re2_cannot_run_is_checked_as_before(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Stored before patterns were checked: an upgrade refuses no payload it took."""
+    schema = {"pattern": "^(?=a)a"}
+    with caplog.at_level(logging.WARNING, logger="poller.catalog"):
+        assert problems(schema, "ab", stored=True) == []
+    assert problems(schema, "b", stored=True) == ["/: 'b' does not match '^(?=a)a'"]
+    assert "define the type again" in caplog.text
+    with pytest.raises(InvalidInput):
+        problems(schema, "ab")
