@@ -297,14 +297,25 @@ def check_payload(event_type: str, schema: dict[str, Any] | str, payload_json: s
 
 def _json_text(value: Any, what: str, limit: int = MAX_SCHEMA_BYTES) -> str:
     """``value`` as the JSON text PostgreSQL will store, or InvalidInput naming ``what``:
-    JSON types only (no NaN or Infinity), no NUL, at most ``limit`` bytes."""
+    JSON types only (no NaN or Infinity), no NUL or lone surrogate (jsonb refuses both),
+    at most ``limit`` bytes."""
     try:
         text = json.dumps(value, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(f"{what}: not JSON ({str(exc)[:120]})") from None
     if len(text) > limit or "\\u0000" in text:
         raise InvalidInput(f"{what}: at most {limit:,} bytes of JSON, and no NUL")
+    if "\\ud" in text and not _utf8(json.dumps(value, ensure_ascii=False)):  # pairs are fine
+        raise InvalidInput(f"{what}: a lone surrogate (\\ud800-\\udfff) is not text")
     return text
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def define_event_type(
@@ -319,8 +330,17 @@ def define_event_type(
     """Add an event type to the catalog, or replace its entry. ``schema``: a JSON Schema
     its payloads must match from now on; ``example``: a payload that matches it."""
     name = check_event_type(name)
-    if not isinstance(description, str) or len(description) > 2000 or "\x00" in description:
-        raise InvalidInput("description: text of at most 2,000 characters")
+    if (
+        not isinstance(description, str)
+        or len(description) > 2000
+        or "\x00" in description
+        or not _utf8(description)
+    ):
+        raise InvalidInput(
+            "description: text of at most 2,000 characters, no NUL or lone surrogate"
+        )
+    if example is not None:
+        _json_text(example, "example", MAX_EXAMPLE_BYTES)
     if schema is not None:
         if not isinstance(schema, dict):
             raise InvalidInput("schema: a JSON Schema is an object")
@@ -328,8 +348,6 @@ def define_event_type(
         problems(text, {})  # compiled, and followed once: a schema that loops is refused
         if example is not None and (found := problems(text, example)):
             raise InvalidInput(f"example does not match the schema: {'; '.join(found)}")
-    if example is not None:
-        _json_text(example, "example", MAX_EXAMPLE_BYTES)
     if not isinstance(deprecated, bool):
         raise InvalidInput(f"deprecated: True or False, not {type(deprecated).__name__}")
     values = {"description": description, "schema": schema, "example": example,

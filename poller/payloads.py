@@ -29,6 +29,8 @@ JsonDefault = Callable[[Any], Any]
 # JSON text of a NUL character, not preceded by an escaping backslash:
 # PostgreSQL's jsonb cannot store it.
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# JSON text of a surrogate (\ud800-\udfff), escaped: alone, jsonb refuses it too.
+_JSON_SURROGATE_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F]")
 
 
 def _not_a_number(constant: str) -> Any:
@@ -85,6 +87,14 @@ def _raw_json(raw: RawJSON) -> str:
         raise InvalidPayload(json_problem("RawJSON", exc)) from None
     if not isinstance(value, dict):
         raise InvalidPayload(f"payload must be a JSON object, not {type(value).__name__}")
+    if _JSON_SURROGATE_RE.search(raw.text):  # a pair is a character; one alone is not
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidPayload(
+                "payload contains a lone surrogate (an escape in \\ud800-\\udfff without "
+                "its pair), which is not valid UTF-8"
+            ) from None
     return raw.text
 
 

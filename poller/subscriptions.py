@@ -91,6 +91,10 @@ def check_filter(payload_filter: object) -> dict[str, Any] | None:
     try:
         text = json.dumps(payload_filter, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")  # lone surrogates cannot be stored
+    except UnicodeEncodeError:
+        raise InvalidSubscription(
+            "payload filter: a lone surrogate (\\ud800-\\udfff) is not text"
+        ) from None
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidSubscription(f"payload filter is not JSON: {exc}") from None
     if "\\u0000" in text or "\x00" in text:

@@ -80,8 +80,10 @@ def check_url(url: object, *, what: str = "url", allow_private: bool = False) ->
         raise InvalidEndpoint(f"{what} {url!r} has no host")
     if parts.username or parts.password:
         raise InvalidEndpoint(f"{what} must not carry credentials (user:password@)")
-    if any(ch.isspace() or ord(ch) < 0x20 for ch in url):
-        raise InvalidEndpoint(f"{what} must not contain spaces or control characters")
+    if any(ch.isspace() or ord(ch) < 0x20 or "\ud800" <= ch <= "\udfff" for ch in url):
+        raise InvalidEndpoint(
+            f"{what} must not contain spaces, control characters or lone surrogates"
+        )
     if port == 0:
         raise InvalidEndpoint(f"{what} has port 0")
     url = _canonical_host(url, parts, what)

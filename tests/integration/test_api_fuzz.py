@@ -7,6 +7,7 @@ any that escape a route)."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 from typing import Any
@@ -26,6 +27,7 @@ from tests.integration.test_dashboard_fuzz import IDS, NAMES, NASTY
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70),
     st.floats(allow_nan=False, allow_infinity=False), NASTY,
+    st.just("a\ud800"),  # a lone surrogate, as JSON may escape one: jsonb refuses it
 )  # fmt: skip
 VALUES = st.recursive(
     SCALARS,
@@ -76,9 +78,13 @@ def test_nasty_requests_get_a_problem_never_a_crash(
     if key is not None and key.isascii() and "\n" not in key and "\r" not in key:
         headers["Idempotency-Key"] = key
     with client(engine, api_rate_limit=100_000) as web:
+        if method != "GET" and body is not None:  # escaped as JSON may: lone surrogates too
+            headers["Content-Type"] = "application/json"
+            content = json.dumps(body).encode()
+        else:
+            content = None
         answer = web.request(
-            method, f"{path}?{urlencode(query)}", json=body if method != "GET" else None,
-            headers=headers,
+            method, f"{path}?{urlencode(query)}", content=content, headers=headers
         )  # fmt: skip
     assert answer.status_code < 500, (method, path, query, body, answer.text[:300])
     named = "{name}" in template and name == "a" and "event-types" not in template

@@ -92,6 +92,12 @@ def test_the_catalog_refuses_what_cannot_work(catalog: Engine) -> None:
             {"schema": {"properties": {"n": {"$ref": "#money"}}}},  # no such $anchor
             {"schema": {"$ref": "#"}},  # goes round without end: a RecursionError
             {"schema": {"pattern": "^(?=a)"}},  # RE2 runs patterns: no lookaround
+            # lone surrogates: jsonb refused them (a DataError), RE2 and UTF-8 too
+            {"schema": {"const": "\ud800"}},
+            {"schema": {"properties": {"\udc00": {}}}},
+            {"schema": {"pattern": "^a"}, "example": "\ud800"},
+            {"example": {"a": "\ud800"}},
+            {"description": "\ud800"},
         ):
             with pytest.raises(InvalidInput):
                 define_event_type(conn, "order.refunded", **kwargs)  # type: ignore[arg-type]

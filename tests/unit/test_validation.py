@@ -91,6 +91,7 @@ def test_secrets_are_standard_webhooks_secrets() -> None:
         "http://[::1/",
         "http://-bad-.example/",
         "https://x.example/" + "a" * 8175,  # 8,193 characters: servers refuse the request line
+        "https://x.example/\ud800",  # a lone surrogate: was a UnicodeEncodeError
     ],
 )
 def test_bad_urls_are_refused(url: str) -> None:
