@@ -19,6 +19,10 @@ puts ``unevaluatedProperties`` beside ``patternProperties`` (jsonschema matches 
 names with ``re`` inside). A schema stored before this was checked keeps being checked
 with ``re``, with a warning, so an upgrade refuses no payload it took before.
 
+**uniqueItems** is checked in linear time too: jsonschema compared each object (or
+each item of an array of mixed types) with every one before it, and 4,000 small
+objects, 50 KB of payload, took 30 s.
+
 **Cost.** The check rides on the publish's own statement (it reads the type's schema
 back), so a type without one costs nothing more; a schema is compiled once per
 process and kept (:func:`_validator`, the :data:`COMPILED` most recent).
@@ -29,7 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -101,24 +105,57 @@ def _validator(schema_text: str, stored: bool = False) -> Any:
             "grow exponentially with a payload's strings (%s); define the type again",
             exc,
         )
-        return Draft202012Validator(schema)
-    return _linear_validator()(schema)
+        return _linear_validator(patterns=False)(schema)
+    return _linear_validator(patterns=True)(schema)
 
 
 @functools.cache
-def _linear_validator() -> Any:
-    """Draft 2020-12 with every pattern matched by RE2 (:func:`_regex`)."""
+def _linear_validator(*, patterns: bool) -> Any:
+    """Draft 2020-12 with ``uniqueItems`` in linear time (:func:`_unique_items`) and, with
+    ``patterns``, every pattern matched by RE2 (:func:`_regex`)."""
     from jsonschema import Draft202012Validator
     from jsonschema.validators import extend  # type: ignore[import-untyped]
 
-    return extend(
-        Draft202012Validator,
-        {
+    keywords: dict[str, Callable[..., Iterator[Any]]] = {"uniqueItems": _unique_items}
+    if patterns:
+        keywords |= {
             "pattern": _pattern,
             "patternProperties": _pattern_properties,
             "additionalProperties": _additional_properties,
-        },
-    )
+        }
+    return extend(Draft202012Validator, keywords)
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    """As jsonschema's, in linear time: its check compared each object or mixed-type item
+    with every one before it, and an array of 4,000 small objects (50 KB) took 30 s."""
+    from jsonschema.exceptions import ValidationError
+
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: dict[Any, int] = {}
+    try:
+        for index, item in enumerate(instance):
+            first = seen.setdefault(_same(item), index)
+            if first != index:
+                yield ValidationError(f"has non-unique elements (items {first} and {index})")
+                return
+    except RecursionError:
+        yield ValidationError("is nested too deeply to compare its items")
+
+
+def _same(value: Any) -> Any:
+    """A hashable key equal for JSON values that are equal: 1 and 1.0 alike, True and 1
+    not, an object's keys in any order."""
+    if isinstance(value, bool):
+        return (bool, value)
+    if isinstance(value, dict):
+        return (dict, frozenset((key, _same(item)) for key, item in value.items()))
+    if isinstance(value, list):
+        return (list, tuple(_same(item) for item in value))
+    if isinstance(value, int | float):
+        return (float, value)
+    return (type(value), value)
 
 
 @functools.lru_cache(maxsize=PATTERNS_KEPT)
