@@ -53,6 +53,17 @@ def test_sigkill_then_another_poller_delivers_everything(
         env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_CONCURRENCY="50")
         with started(["run", "--id", "victim"], env, tmp_path / "victim.log") as victim:
             wait_until(lambda: stats(url)["received"] >= 100, timeout=20)
+
+            def frozen_holding_claims() -> bool:
+                """Frozen, it changes nothing: killed now, it dies holding what it holds
+                (between a completion and its next claim it may hold nothing)."""
+                victim.signal(signal.SIGSTOP)
+                if counts(engine).get("in_flight", 0) > 0:
+                    return True
+                victim.signal(signal.SIGCONT)
+                return False
+
+            wait_until(frozen_holding_claims, timeout=20, interval=0.01)
             victim.signal(signal.SIGKILL)
             victim.wait(timeout=10)
         assert counts(engine).get("in_flight", 0) > 0  # it died holding claims
