@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from poller import catalog
 from poller.catalog import problems
 from poller.errors import InvalidInput
 
@@ -99,3 +100,25 @@ def test_unique_items_compares_as_json_schema_does(items: list[object], unique: 
     schema = {"uniqueItems": True}
     assert (problems(schema, items) == []) is unique
     assert Draft202012Validator(schema).is_valid(items) is unique  # as jsonschema's own
+
+
+def test_a_schema_that_rechecks_the_payload_at_every_level_is_cut_short() -> None:
+    """anyOf beside unevaluatedProperties, recursive: each level of the payload doubled
+    the time (20 levels: minutes); the check stops after STEPS keyword checks."""
+    node = {
+        "type": "object",
+        "anyOf": [
+            {"properties": {"a": {"$ref": "#/$defs/node"}}},
+            {"properties": {"b": {"$ref": "#/$defs/node"}}},
+        ],
+        "unevaluatedProperties": False,
+    }
+    schema = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
+    payload: dict[str, object] = {}
+    for _ in range(30):
+        payload = {"a": payload}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(catalog, "STEPS", 20_000)  # the same cut, sooner
+        assert problems(schema, {"a": {"a": {}}}) == []
+        with pytest.raises(InvalidInput, match="20,000 steps"):
+            problems(schema, payload)
