@@ -16,8 +16,12 @@ a publish for minutes on a 30-character string, inside the application's transac
 RE2 has no lookaround and no backreferences, and its ``\\d`` and ``\\w`` are ASCII, as
 ECMA-262's are: a schema whose patterns RE2 cannot run is refused, and so is one that
 puts ``unevaluatedProperties`` beside ``patternProperties`` (jsonschema matches those
-names with ``re`` inside). A schema stored before this was checked keeps being checked
-with ``re``, with a warning, so an upgrade refuses no payload it took before.
+names with ``re`` inside). A stored schema whose patterns RE2 cannot run (defined
+before they were checked) keeps being checked with ``re``, with a warning, rather than
+refusing every publish of its type. Where both can run a pattern they differ mostly in
+``\\d``, ``\\w``, ``\\s`` and ``\\b``, which ``re`` reads as Unicode (``^\\d+$`` took
+Arabic-Indic digits; RE2 and ECMA-262 do not, and ``\\p{Nd}`` does), and in ``$``, which
+``re`` also matches before a final newline (RE2 and ECMA-262 do not).
 
 **uniqueItems** is checked in linear time too: jsonschema compared each object (or
 each item of an array of mixed types) with every one before it, and 4,000 small
@@ -34,6 +38,7 @@ import functools
 import itertools
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -94,7 +99,7 @@ def _validator(schema_text: str, stored: bool = False) -> Any:
 
     schema = json.loads(schema_text)
     try:
-        Draft202012Validator.check_schema(schema)
+        Draft202012Validator.check_schema(schema, format_checker=_schema_formats())
     except SchemaError as exc:
         raise InvalidInput(f"schema is not a JSON Schema: {exc.message[:300]}") from None
     _check_refs(schema)
@@ -193,6 +198,34 @@ def _same(value: Any) -> Any:
     if isinstance(value, int | float):
         return (float, value)
     return (type(value), value)
+
+
+@functools.cache
+def _schema_formats() -> Any:
+    """The formats a schema's own values are checked for, as jsonschema's but ``regex``:
+    RE2's syntax is taken too (``\\p{Nd}``, which ``re`` lacks); one only ``re`` reads
+    is left to :func:`_check_patterns`, which says why it cannot be used."""
+    from jsonschema import Draft202012Validator, FormatChecker
+
+    formats = FormatChecker()
+    formats.checkers = {
+        **Draft202012Validator.FORMAT_CHECKER.checkers,
+        "regex": (_readable_regex, ()),
+    }
+    return formats
+
+
+def _readable_regex(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        _regex(value)
+    except InvalidInput:
+        try:
+            re.compile(value)
+        except (re.error, RecursionError, OverflowError):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=PATTERNS_KEPT)

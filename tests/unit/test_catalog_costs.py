@@ -58,7 +58,8 @@ def test_a_payload_held_in_a_schema_is_no_pattern() -> None:
 def test_a_stored_schema_re2_cannot_run_is_checked_as_before(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Stored before patterns were checked: an upgrade refuses no payload it took."""
+    """Stored before patterns were checked: its publishes are checked as they were, not
+    all refused."""
     schema = {"pattern": "^(?=a)a"}
     with caplog.at_level(logging.WARNING, logger="poller.catalog"):
         assert problems(schema, "ab", stored=True) == []
@@ -122,3 +123,9 @@ def test_a_schema_that_rechecks_the_payload_at_every_level_is_cut_short() -> Non
         assert problems(schema, {"a": {"a": {}}}) == []
         with pytest.raises(InvalidInput, match="20,000 steps"):
             problems(schema, payload)
+
+
+def test_digits_and_word_characters_are_ascii_as_in_ecma_262() -> None:
+    assert problems({"pattern": r"^\d+\w$"}, "123a") == []
+    assert problems({"pattern": r"^\d+$"}, "\u0663") != []  # re took an Arabic-Indic 3
+    assert problems({"pattern": r"^\p{Nd}+$"}, "\u0663") == []  # as the pattern asks
