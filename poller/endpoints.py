@@ -42,6 +42,7 @@ from poller.errors import (
     EndpointExists,
     EndpointInUse,
     InvalidEndpoint,
+    InvalidInput,
     SecretUnreadable,
     UnknownEndpoint,
 )
@@ -322,10 +323,29 @@ def get_endpoint(conn: Conn, name: str, *, keyring: Keyring | None = None) -> En
     return Endpoint.from_row(row, keyring)
 
 
-def list_endpoints(conn: Conn, *, keyring: Keyring | None = None) -> list[Endpoint]:
-    """Every endpoint, by name."""
-    rows = conn.execute(select(endpoints).order_by(endpoints.c.name)).all()
-    return [Endpoint.from_row(row, keyring) for row in rows]
+def list_endpoints(
+    conn: Conn,
+    *,
+    tenant: str | None = None,
+    after: str | None = None,
+    limit: int | None = None,
+    keyring: Keyring | None = None,
+) -> list[Endpoint]:
+    """The endpoints by name (in code-point order), or ``tenant``'s, those named after
+    ``after``, at most ``limit``: chosen by PostgreSQL, so a page of a tenant's opens the
+    secrets of that page alone (the faces read every endpoint and opened every secret
+    for each page: at 10,000 endpoints a page cost seconds)."""
+    by_name = endpoints.c.name.collate("C")
+    query = select(endpoints).order_by(by_name)
+    if tenant is not None:  # by ix_poller_endpoints_tenant
+        query = query.where(func.coalesce(endpoints.c.tenant, "") == tenant)
+    if after is not None:
+        if "\x00" in after:
+            raise InvalidInput("after: a name holds no NUL")
+        query = query.where(by_name > after)
+    if limit is not None:
+        query = query.limit(limit)
+    return [Endpoint.from_row(row, keyring) for row in conn.execute(query).all()]
 
 
 def change_one(conn: Conn, name: str, statement: Any, keyring: Keyring | None = None) -> Endpoint:

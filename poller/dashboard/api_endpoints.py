@@ -50,10 +50,10 @@ FORCE = Param("force", "``true``: delete its messages too (409 otherwise)", {"en
 async def endpoints(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
     """Endpoints in name order (a tenant's token: its tenant's)."""
     after, limit = page_of(request)
-    found = await dashboard(request).read(list_endpoints)
-    seen = sorted((e for e in found if caller.sees(e)), key=lambda e: e.name)
-    if after is not None:
-        seen = [e for e in seen if e.name > after]
+    tenant = caller.scope.tenant
+    seen = await dashboard(request).read(
+        lambda conn: list_endpoints(conn, tenant=tenant, after=after, limit=limit + 1)
+    )
     page = seen[:limit]
     more = len(seen) > limit
     return JSONResponse(

@@ -226,7 +226,7 @@ async def home(request: Request, session: portal.Session) -> Response:
     """The tenant's endpoints, and a form to add one with event types from the catalog."""
 
     def read(conn: Any) -> tuple[list[Endpoint], list[catalog.EventType]]:
-        mine = [e for e in list_endpoints(conn) if e.tenant == session.tenant]
+        mine = list_endpoints(conn, tenant=session.tenant)
         types = [t for t in catalog.list_event_types(conn) if not t.deprecated]
         return sorted(mine, key=lambda e: e.created_at), types
 

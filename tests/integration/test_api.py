@@ -63,6 +63,11 @@ def test_a_tenants_token_sees_its_tenant_alone(api: tuple[TestClient, dict[str, 
     assert "globex" in str(other["detail"])  # the name asked for, as for one that is not there
     status, body, _ = _get(web, "/api/v1/endpoints/billing", made["tenant:globex"])
     assert status == 404
+    pages = []  # a page at a time, chosen by PostgreSQL among the tenant's alone
+    for after in ("", "acme-audit", "acme-hooks", "acme-hooks~"):
+        status, body, _ = _get(web, f"/api/v1/endpoints?limit=1&after={after}", made["tenant:acme"])
+        pages.append(([e["name"] for e in body["data"]], body["next"]))  # type: ignore[attr-defined]
+    assert pages == [(["acme-audit"], "acme-audit"), (["acme-hooks"], None), ([], None), ([], None)]
 
 
 def test_admin_and_the_operator_see_everything_a_page_at_a_time(
@@ -89,6 +94,9 @@ def test_a_bad_page_is_a_problem(api: tuple[TestClient, dict[str, str]]) -> None
         status, body, kind = _get(web, f"/api/v1/endpoints?limit={limit}", made["admin"])
         assert (status, kind, body["status"]) == (422, PROBLEM, 422), limit
         assert "limit" in str(body["detail"])
+    # a cursor PostgreSQL could not take: no NUL reaches a statement
+    status, body, kind = _get(web, "/api/v1/endpoints?after=%00", made["admin"])
+    assert (status, kind) == (422, PROBLEM) and "after" in str(body["detail"])
 
 
 def test_no_wrong_or_ended_token_gets_in(
