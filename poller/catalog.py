@@ -314,35 +314,55 @@ def _additional_properties(validator: Any, extra: Any, instance: Any, schema: An
 
 
 def _check_refs(schema: dict[str, Any]) -> None:
-    """Every ``$ref`` points inside the schema, at something there (a pointer or an
-    ``$anchor``), looked up as jsonschema will. Nothing is fetched (jsonschema follows
-    no URL), so any other one failed every payload's check with jsonschema's own error:
-    each publish of the type raised an untyped exception."""
-    refs = [
-        (key, ref)
-        for key, ref in _keywords(schema)
-        if key in ("$ref", "$dynamicRef") and isinstance(ref, str)
-    ]
-    if not refs:
-        return
+    """Every ``$ref`` points at something the schema holds (a pointer, an ``$anchor``, a
+    resource it embeds under an ``$id``), looked up as jsonschema will: from the base
+    its nearest ``$id`` sets. Nothing is fetched (jsonschema follows no URL), so any
+    other one failed every payload's check with jsonschema's own error: each publish
+    of the type raised an untyped exception."""
     from referencing import Registry
+    from referencing.jsonschema import DRAFT202012
+
+    if not any(key in ("$ref", "$dynamicRef") for key, _ in _keywords(schema)):
+        return  # nothing to follow (nor an $id to read)
+    root = DRAFT202012.create_resource(schema)
+    try:
+        registry = Registry().with_resource(root.id() or "", root).crawl()
+        _follow(schema, registry.resolver_with_root(root))
+    except ValueError as exc:  # urllib's, for an $id that is no URI: InvalidInput is one too
+        if isinstance(exc, InvalidInput):
+            raise
+        raise InvalidInput(f"schema: an $id is not a URI ({str(exc)[:100]})") from None
+
+
+def _follow(node: Any, resolver: Any, named: bool = False) -> None:
+    """:func:`_check_refs` for ``node``, ``resolver`` at its base (see :func:`_keywords`
+    for ``named``)."""
     from referencing.exceptions import Unresolvable
     from referencing.jsonschema import DRAFT202012
 
-    uri = "urn:webhook-poller:schema"
-    resolver = (
-        Registry().with_resource(uri, DRAFT202012.create_resource(schema)).crawl()
-    ).resolver(base_uri=uri)
-    for key, ref in refs:
-        if not ref.startswith("#"):
-            raise InvalidInput(
-                f"schema: {key} {ref[:100]!r} points outside the schema; only "
-                "references inside it (like #/$defs/name) can be followed"
-            )
-        try:
-            resolver.lookup(ref)
-        except Unresolvable:
-            raise InvalidInput(f"schema: {key} {ref[:100]!r} points at nothing in it") from None
+    if isinstance(node, list):
+        for item in node:
+            _follow(item, resolver)
+        return
+    if not isinstance(node, dict):
+        return
+    if named:
+        for value in node.values():
+            _follow(value, resolver)
+        return
+    if isinstance(node.get("$id"), str):
+        resolver = resolver.in_subresource(DRAFT202012.create_resource(node))
+    for key, value in node.items():
+        if key in ("$ref", "$dynamicRef") and isinstance(value, str):
+            try:
+                resolver.lookup(value)
+            except Unresolvable:
+                raise InvalidInput(
+                    f"schema: {key} {value[:100]!r} points at nothing the schema holds "
+                    "(#/$defs/name, an $anchor, an embedded $id); nothing is fetched"
+                ) from None
+        elif key not in _VALUES:
+            _follow(value, resolver, key in _NAMED)
 
 
 _VALUES = frozenset({"const", "enum", "default", "examples"})  # hold payloads, not schemas
@@ -382,6 +402,8 @@ def problems(schema: dict[str, Any] | str, payload: Any, *, stored: bool = False
         raise InvalidInput(
             "the schema cannot be followed: its references go round without end"
         ) from None
+    except ValueError as exc:  # urllib's, for a stored $id that is no URI (_check_refs)
+        raise InvalidInput(f"the schema cannot be followed: {str(exc)[:200]}") from None
     except _TooCostly:
         raise InvalidInput(
             f"checking the payload took more than {STEPS:,} steps: the schema re-checks "
