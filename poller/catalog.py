@@ -398,9 +398,10 @@ def problems(schema: dict[str, Any] | str, payload: Any, *, stored: bool = False
         errors = list(itertools.islice(validator.iter_errors(payload), ERRORS_KEPT))
     except Unresolvable as exc:  # stored before references were checked (_check_refs)
         raise InvalidInput(f"the schema cannot be followed: {str(exc)[:200]}") from None
-    except RecursionError:  # {"$ref": "#"}: its references go round without end
+    except RecursionError:  # {"$ref": "#"}, or a payload nested as deep as Python goes
         raise InvalidInput(
-            "the schema cannot be followed: its references go round without end"
+            "the schema cannot be followed this deep: its references go round without "
+            "end, or the payload is nested too deeply"
         ) from None
     except ValueError as exc:  # urllib's, for a stored $id that is no URI (_check_refs)
         raise InvalidInput(f"the schema cannot be followed: {str(exc)[:200]}") from None

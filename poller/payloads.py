@@ -171,6 +171,10 @@ def _dumps(payload: Any, json_default: JsonDefault | None) -> str:
         if isinstance(exc, EnqueueError):
             raise
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise InvalidPayload(
+            "payload is nested too deeply to encode (deeper than Python's recursion limit)"
+        ) from None
 
 
 def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | None = None) -> str:

@@ -123,6 +123,13 @@ def test_a_json_default_hook_encodes_other_types_first() -> None:
     assert body == '{"tags":["a","b"],"n":"2"}'
 
 
+def _nested(depth: int) -> dict[str, object]:
+    payload: dict[str, object] = {}
+    for _ in range(depth):
+        payload = {"a": payload}
+    return payload
+
+
 @pytest.mark.parametrize(
     ("payload", "error"),
     [
@@ -134,6 +141,7 @@ def test_a_json_default_hook_encodes_other_types_first() -> None:
         ("hello", InvalidPayload),
         (None, InvalidPayload),
         (42, InvalidPayload),
+        (_nested(5000), InvalidPayload),  # was Python's RecursionError
     ],
 )
 def test_what_cannot_be_sent_is_refused_before_any_write(payload: object, error: type) -> None:
