@@ -26,6 +26,16 @@ from poller.errors import EnqueueError, InvalidPayload, NaiveDatetime, PayloadTo
 
 JsonDefault = Callable[[Any], Any]
 
+MAX_DEPTH = 128
+"""How deeply a payload's arrays and objects may nest: serde_json's default limit, so
+a Rust receiver can read it. Deeper ones broke the poller's own views of a message
+(the API's and ``admin show --json``: a RecursionError, at about 900 levels)."""
+# A payload's UTF-8 cut to its quotes and brackets (a multi-byte character holds no
+# ASCII byte), objects' braces read as brackets: in valid JSON each closes what it
+# opened, so the nesting is the same
+_QUOTES_AND_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_CUT = bytes(b for b in range(256) if b not in b'"[]{}')
+
 # JSON text of a NUL character, not preceded by an escaping backslash:
 # PostgreSQL's jsonb cannot store it.
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -203,4 +213,28 @@ def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | 
         raise InvalidPayload(
             "payload contains a lone surrogate, which is not valid UTF-8"
         ) from None
+    if (depth := nesting(body)) > MAX_DEPTH:
+        raise InvalidPayload(
+            f"payload nests {depth} levels deep; at most {MAX_DEPTH} (serde_json's default "
+            "limit: a receiver's parser may stop there)"
+        )
     return body
+
+
+def nesting(text: str) -> int:
+    """How deeply the JSON ``text``'s arrays and objects nest, 0 when it has too few
+    brackets to nest past :data:`MAX_DEPTH` (nearly every payload). At C speed: its
+    escapes are cut, then all but quotes and brackets, then its strings, then the
+    innermost pairs a level at a time (4 ms for 288 KB of 8,000 objects in an array,
+    where encoding them took 28)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return 0
+    bare = text.replace("\\\\", "").replace('\\"', "")  # no quote is left in an escape
+    kept = bare.encode("utf-8", "surrogatepass").translate(_QUOTES_AND_BRACKETS, _CUT)
+    brackets = b"".join(kept.split(b'"')[::2])
+    depth = 0
+    while True:
+        peeled = brackets.replace(b"[]", b"")  # the innermost pairs: one level
+        if len(peeled) == len(brackets):
+            return depth
+        brackets, depth = peeled, depth + 1
