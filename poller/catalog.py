@@ -50,6 +50,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from poller.errors import EventTypeNotFound, InvalidInput, PayloadInvalid
 from poller.names import check_event_type
+from poller.payloads import MAX_DEPTH, nesting
 from poller.schema_api import event_types as T
 
 log = logging.getLogger(__name__)
@@ -435,13 +436,15 @@ def check_payload(event_type: str, schema: dict[str, Any] | str, payload_json: s
 def _json_text(value: Any, what: str, limit: int = MAX_SCHEMA_BYTES) -> str:
     """``value`` as the JSON text PostgreSQL will store, or InvalidInput naming ``what``:
     JSON types only (no NaN or Infinity), no NUL or lone surrogate (jsonb refuses both),
-    at most ``limit`` bytes."""
+    at most ``limit`` bytes and :data:`~poller.payloads.MAX_DEPTH` levels deep."""
     try:
         text = json.dumps(value, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(f"{what}: not JSON ({str(exc)[:120]})") from None
     if len(text) > limit or "\\u0000" in text:
         raise InvalidInput(f"{what}: at most {limit:,} bytes of JSON, and no NUL")
+    if (depth := nesting(text)) > MAX_DEPTH:  # the API's views of it failed past ~600
+        raise InvalidInput(f"{what}: nests {depth} levels deep; at most {MAX_DEPTH}")
     if "\\ud" in text and not _utf8(json.dumps(value, ensure_ascii=False)):  # pairs are fine
         raise InvalidInput(f"{what}: a lone surrogate (\\ud800-\\udfff) is not text")
     return text

@@ -32,7 +32,7 @@ from typing import Any
 
 from poller.errors import InvalidSubscription
 from poller.health import DEFAULT
-from poller.payloads import loads
+from poller.payloads import MAX_DEPTH, loads, nesting
 
 MAX_PATTERNS = 100
 MAX_TENANT_LENGTH = 255
@@ -101,6 +101,8 @@ def check_filter(payload_filter: object) -> dict[str, Any] | None:
         raise InvalidSubscription("payload filter must not contain NUL characters")
     if len(text.encode("utf-8")) > MAX_FILTER_BYTES:
         raise InvalidSubscription(f"payload filter is over {MAX_FILTER_BYTES} bytes")
+    if (depth := nesting(text)) > MAX_DEPTH:  # as deep as a payload may be, no deeper
+        raise InvalidSubscription(f"payload filter nests {depth} levels deep; at most {MAX_DEPTH}")
     return dict(json.loads(text))
 
 

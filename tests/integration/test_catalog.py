@@ -4,6 +4,8 @@ refused publish is left."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -98,6 +100,9 @@ def test_the_catalog_refuses_what_cannot_work(catalog: Engine) -> None:
             {"schema": {"pattern": "^a"}, "example": "\ud800"},
             {"example": {"a": "\ud800"}},
             {"description": "\ud800"},
+            # deeper than a payload may nest: the API's views of the type failed on it
+            {"schema": {"properties": functools.reduce(lambda v, _: {"a": v}, range(300), {})}},
+            {"example": functools.reduce(lambda v, _: {"a": v}, range(600), {})},
         ):
             with pytest.raises(InvalidInput):
                 define_event_type(conn, "order.refunded", **kwargs)  # type: ignore[arg-type]

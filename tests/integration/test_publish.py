@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import timedelta
 from typing import Any
@@ -279,6 +280,7 @@ def test_bad_input_is_refused_before_any_write(five: Engine) -> None:
         ({"payload_filter": "[" * 100_000}, "bytes"),
         ({"payload_filter": "[" * 2000 + "]" * 2000}, "JSON"),  # too deep for the parser
         ({"payload_filter": {"x": "\ud800"}}, "lone surrogate"),
+        ({"payload_filter": {"x": functools.reduce(lambda v, _: [v], range(200), [])}}, "deep"),
     ],
 )
 def test_bad_subscriptions_are_refused(
