@@ -26,10 +26,11 @@ from poller.errors import EnqueueError, InvalidPayload, NaiveDatetime, PayloadTo
 
 JsonDefault = Callable[[Any], Any]
 
-MAX_DEPTH = 128
-"""How deeply a payload's arrays and objects may nest: serde_json's default limit, so
-a Rust receiver can read it. Deeper ones broke the poller's own views of a message
-(the API's and ``admin show --json``: a RecursionError, at about 900 levels)."""
+MAX_DEPTH = 127
+"""How deeply a payload's arrays and objects may nest: as deep as serde_json reads by
+default (its limit of 128 counts down to 0 at the 128th level), so a Rust receiver can
+read it. Deeper ones broke the poller's own views of a message (the API's and ``admin
+show --json``: a RecursionError, at about 900 levels)."""
 # A payload's UTF-8 cut to its quotes and brackets (a multi-byte character holds no
 # ASCII byte), objects' braces read as brackets: in valid JSON each closes what it
 # opened, so the nesting is the same
@@ -215,8 +216,8 @@ def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | 
         ) from None
     if (depth := nesting(body)) > MAX_DEPTH:
         raise InvalidPayload(
-            f"payload nests {depth} levels deep; at most {MAX_DEPTH} (serde_json's default "
-            "limit: a receiver's parser may stop there)"
+            f"payload nests {depth} levels deep; at most {MAX_DEPTH}, as deep as serde_json "
+            "reads by default: a receiver's parser may stop there"
         )
     return body
 
