@@ -1,4 +1,4 @@
-"""Event-type schemas cost time in proportion to the payload (poller/catalog.py): patterns
+"""Event-type schemas cost time in proportion to the payload (poller/json_schemas.py): patterns
 run on RE2, uniqueItems by hashing."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from poller import catalog
-from poller.catalog import problems
+from poller import json_schemas
 from poller.errors import InvalidInput
+from poller.json_schemas import problems
 
 NESTED = "^(a+)+$"  # Python's re took ~75 s for 30 characters, doubling with each one
 
@@ -61,7 +61,7 @@ def test_a_stored_schema_re2_cannot_run_is_checked_as_before(
     """Stored before patterns were checked: its publishes are checked as they were, not
     all refused."""
     schema = {"pattern": "^(?=a)a"}
-    with caplog.at_level(logging.WARNING, logger="poller.catalog"):
+    with caplog.at_level(logging.WARNING, logger="poller.json_schemas"):
         assert problems(schema, "ab", stored=True) == []
     assert problems(schema, "b", stored=True) == ["/: 'b' does not match '^(?=a)a'"]
     assert "define the type again" in caplog.text
@@ -119,7 +119,7 @@ def test_a_schema_that_rechecks_the_payload_at_every_level_is_cut_short() -> Non
     for _ in range(30):
         payload = {"a": payload}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(catalog, "STEPS", 20_000)  # the same cut, sooner
+        patch.setattr(json_schemas, "STEPS", 20_000)  # the same cut, sooner
         assert problems(schema, {"a": {"a": {}}}) == []
         with pytest.raises(InvalidInput, match="20,000 steps"):
             problems(schema, payload)
