@@ -12,7 +12,7 @@ import psycopg
 
 from poller import migrate
 from poller.db import libpq_url
-from poller.embedded import EmbeddedPostgres
+from poller.embedded import EmbeddedPostgres, stop_at_exit
 
 
 @contextlib.contextmanager
@@ -24,6 +24,7 @@ def server_url() -> Iterator[str]:
         return
     with tempfile.TemporaryDirectory(prefix="poller-bench-") as tmp:
         server = EmbeddedPostgres(Path(tmp), durable=False)
+        stop_at_exit(server, remove=Path(tmp))  # a second Ctrl-C skips the finally
         try:
             yield server.start()
         finally:

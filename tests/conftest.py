@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import migrate
 from poller.db import async_engine, libpq_url, sync_engine
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.embedded import EmbeddedPostgres, EmbeddedRedis, stop_at_exit
 from poller.endpoints import CreatedEndpoint, create_endpoint
 from poller.settings import default_settings
 
@@ -76,6 +76,7 @@ def pg_admin_url() -> Iterator[str]:
         return
     with _server_dir("pg") as folder:
         server = EmbeddedPostgres(folder, durable=False)
+        stop_at_exit(server, remove=folder)  # a killed worker leaves no server behind
         try:
             yield server.start()
         finally:
@@ -230,6 +231,7 @@ def redis_url() -> Iterator[str]:
         return
     with _server_dir("redis") as folder:
         server = EmbeddedRedis(folder)
+        stop_at_exit(server, remove=folder)
         try:
             yield server.start()
         finally:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -63,3 +68,64 @@ def test_files_tampered_with_are_not_trusted(tmp_path: Path) -> None:
         assert redis.Redis.from_url(url).ping()
     finally:
         server.stop()
+
+
+def _gone(check: Callable[[], bool], timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+def test_a_benchmark_cut_short_leaves_no_postgres_behind(tmp_path: Path) -> None:
+    """A second Ctrl-C on a benchmark (``os._exit``) skipped the cleanup that stops its
+    embedded PostgreSQL: the server ran on, with its folder. A watcher stops it now."""
+    code = (
+        "import os, sys, tempfile\n"
+        "tempfile.tempdir = sys.argv[1]\n"
+        "from loadtest.bench_db import server_url\n"
+        "with server_url() as url:\n"
+        "    print(url, flush=True)\n"
+        "    os._exit(130)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "POLLER_DATABASE_URL"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 130, done.stderr
+    url = done.stdout.strip()
+
+    def refused() -> bool:
+        try:
+            psycopg.connect(libpq_url(url), connect_timeout=2).close()
+        except psycopg.OperationalError:
+            return True
+        return False
+
+    assert _gone(refused), "the benchmark's PostgreSQL still answers"
+    assert _gone(lambda: not list(tmp_path.glob("poller-bench-*")))
+
+
+def test_a_server_stops_when_the_process_that_watches_over_it_dies(tmp_path: Path) -> None:
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from poller.embedded import EmbeddedRedis, stop_at_exit\n"
+        "server = EmbeddedRedis(Path(sys.argv[1]))\n"
+        "stop_at_exit(server, remove=Path(sys.argv[1]) / 'redis')\n"
+        "print(server.start(), flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -9, done.stderr
+    server = EmbeddedRedis(tmp_path)
+    assert _gone(lambda: server.pid is None and not server.dir.exists())
