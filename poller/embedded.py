@@ -447,7 +447,13 @@ class EmbeddedRedis:
                 self._pid_file.unlink()
 
 
-_WATCH = "import sys; from poller.embedded import _watch; _watch(*sys.argv[1:])"
+_WATCH = (  # forks at once: the watcher is no child of the process it watches
+    "import os, sys\n"
+    "if os.fork():\n"
+    "    os._exit(0)\n"
+    "from poller.embedded import _watch\n"
+    "_watch(*sys.argv[1:])\n"
+)
 
 
 def stop_at_exit(server: EmbeddedPostgres | EmbeddedRedis, *, remove: Path | None = None) -> None:
@@ -467,13 +473,14 @@ def stop_at_exit(server: EmbeddedPostgres | EmbeddedRedis, *, remove: Path | Non
     except (AttributeError, OSError):  # pragma: no cover - Linux before 5.3, other systems
         pidfd = -1
     try:
-        subprocess.Popen(
+        subprocess.run(
             [*args, str(pidfd), str(os.getpid())],
             pass_fds=(pidfd,) if pidfd >= 0 else (),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to this process's group spares it
+            timeout=START_TIMEOUT,
         )
     finally:
         if pidfd >= 0:
