@@ -293,11 +293,25 @@ class Dispatcher:
             return None
         return propagated(msg.traceparent if span is None else span.traceparent, msg.tracestate)
 
+    def _span(self, kind: str, endpoint: Endpoint, msg: ClaimedMessage) -> Span | None:
+        return None if self.telemetry is None else self.telemetry.start(kind, endpoint, msg)
+
+    def _end(
+        self, span: Span | None, attempt: delivery.Attempt | None, said: str, failed: bool
+    ) -> None:
+        """The attempt's span ends: with its attempt, or (None) cut short by an exception."""
+        telemetry = self.telemetry
+        if telemetry is None:
+            return
+        if attempt is None:
+            telemetry.end(span)
+        else:
+            telemetry.finish(span, attempt, said, failed=failed)
+
     async def _look_up(
         self, msg: ClaimedMessage, endpoint: Endpoint, timeout: float
     ) -> tuple[LookupAnswer, delivery.Attempt]:
-        telemetry = self.telemetry
-        span = None if telemetry is None else telemetry.start("lookup", endpoint, msg)
+        span = self._span("lookup", endpoint, msg)
         try:
             answer, attempt = await delivery.lookup(
                 self.sender,
@@ -308,18 +322,15 @@ class Dispatcher:
                 trace=self._trace_headers(endpoint, msg, span),
             )
         except BaseException:
-            if telemetry is not None:
-                telemetry.end(span)
+            self._end(span, None, "", True)
             raise
-        if telemetry is not None:
-            telemetry.finish(span, attempt, answer.value, failed=answer is LookupAnswer.ERROR)
+        self._end(span, attempt, answer.value, answer is LookupAnswer.ERROR)
         return answer, attempt
 
     async def _send(
         self, msg: ClaimedMessage, endpoint: Endpoint, timeout: float
     ) -> delivery.Attempt:
-        telemetry = self.telemetry
-        span = None if telemetry is None else telemetry.start("send", endpoint, msg)
+        span = self._span("send", endpoint, msg)
         if span is not None:
             self._span_ids[msg.id] = span.span_id
         try:
@@ -333,12 +344,9 @@ class Dispatcher:
                 trace=self._trace_headers(endpoint, msg, span),
             )
         except BaseException:
-            if telemetry is not None:
-                telemetry.end(span)
+            self._end(span, None, "", True)
             raise
-        if telemetry is not None:
-            failed = attempt.verdict is not Verdict.DELIVERED
-            telemetry.finish(span, attempt, attempt.verdict.value, failed=failed)
+        self._end(span, attempt, attempt.verdict.value, attempt.verdict is not Verdict.DELIVERED)
         return attempt
 
     def _schedule(self, msg: ClaimedMessage) -> tuple[float, ...]:
