@@ -142,6 +142,8 @@ class _Default:
 
 DEFAULT: Any = _Default()
 MAX_RATE = 1_000_000.0
+MIN_COOLDOWN = 0.05  # seconds (POLLER_CIRCUIT_COOLDOWN's floor too): each failed probe
+# doubles it, so 5e-324 meant a failing endpoint probed ten times a second for minutes
 MIN_RATE = 0.00001  # requests a second: about one a day. Below it the token bucket's
 # arithmetic in PostgreSQL underflows (5e-324 × seconds is 0: "value out of range") and
 # every claim of rate-limited endpoints failed.
@@ -175,7 +177,9 @@ def check_health_settings(
             not isinstance(value, int) or not 0 <= value <= 1_000_000
         ):
             raise InvalidEndpoint("circuit_failures must be a whole number from 0 (never open) up")
-        if name == "circuit_cooldown" and not (math.isfinite(value) and 0 < value <= 86400):
-            raise InvalidEndpoint("circuit_cooldown must be more than 0 and at most 86400 seconds")
+        if name == "circuit_cooldown" and not (
+            math.isfinite(value) and MIN_COOLDOWN <= value <= 86400
+        ):
+            raise InvalidEndpoint(f"circuit_cooldown must be from {MIN_COOLDOWN} to 86400 seconds")
         checked[name] = value
     return checked

@@ -213,9 +213,11 @@ class Settings(BaseSettings):
     circuit_failures: int = Field(default=10, ge=0, le=1_000_000)
     """Failed sends in a row (no answer, 5xx, 408, 429) that open an endpoint's circuit:
     its messages then wait, spending no attempts (poller/health.py). 0: never open."""
-    circuit_cooldown: float = Field(default=30.0, gt=0, le=86400)
-    """Seconds a circuit stays open before one probe message is sent."""
-    circuit_cooldown_max: float = Field(default=900.0, gt=0, le=86400)
+    circuit_cooldown: float = Field(default=30.0, ge=MIN_INTERVAL, le=86400)
+    """Seconds a circuit stays open before one probe message is sent (at least 0.05:
+    5e-324 was taken, and a failing endpoint was probed ten times a second for
+    about 1,070 doublings of it)."""
+    circuit_cooldown_max: float = Field(default=900.0, ge=MIN_INTERVAL, le=86400)
     """Each failed probe doubles the cool-down, up to this many seconds."""
     disable_after: float = Field(default=5 * 86400.0, ge=0, le=365 * 86400)
     """Disable an endpoint whose sends have failed this many seconds with no delivery

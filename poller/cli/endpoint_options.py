@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from poller.health import DEFAULT, MAX_RATE, MIN_RATE
+from poller.health import DEFAULT, MAX_RATE, MIN_COOLDOWN, MIN_RATE
 
 
 class OrDefault(click.ParamType[Any]):
@@ -176,7 +176,7 @@ def limit_options(func: Any) -> Any:
             ),
             click.option(
                 "--circuit-cooldown",
-                type=OrDefault(float, 0, 86400, low_open=True),
+                type=OrDefault(float, MIN_COOLDOWN, 86400),
                 help="Seconds open before a probe ('default': POLLER_CIRCUIT_COOLDOWN).",
             ),
         ]

@@ -30,7 +30,7 @@ from poller.events import (
     EventSink,
     OperationalEvent,
 )
-from poller.health import MIN_RATE, HealthPolicy
+from poller.health import MIN_COOLDOWN, MIN_RATE, HealthPolicy
 from poller.outcomes import ClaimedMessage
 from poller.receiver import Faults, Receiver
 from tests.conftest import make_endpoint
@@ -569,6 +569,7 @@ def cli_run(db_url: str, *args: str) -> tuple[int, str]:
         ("--circuit-cooldown", "0"),
         ("--circuit-cooldown", "NaN"),
         ("--circuit-cooldown", "86401"),
+        ("--circuit-cooldown", "5e-324"),  # a failing endpoint probed 10/s for minutes
     ],
 )
 def test_nasty_health_settings_are_refused_in_one_line(
@@ -592,11 +593,13 @@ def test_nasty_health_settings_are_refused_by_the_api(engine: Engine) -> None:
         {"rate_limit": "50"},
         {"rate_limit": 5e-324},
         {"rate_limit": 0.000009},
+        {"circuit_cooldown": 0.049},
     ):
         with Session(engine) as session, pytest.raises(InvalidEndpoint):
             update_endpoint(session, "billing", **changes)
     with Session(engine) as session, session.begin():
         update_endpoint(session, "billing", rate_limit=MIN_RATE)  # the floor: one a day
+        update_endpoint(session, "billing", circuit_cooldown=MIN_COOLDOWN)
 
 
 async def test_the_slowest_rate_limit_claims_and_the_database_refuses_a_slower_one(

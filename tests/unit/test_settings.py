@@ -69,6 +69,7 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
         ("POLLER_CIRCUIT_COOLDOWN", "0"),
         ("POLLER_CIRCUIT_COOLDOWN", "nan"),
         ("POLLER_CIRCUIT_COOLDOWN_MAX", "inf"),
+        ("POLLER_CIRCUIT_COOLDOWN", "5e-324"),  # a failing endpoint probed 10/s for minutes
         ("POLLER_DISABLE_AFTER", "-1"),
         ("POLLER_DISABLE_AFTER", "NaN"),
         ("POLLER_OPERATOR_ENDPOINT", "ops; DROP TABLE x"),
