@@ -44,6 +44,7 @@ from poller.errors import (
     InvalidEndpoint,
     InvalidInput,
     SecretUnreadable,
+    TenantFull,
     UnknownEndpoint,
 )
 from poller.headers import Headers, check_headers
@@ -77,6 +78,26 @@ def new_secret(signing: Scheme | str = Scheme.HMAC_SHA256) -> str:
 class CreatedEndpoint:
     endpoint: Endpoint
     secret: str = field(repr=False)
+
+
+_TENANT_LOCKS = 0x57484B54  # the first key of make_room's advisory locks (two-key form)
+
+
+def make_room(conn: Connection, tenant: str, limit: int) -> None:
+    """Refuse the tenant another endpoint (TenantFull) when it has ``limit`` (0: no limit).
+
+    Call it in the transaction that makes the endpoint: it holds a transaction-level
+    advisory lock on the tenant till the end, so two makes at once cannot both pass
+    the count. Only makes for that tenant wait on it: no claim, completion or publish
+    takes it."""
+    if not limit:
+        return
+    conn.execute(select(func.pg_advisory_xact_lock(_TENANT_LOCKS, func.hashtext(tenant))))
+    held = conn.execute(
+        select(func.count()).select_from(endpoints).where(endpoints.c.tenant == tenant)
+    ).scalar_one()
+    if held >= limit:
+        raise TenantFull(tenant, limit)
 
 
 def create_endpoint(

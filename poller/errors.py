@@ -37,6 +37,7 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     ├── RequestConflict
     ├── SecretUnreadable
     ├── ServiceCrashed                 (RuntimeError)
+    ├── TenantFull
     ├── TokenExists
     └── TokenRefused
 
@@ -191,6 +192,17 @@ class EndpointExists(PollerError):
     def __init__(self, name: str) -> None:
         super().__init__(f"endpoint {name!r} exists already")
         self.name = name
+
+
+class TenantFull(PollerError):
+    """The tenant has as many endpoints as it may make (POLLER_TENANT_MAX_ENDPOINTS)."""
+
+    def __init__(self, tenant: str, limit: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} has {limit} endpoints, as many as it may make: remove one "
+            "first (an operator can raise POLLER_TENANT_MAX_ENDPOINTS)"
+        )
+        self.tenant, self.limit = tenant, limit
 
 
 class EndpointInUse(PollerError):

@@ -187,6 +187,11 @@ class Settings(BaseSettings):
     """Requests a second each API token may make (``/api/v1``, poller/dashboard/api.py),
     0.01 to 100,000, in bursts of up to twice that (at least one); past it, 429 with
     ``Retry-After``. Per process."""
+    tenant_max_endpoints: int = Field(default=100, ge=0, le=1_000_000)
+    """Endpoints a tenant may have when it makes one itself (a tenant's API token, the
+    portal); 0: no limit. An operator may make more for it. Each publish for a tenant
+    writes a row per subscribed endpoint inside the application's transaction, and
+    the portal's home page lists them all."""
     portal_key: SecretStr | None = None
     """Signs tenant portal links and sessions (32+ characters; poller/portal.py). Unset
     and no database URL: a key kept in the embedded server's data folder."""

@@ -31,6 +31,7 @@ from poller.endpoints import (
     create_endpoint,
     get_endpoint,
     list_endpoints,
+    make_room,
     remove_endpoint,
     set_enabled,
     update_endpoint,
@@ -97,6 +98,8 @@ async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
             if first is not None:  # the same request again: the same answer
                 found = get_endpoint(conn, first)
                 return found, found.secret, True
+            if caller.scope.tenant is not None:
+                make_room(conn, caller.scope.tenant, board.settings.tenant_max_endpoints)
             made = create_endpoint(conn, name, url, **fields)
             return made.endpoint, made.secret, False
 

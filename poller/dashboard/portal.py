@@ -40,6 +40,7 @@ from poller.endpoints import (
     create_endpoint,
     get_endpoint,
     list_endpoints,
+    make_room,
     set_enabled,
 )
 from poller.errors import (
@@ -248,6 +249,7 @@ async def add(request: Request, session: portal.Session) -> Response:
 
     def write() -> Any:
         with board.engine.begin() as conn:
+            make_room(conn, session.tenant, board.settings.tenant_max_endpoints)
             name = tenant_endpoint_name()
             return create_endpoint(conn, name, url, event_types=chosen, tenant=session.tenant,
                                    payload_filter=payload_filter)  # fmt: skip

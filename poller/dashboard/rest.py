@@ -36,6 +36,7 @@ from poller.errors import (
     NotFound,
     PollerError,
     RequestConflict,
+    TenantFull,
     TokenRefused,
     UnknownEndpoint,
 )
@@ -44,6 +45,8 @@ from poller.payloads import json_problem, loads
 log = logging.getLogger("poller.api")
 PROBLEM = "application/problem+json"
 MAX_LIMIT = 500
+CONFLICTS = (IdempotencyConflict, RequestConflict, EndpointExists, EndpointInUse, TenantFull)
+"""Errors answered 409: the request is good, but what is stored stands in its way."""
 TITLES = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
           413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
           429: "Too Many Requests", 503: "Service Unavailable"}  # fmt: skip
@@ -205,7 +208,13 @@ def api(
                 return problem(exc.status, exc.detail, errors=exc.errors)
             except NotFound as exc:
                 return problem(404, str(exc))
-            except (IdempotencyConflict, RequestConflict, EndpointExists, EndpointInUse) as exc:
+            except (
+                IdempotencyConflict,
+                RequestConflict,
+                EndpointExists,
+                EndpointInUse,
+                TenantFull,
+            ) as exc:
                 return problem(409, str(exc))
             except (InvalidInput, ValueError, PollerError) as exc:
                 return problem(422, str(exc))

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from poller import tokens
-from poller.endpoints import create_endpoint
+from poller.endpoints import create_endpoint, make_room
+from poller.errors import TenantFull
 from tests.integration.test_dashboard import TOKEN, client
+from tests.integration.test_ordering import _lock_waits
 
 PLANTED = "planted-api-credential-55"  # a header's value; with the secrets, never shown
 SECRETS: list[str] = []
@@ -584,3 +588,47 @@ def test_an_event_shows_its_deliveries_and_replays_to_an_endpoint(
             "JOIN poller_endpoints e ON e.id = o.endpoint_id ORDER BY 1"
         )).all()  # fmt: skip
     assert [tuple(r) for r in statuses] == [("acme-audit", "failed"), ("acme-hooks", "pending")]
+
+
+def test_a_tenant_makes_endpoints_up_to_its_limit_an_operator_past_it(engine: Engine) -> None:
+    """Each endpoint multiplies a tenant's publishes inside the application's transaction,
+    and a tenant's token made them without end: POLLER_TENANT_MAX_ENDPOINTS bounds it."""
+    with engine.begin() as conn:
+        create_endpoint(conn, "acme-1", "https://acme.example/1", tenant="acme")
+        acme = tokens.create_token(conn, "acme", "tenant:acme")[1]
+        admin = tokens.create_token(conn, "admin", "admin")[1]
+    hooks = {"url": "https://acme.example/hooks"}
+    with client(engine, tenant_max_endpoints=2) as web:
+        assert _send(web, "POST", "/api/v1/endpoints", acme, hooks)[0] == 201
+        status, problem = _send(web, "POST", "/api/v1/endpoints", acme, hooks)
+        assert status == 409 and "has 2 endpoints" in str(problem["detail"])
+        made = {"name": "acme-3", "tenant": "acme", **hooks}  # the operator may make more
+        assert _send(web, "POST", "/api/v1/endpoints", admin, made)[0] == 201
+    with client(engine, tenant_max_endpoints=0) as web:  # 0: no limit
+        assert _send(web, "POST", "/api/v1/endpoints", acme, hooks)[0] == 201
+    with engine.connect() as conn:
+        held = "SELECT count(*) FROM poller_endpoints WHERE tenant = 'acme'"
+        assert conn.execute(text(held)).scalar_one() == 4
+
+
+def test_two_makes_at_once_cannot_both_pass_the_tenants_count(engine: Engine) -> None:
+    """make_room holds the tenant's lock till its transaction ends: the second make waits
+    for the first's commit, then counts it."""
+    with engine.begin() as conn:
+        create_endpoint(conn, "acme-1", "https://acme.example/1", tenant="acme")
+
+    def second() -> None:
+        with engine.begin() as conn:
+            make_room(conn, "acme", 2)
+
+    with ThreadPoolExecutor(1) as pool:
+        with engine.begin() as conn:
+            make_room(conn, "acme", 2)
+            waiting = pool.submit(second)
+            deadline = time.monotonic() + 30
+            while not _lock_waits(engine):  # the second make waits on the lock
+                assert time.monotonic() < deadline and not waiting.done(), "no wait on the lock"
+                time.sleep(0.01)
+            create_endpoint(conn, "acme-2", "https://acme.example/2", tenant="acme")
+        with pytest.raises(TenantFull):
+            waiting.result(timeout=30)

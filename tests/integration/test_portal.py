@@ -141,6 +141,21 @@ def test_a_tenant_sees_and_changes_its_own_endpoints_alone(engine: Engine) -> No
                                                      ("globex", True)]  # fmt: skip
 
 
+def test_a_tenant_full_of_endpoints_is_told_so(engine: Engine) -> None:
+    with engine.begin() as conn:
+        create_endpoint(conn, "acme-1", "https://acme.example/1", tenant="acme")
+    with client(engine, portal_key=KEY, tenant_max_endpoints=2) as web:
+        csrf = _open(web, "acme")
+        form = {"csrf": csrf, "url": "https://acme.example/in"}
+        assert web.post("/portal/endpoints", data=form).status_code == 201
+        full = web.post("/portal/endpoints", data=form)
+        assert full.status_code == 422 and "has 2 endpoints" in full.text
+        assert "Traceback" not in full.text
+    with engine.connect() as conn:
+        held = "SELECT count(*) FROM poller_endpoints WHERE tenant = 'acme'"
+        assert conn.execute(text(held)).scalar_one() == 2
+
+
 def test_the_portal_is_framed_only_by_the_origins_allowed(engine: Engine) -> None:
     with client(engine, portal_key=KEY) as web:
         answer = web.get(_link("acme").removeprefix("http://127.0.0.1:8188"))
