@@ -70,6 +70,8 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
         ("POLLER_CIRCUIT_COOLDOWN", "nan"),
         ("POLLER_CIRCUIT_COOLDOWN_MAX", "inf"),
         ("POLLER_CIRCUIT_COOLDOWN", "5e-324"),  # a failing endpoint probed 10/s for minutes
+        ("POLLER_TENANT_MAX_ENDPOINTS", "-1"),
+        ("POLLER_TENANT_MAX_ENDPOINTS", "2.5"),
         ("POLLER_DISABLE_AFTER", "-1"),
         ("POLLER_DISABLE_AFTER", "NaN"),
         ("POLLER_OPERATOR_ENDPOINT", "ops; DROP TABLE x"),
