@@ -11,7 +11,8 @@ delivery carries) with ``--concurrency`` in flight, from a process of its own (n
 client's threads or pools linger into another's figures). Rounds interleave the
 clients, each round in another order; the table gives medians: requests a second,
 requests per CPU second of the client's process (user + system, every thread: the
-Rust clients' runtimes included), and that against aiohttp's. Two more rows show the
+Rust clients' runtimes included), that against aiohttp's, and each request's CPU
+on the event loop's thread and in the others (a Rust client's runtime). Two more rows show the
 wire as the poller uses it: ``pyreqwest-streamed`` (status first, then the body: the
 exchange the sender's contract needs) and ``poller-reqwest`` (the poller's own
 ReqwestSender around it), so what each adds over plain pyreqwest is measured too;
@@ -211,11 +212,12 @@ async def one(client: str, url: str, requests: int, concurrency: int) -> dict[st
         raise SystemExit(f"unknown client {client!r}: one of {', '.join(CLIENTS)}")
     post, close = POSTERS[client](url, concurrency)
     await _fire(post, min(requests, 1000), concurrency)  # warm: connections, caches
-    began, cpu = time.perf_counter(), _cpu()
+    began, cpu, loop = time.perf_counter(), _cpu(), time.thread_time()
     await _fire(post, requests, concurrency)
     wall, used = time.perf_counter() - began, _cpu() - cpu
+    on_loop = time.thread_time() - loop  # this coroutine runs on the event loop's thread
     await close()
-    return {"wall": wall, "cpu": used}
+    return {"wall": wall, "cpu": used, "loop": on_loop}
 
 
 def _free_port() -> int:
@@ -272,6 +274,10 @@ def measure(requests: int, concurrency: int, rounds: int) -> dict[str, dict[str,
         client: {
             "per_s": statistics.median(requests / r["wall"] for r in found),
             "per_cpu_s": statistics.median(requests / r["cpu"] for r in found),
+            "loop_us": statistics.median(r["loop"] * 1e6 / requests for r in found),
+            "other_us": statistics.median(
+                max(0.0, r["cpu"] - r["loop"]) * 1e6 / requests for r in found
+            ),
         }
         for client, found in runs.items()
     }
@@ -279,11 +285,13 @@ def measure(requests: int, concurrency: int, rounds: int) -> dict[str, dict[str,
 
 def table(found: dict[str, dict[str, float]]) -> str:
     base = found["aiohttp"]["per_cpu_s"]
-    rows = ["| client | requests/s | requests per CPU second | × aiohttp per CPU s |",
-            "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    rows = ["| client | requests/s | requests per CPU second | × aiohttp per CPU s "
+            "| µs on the event loop / other threads |",
+            "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for client, f in found.items():
+        split = f"{f['loop_us']:.0f} / {f['other_us']:.0f}"
         rows.append(f"| {client} | {f['per_s']:,.0f} | {f['per_cpu_s']:,.0f} | "
-                    f"{f['per_cpu_s'] / base:.2f} |")  # fmt: skip
+                    f"{f['per_cpu_s'] / base:.2f} | {split} |")  # fmt: skip
     return "\n".join(rows)
 
 
