@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -81,7 +82,13 @@ class Completer:
         # message id -> claim token of outcomes being written: a heartbeat that meets
         # one of their rows no longer in flight has met this very write, not a takeover
         self._writing: dict[int, int] = {}
-        self._queue: asyncio.Queue[Outcome] = asyncio.Queue()
+        # Outcomes waiting to be written, and those put but not yet written (these
+        # too): a deque and two events, not an asyncio.Queue, whose put, get and
+        # task_done were eight Python calls a delivery
+        self._waiting: deque[Outcome] = deque()
+        self._arrived = asyncio.Event()  # set when _waiting stops being empty
+        self._unwritten = 0
+        self._all_written = asyncio.Event()  # set when _unwritten drops to 0
         self._outage = OutageLog("writing outcomes")
 
     # -- the held set --------------------------------------------------------------
@@ -151,40 +158,52 @@ class Completer:
     # -- outcomes ------------------------------------------------------------------
 
     def put(self, outcome: Outcome) -> None:
-        self._queue.put_nowait(outcome)
+        waiting = self._waiting
+        waiting.append(outcome)
+        self._unwritten += 1
+        if len(waiting) == 1:
+            self._arrived.set()
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        return len(self._waiting)
 
     async def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for every queued outcome to be written."""
         try:
             async with asyncio.timeout(timeout):
-                await self._queue.join()
+                while self._unwritten:
+                    self._all_written.clear()
+                    await self._all_written.wait()
         except TimeoutError:
             return False
         return True
 
+    async def _arrival(self) -> None:
+        while not self._waiting:
+            self._arrived.clear()
+            await self._arrived.wait()
+
     async def run(self) -> None:
+        waiting = self._waiting
         while True:
-            if self.claims.carried and self._queue.empty():
+            if self.claims.carried and not waiting:
                 try:
                     async with asyncio.timeout(CARRY_INTERVAL):
-                        batch = [await self._queue.get()]
+                        await self._arrival()
                 except TimeoutError:
                     await asyncio.shield(self._write([]))  # hand on what was busy
                     continue
             else:
-                batch = [await self._queue.get()]
+                await self._arrival()
             await asyncio.sleep(LINGER)
-            while len(batch) < self.batch_limit and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            batch = [waiting.popleft() for _ in range(min(len(waiting), self.batch_limit))]
             try:
                 await asyncio.shield(self._write(batch))
             finally:
-                for _ in batch:
-                    self._queue.task_done()
+                self._unwritten -= len(batch)
+                if not self._unwritten:
+                    self._all_written.set()
 
     async def _write(self, batch: list[Outcome]) -> None:
         began_ns = time.time_ns()

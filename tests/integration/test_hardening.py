@@ -346,7 +346,7 @@ async def deliver(batch: Any, completer: Any, settings: Any) -> dict[int, Any]:
         dispatcher.start(msg)
     await asyncio.wait(list(dispatcher.tasks))
     await sender.aclose()
-    found = [completer._queue.get_nowait() for _ in batch.messages]
+    found = [completer._waiting.popleft() for _ in batch.messages]
     return {o.message_id: o for o in found}
 
 
