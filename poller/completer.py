@@ -82,9 +82,9 @@ class Completer:
         # message id -> claim token of outcomes being written: a heartbeat that meets
         # one of their rows no longer in flight has met this very write, not a takeover
         self._writing: dict[int, int] = {}
-        # Outcomes waiting to be written, and those put but not yet written (these
-        # too): a deque and two events, not an asyncio.Queue, whose put, get and
-        # task_done were eight Python calls a delivery
+        # A deque and two events, not an asyncio.Queue (its put, get and task_done
+        # were eight Python calls a delivery): outcomes not yet taken into a write,
+        # and how many were put and not yet written (those and the batch being written)
         self._waiting: deque[Outcome] = deque()
         self._arrived = asyncio.Event()  # set when _waiting stops being empty
         self._unwritten = 0
