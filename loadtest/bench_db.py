@@ -12,7 +12,8 @@ import psycopg
 
 from poller import migrate
 from poller.db import libpq_url
-from poller.embedded import EmbeddedPostgres, stop_at_exit
+from poller.embedded import EmbeddedPostgres
+from poller.server_watch import stop_at_exit
 
 
 @contextlib.contextmanager

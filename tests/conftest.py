@@ -26,8 +26,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import migrate
 from poller.db import async_engine, libpq_url, sync_engine
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis, stop_at_exit
+from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import CreatedEndpoint, create_endpoint
+from poller.server_watch import stop_at_exit
 from poller.settings import default_settings
 
 TEMPLATE = f"poller_template_{os.getpid()}"

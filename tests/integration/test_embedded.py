@@ -117,7 +117,8 @@ def test_a_server_stops_when_the_process_that_watches_over_it_dies(tmp_path: Pat
     code = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from poller.embedded import EmbeddedRedis, stop_at_exit\n"
+        "from poller.embedded import EmbeddedRedis\n"
+        "from poller.server_watch import stop_at_exit\n"
         "server = EmbeddedRedis(Path(sys.argv[1]))\n"
         "stop_at_exit(server, remove=Path(sys.argv[1]) / 'redis')\n"
         "print(server.start(), flush=True)\n"
