@@ -16,10 +16,17 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # Claim the due messages of governed endpoints in the given buckets: a rate-limited
 # endpoint gets as many as its token bucket holds (rate_limit per second, up to
 # rate_burst, default one second's worth), an open circuit whose cool-down has
-# passed — or a half-open one whose probe went missing for two claim leases — gets
-# one, the probe, and turns (or stays) half-open. Health rows are locked with SKIP
-# LOCKED, so two pollers never spend the same tokens or both send a probe, and a
-# claim never waits. Every row comes back flagged ``probe``; the column
+# passed — or a half-open one whose probe ended without a verdict — gets one, the
+# probe, and turns (or stays) half-open. A probe ends without a verdict when it is
+# handed back unsent (a graceful shutdown, a cut connection), answered neither
+# 2xx nor as a failure (a 400: the receiver is up and refusing that message) or
+# reclaimed after its poller died: then no message of the endpoint is in flight,
+# and the next probe goes at once (it waited two claim leases, two minutes by
+# default, in every such case). Two claim leases still bound a probe that is in
+# flight for good. Health rows are locked with SKIP LOCKED, so two pollers never
+# spend the same tokens, and a claim never waits; two governed claims in the same
+# instant may both find the probe's row not yet in flight and send two probes
+# (each judged as any probe). Every row comes back flagged ``probe``; the column
 # ``governed`` (on every row, and on a row of NULLs when nothing was claimed)
 # counts the governed endpoints that had due messages, so the caller knows to come
 # back soon for the rest; the last, ``accepted``, the shards whose :fences it
@@ -49,8 +56,11 @@ CLAIM_GOVERNED = _statement(
           AND ((h.state = 'closed' AND e.rate_limit IS NOT NULL
                 AND (e.paused_until IS NULL OR e.paused_until <= now()))
                OR (h.state = 'open' AND h.open_until <= now())
-               OR (h.state = 'half_open' AND h.probe_at < now()
-                   - make_interval(secs => 2 * CAST(:claim_lease AS double precision))))
+               OR (h.state = 'half_open'
+                   AND (NOT EXISTS (SELECT 1 FROM poller_outbox f
+                                    WHERE f.endpoint_id = e.id AND f.status = 'in_flight')
+                        OR h.probe_at < now() - make_interval(
+                            secs => 2 * CAST(:claim_lease AS double precision)))))
           AND EXISTS (SELECT 1 FROM poller_outbox p
                       WHERE p.endpoint_id = e.id AND p.status = 'pending'
                         AND p.next_attempt_at <= now())
