@@ -107,14 +107,16 @@ def write(session: Session, batch: list[Message], *, publish: bool) -> None:
 
 
 def application(engine: Any, run: Run, ordered_keys: int, stop: threading.Event) -> None:
-    """Transactions held open on ordering keys, and one burst (plan.lingers, plan.burst_at)."""
+    """Transactions held open on ordering keys, and one burst (plan.lingers, plan.burst_at).
+
+    Each transaction starts at its planned time, whether or not an earlier one is
+    still open, as an application's requests do: several may hold keys at once."""
     plan = run.plan
     rng = random.Random(plan.seed * 101 + 7)
     steps = sorted([(at, "linger", hold, commit) for at, hold, commit in plan.lingers]
                    + ([(plan.burst_at, "burst", 0.0, True)] if plan.burst_at else []))  # fmt: skip
+    transactions = []
     for n, (at, kind, hold, commit) in enumerate(steps):
-        if not _wait_until(run.began, at, stop):
-            break
         size = BURST if kind == "burst" else rng.randint(1, 3)
         key = f"o{rng.randrange(ordered_keys)}"  # the feeder's keys: their heads are in flight
         batch = [
@@ -122,20 +124,47 @@ def application(engine: Any, run: Run, ordered_keys: int, stop: threading.Event)
                     ordering_key=key if kind == "linger" or i % 2 == 0 else None)
             for i in range(size)
         ]  # fmt: skip
-        keys = {m.idempotency_key for m in batch}
-        try:
-            with Session(engine) as session:
-                write(session, batch, publish=rng.random() < 0.5)
-                stop.wait(hold)  # the application's slow work, its transaction open
-                if not commit:
-                    session.rollback()
-                    run.rolled_back |= keys
-                    continue
-                session.commit()
-            run.committed_now(keys)
-        except Exception as exc:  # PostgreSQL restarting: not committed
-            run.app_failures.append(f"{kind}: {type(exc).__name__}")
+        publish = rng.random() < 0.5
+        transactions.append(
+            threading.Thread(
+                target=_transaction,
+                args=(engine, run, stop, at, kind, hold, commit, batch, publish),
+                daemon=True,
+            )
+        )
+    for transaction in transactions:
+        transaction.start()
+    for transaction in transactions:
+        transaction.join()
     run.app_done.set()
+
+
+def _transaction(
+    engine: Any,
+    run: Run,
+    stop: threading.Event,
+    at: float,
+    kind: str,
+    hold: float,
+    commit: bool,
+    batch: list[Message],
+    publish: bool,
+) -> None:
+    if not _wait_until(run.began, at, stop):
+        return
+    keys = {m.idempotency_key for m in batch}
+    try:
+        with Session(engine) as session:
+            write(session, batch, publish=publish)
+            stop.wait(hold)  # the application's slow work, its transaction open
+            if not commit:
+                session.rollback()
+                run.rolled_back |= keys
+                return
+            session.commit()
+        run.committed_now(keys)
+    except Exception as exc:  # PostgreSQL restarting: not committed
+        run.app_failures.append(f"{kind}: {type(exc).__name__}")
 
 
 def operator(
