@@ -79,17 +79,8 @@ STARTUP_GRACE = 120.0  # until a child's first /healthz answer (see the module d
 PROBE_TIMEOUT = 2.0
 EXIT_USAGE = 2
 EXIT_CRASHED = 70  # as `poller run` after a crash
-MAX_PROCESSES = 256
 ENV_SUPERVISOR = "POLLER_SUPERVISOR_PID"
 ENV_PORT_FILE = "POLLER_OPS_PORT_FILE"
-
-
-def cores() -> int:
-    """The cores this process may run on (``--processes auto``)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 @dataclass

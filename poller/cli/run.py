@@ -10,19 +10,25 @@ import signal
 import socket
 import sys
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from poller import logs, otel, processes
 from poller.cli.common import settings_and_url
-from poller.db import poller_engine
+from poller.cli.lazy import lazy
 from poller.errors import ServiceCrashed
-from poller.sending import make_sender
-from poller.service import Poller, serve
-from poller.settings import Settings
+
+if TYPE_CHECKING:
+    from poller import db, logs, otel, processes, sending, service
+    from poller.service import Poller
+    from poller.settings import Settings
+else:  # a flag refused (`--processes 0`) answers before the service is imported
+    db, logs, otel = lazy("poller.db"), lazy("poller.logs"), lazy("poller.otel")
+    processes, sending = lazy("poller.processes"), lazy("poller.sending")
+    service = lazy("poller.service")
 
 T = TypeVar("T")
+MAX_PROCESSES = 256  # `--processes`
 FLUSH_SPANS = 5.0  # seconds a graceful stop gives the exporter
 EXIT_CRASHED = 70  # EX_SOFTWARE: a loop crashed; the poller stopped gracefully, restart it
 
@@ -51,8 +57,8 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    engine = poller_engine(url, settings, pool_size=4, max_overflow=4)
-    sender = make_sender(settings)
+    engine = db.poller_engine(url, settings, pool_size=4, max_overflow=4)
+    sender = sending.make_sender(settings)
     telemetry = otel.setup()  # OTEL_EXPORTER_OTLP_ENDPOINT… (poller/otel.py); else None
     if telemetry is not None:
         telemetry.start_exporting()
@@ -62,7 +68,7 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
         helpers.append(asyncio.create_task(processes.watch_supervisor(stop)))
         helpers.append(asyncio.create_task(_report_port(ready)))
     try:
-        await serve(
+        await service.serve(
             settings,
             engine=engine,
             sender=sender,
@@ -90,6 +96,14 @@ async def _report_port(ready: asyncio.Future[Poller]) -> None:
             logging.getLogger("poller").warning("cannot tell the supervisor my port: %s", exc)
 
 
+def _cores() -> int:
+    """The cores this process may run on (``--processes auto``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 class _Processes(click.ParamType[int]):
     name = "N|auto"
 
@@ -97,13 +111,13 @@ class _Processes(click.ParamType[int]):
         if isinstance(value, int):
             return value
         if str(value).strip().lower() == "auto":
-            return processes.cores()
+            return _cores()
         try:
             count = int(value)
         except ValueError:
             self.fail(f"{value!r} is not a whole number or 'auto'", param, ctx)
-        if not 1 <= count <= processes.MAX_PROCESSES:
-            self.fail(f"{count} is not between 1 and {processes.MAX_PROCESSES}", param, ctx)
+        if not 1 <= count <= MAX_PROCESSES:
+            self.fail(f"{count} is not between 1 and {MAX_PROCESSES}", param, ctx)
         return count
 
 
