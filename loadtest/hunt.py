@@ -50,6 +50,9 @@ checks them):
   each with a lease and a sweep of slack — whatever the application holds open,
   and whatever the DBA cut: a claim whose next statement failed is handed back;
   and every claim a poller reported taken over (``claims_lost``) was reclaimed;
+* no circuit sat half-open with nothing of its endpoint in flight and a message
+  due for more than 4 s that no fault explains (loadtest/hunt_watch.py, sampled
+  while the hunt runs): a probe that ended with no verdict is followed by the next;
 * the breaker counted every failed request: the health rows' ``failed_requests``
   (plus its backlog) equal the attempt rows that record a failed send or lookup;
 * with ``POLLER_DISABLE_AFTER`` drawn, no failure streak (no delivery, enable or
@@ -123,6 +126,7 @@ from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
 from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, dba, operator, write
 from loadtest.hunt_check import UNSETTLED, check, proxy_disagrees
+from loadtest.hunt_watch import stuck_circuits, watch_circuits
 from loadtest.otlp_sink import Sink
 from loadtest.procs import Proc, clean_env, guarded
 from poller import Message, migrate
@@ -266,6 +270,9 @@ class Run:
     operator_done: threading.Event = field(default_factory=threading.Event)
     # (fault, poller index or None, time.time() it began, and ended) for the verdict
     fault_log: list[tuple[str, int | None, float, float]] = field(default_factory=list)
+    # (endpoint, from, until): spells of a half-open circuit with nothing in flight and a
+    # message due (loadtest/hunt_watch.py)
+    idle_circuits: list[tuple[str, float, float]] = field(default_factory=list)
     app_failures: list[str] = field(default_factory=list)
     operated: list[str] = field(default_factory=list)
     operator_ids: set[int] = field(default_factory=set)  # messages an operator sent again
@@ -605,6 +612,11 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 args=(engine, run, stop),
                 daemon=True,
             ),
+            threading.Thread(
+                target=guarded(watch_circuits, run.errors),
+                args=(engine, run, stop),
+                daemon=True,
+            ),
         ]
         for thread in threads:
             thread.start()
@@ -625,6 +637,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
         problems = check(engine, run, receiver, db_url, [p.log for p in fleet.procs])
         problems += egress.disagrees(receiver, [p.log for p in fleet.procs])
         problems += hunt_tenant.disagrees(engine, run, dict(receiver.posts))
+        problems += stuck_circuits(run)
         statuses = Counter(
             s for (s,) in engine.connect().execute(text("SELECT status FROM poller_outbox"))
         )

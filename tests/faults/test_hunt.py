@@ -366,3 +366,37 @@ def test_the_checker_catches_a_tenant_that_reaches_another_and_a_refused_payload
     assert any("disabled or paused by acme" in p for p in problems)
     assert any("kept ['strict-bad-0']" in p and "sent ['strict-bad-api-0']" in p
                for p in problems)  # fmt: skip
+
+
+def test_the_watcher_catches_a_circuit_stuck_half_open(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+    """A half-open circuit with nothing in flight and a message due is a spell the
+    watcher notes; one longer than STUCK that no fault explains is reported."""
+    import threading
+    import time
+
+    from sqlalchemy import text
+
+    from loadtest.hunt_watch import STUCK, stuck_circuits, watch_circuits
+
+    seed_messages(engine, 1)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE poller_endpoint_health SET state = 'half_open', probe_at = now()")
+        )
+    run = Run(PLAN)  # type: ignore[arg-type]
+    stopped = threading.Event()
+    stopped.set()
+    watch_circuits(engine, run, stopped)  # one sample
+    assert [name for name, _, _ in run.idle_circuits] == [endpoint.endpoint.name]
+    with engine.begin() as conn:  # nothing due: not a spell
+        conn.execute(text("UPDATE poller_outbox SET next_attempt_at = now() + interval '1 h'"))
+    run.idle_circuits = []
+    watch_circuits(engine, run, stopped)
+    assert run.idle_circuits == []
+
+    now = time.time()
+    run.idle_circuits = [("a", now - STUCK - 1, now), ("b", now - 1, now)]
+    (stuck,) = stuck_circuits(run)
+    assert stuck.startswith("circuit of a half-open with nothing in flight")
+    run.fault_log = [("kill", 0, now - STUCK - 3, now - STUCK - 2)]  # a fault explains it
+    assert stuck_circuits(run) == []

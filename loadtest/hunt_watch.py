@@ -1,0 +1,80 @@
+"""What the fault hunt watches while it runs, for invariants no row keeps afterwards.
+
+**A circuit is never stuck half-open.** While an endpoint's circuit is half-open
+with none of its messages in flight and one due, the probe it sent has ended
+without a verdict (handed back unsent, answered with a 4xx that is not a
+failure, reclaimed): the next governed claim must send the next probe. The
+watcher samples every :data:`EVERY` seconds and notes each spell of that state;
+the verdict (:func:`stuck_circuits`) reports one longer than :data:`STUCK`
+seconds that no fault explains (a poller killed, frozen or stopped, PostgreSQL
+or Redis restarting: each until :data:`AFTER_FAULT` seconds after it ended, when
+another poller holds the shard and has claimed). Such a circuit waited two claim
+leases for its next probe until the governed claim stopped waiting for them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import text
+
+if TYPE_CHECKING:
+    from loadtest.hunt import Run
+
+EVERY = 0.2  # seconds between two samples
+# Seconds a circuit may sit half-open with nothing in flight and a message due: a
+# governed claim runs at least once a second, and a claim lease is 3 s here (a stuck
+# circuit sat two: 6 s).
+STUCK = 4.0
+# Seconds after a fault ended that it may still hold a circuit's next probe back: the
+# election's TTL (1.5 s) hands the shard on, a governed claim follows within a second,
+# and a poller reconnecting after PostgreSQL restarted backs off for up to a second.
+AFTER_FAULT = 4.0
+
+HALF_OPEN_IDLE = text(
+    "SELECT e.name FROM poller_endpoints e "
+    "JOIN poller_endpoint_health h ON h.endpoint_id = e.id "
+    "WHERE e.enabled AND h.state = 'half_open' "
+    "AND (e.held_by IS NULL OR e.held_until <= now()) "
+    "AND NOT EXISTS (SELECT 1 FROM poller_outbox f "
+    "                WHERE f.endpoint_id = e.id AND f.status = 'in_flight') "
+    "AND EXISTS (SELECT 1 FROM poller_outbox p WHERE p.endpoint_id = e.id "
+    "            AND p.status = 'pending' AND p.next_attempt_at <= now())"
+)
+
+
+def watch_circuits(engine: Any, run: Run, stop: threading.Event) -> None:
+    """Note every spell of a half-open circuit with nothing in flight and a message due,
+    as (endpoint, first seen, last seen) in ``run.idle_circuits``."""
+    spells: dict[str, float] = {}  # endpoint -> first seen, this spell
+    while True:  # a sample, then a wait: stopped before it starts, it samples once
+        try:
+            with engine.connect() as conn:
+                names = {name for (name,) in conn.execute(HALF_OPEN_IDLE)}
+        except Exception:  # PostgreSQL restarting: a spell is not seen through it
+            names = set()
+        now = time.time()
+        for name, began in list(spells.items()):
+            if name not in names:
+                run.idle_circuits.append((name, began, now))
+                del spells[name]
+        for name in names:
+            spells.setdefault(name, now)
+        if stop.wait(EVERY):
+            break
+    now = time.time()
+    run.idle_circuits.extend((name, began, now) for name, began in spells.items())
+
+
+def stuck_circuits(run: Run) -> list[str]:
+    """The spells longer than :data:`STUCK` seconds that no fault's window explains."""
+    windows = [(began, ended + AFTER_FAULT) for _, _, began, ended in run.fault_log]
+    return [
+        f"circuit of {name} half-open with nothing in flight and a message due "
+        f"for {until - began:.1f}s, no fault near"
+        for name, began, until in run.idle_circuits
+        if until - began > STUCK
+        and not any(began <= fault_end and start <= until for start, fault_end in windows)
+    ]
