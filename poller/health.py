@@ -29,9 +29,10 @@ Circuit breaker
   one of its messages due takes that one alone — the **probe** — and marks the
   circuit half-open. A probe that ends with neither a delivery nor a failed
   request — handed back unsent by a graceful shutdown, answered with a 4xx
-  that is not a failure (the receiver is up, refusing that message), reclaimed
-  after its poller died — is followed by the next probe as soon as no message
-  of the endpoint is in flight; one that stays in flight, after two claim leases.
+  that is not a failure (the receiver is up, refusing that message), expired
+  (older than ``max_age``), reclaimed after its poller died — is followed by
+  the next probe as soon as no message of the endpoint is in flight; one that
+  stays in flight, after two claim leases.
 * **Half-open**: a delivered probe closes the circuit; the backlog then drains
   at the endpoint's ``max_in_flight`` and rate limit. A failed probe opens it
   again for twice the cool-down, up to ``POLLER_CIRCUIT_COOLDOWN_MAX`` (default

@@ -168,13 +168,14 @@ async def test_an_operator_holding_the_endpoint_never_makes_a_completion_wait(
         assert conn.execute(text("SELECT count(*) FROM poller_health_backlog")).scalar() == 0
 
 
-@pytest.mark.parametrize("end", ["handed back unsent", "answered 400"])
+@pytest.mark.parametrize("end", ["handed back unsent", "answered 400", "expired"])
 async def test_a_probe_that_ends_without_a_verdict_is_followed_by_the_next_at_once(
     engine: Engine, breaker: Claims, end: str
 ) -> None:
-    """A probe handed back (a graceful shutdown) or answered with a 4xx that is not a
-    failure neither closes nor reopens the circuit. The next probe goes once nothing of
-    the endpoint is in flight: it waited two claim leases (here 60 s; by default 120)."""
+    """A probe handed back (a graceful shutdown), answered with a 4xx that is not a
+    failure, or older than its endpoint's max_age neither closes nor reopens the
+    circuit. The next probe goes once nothing of the endpoint is in flight: it waited two
+    claim leases (here 60 s; by default 120), each expired message of a backlog again."""
     make_endpoint(engine, "billing", max_attempts=10)
     seed(engine, 5)
     await breaker.complete([failing(m) for m in await claim(breaker, 3)])
@@ -182,8 +183,10 @@ async def test_a_probe_that_ends_without_a_verdict_is_followed_by_the_next_at_on
     assert probe.probe and health(engine).state == "half_open"
     if end == "handed back unsent":
         await breaker.complete([outcomes.released(probe)])
-    else:
+    elif end == "answered 400":
         await breaker.complete([outcomes.retry(probe, 0, status_code=400, error_message="no")])
+    else:
+        await breaker.complete([outcomes.expired(probe, 60.0, 61.0)])
     assert health(engine).state == "half_open"  # no verdict either way
     (second,) = await claim_within(breaker, 2.0)
     assert second.probe and health(engine).probes == 2
