@@ -47,6 +47,7 @@ from poller import Message, enqueue_many, migrate
 from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
+from poller.server_watch import stop_at_exit
 
 POLLERS = 3
 ORDERED_KEYS = 200
@@ -337,6 +338,8 @@ def run_scenario(
     scenario: Scenario, messages: int, deadline: float, tmp: Path, rate: float = 1000.0
 ) -> dict[str, Any]:
     pg, redis = EmbeddedPostgres(tmp / "pg", durable=False), EmbeddedRedis(tmp / "redis")
+    stop_at_exit(pg)  # a run killed skips the finally below
+    stop_at_exit(redis)
     (tmp / "pg").mkdir(exist_ok=True)
     (tmp / "redis").mkdir(exist_ok=True)
     db_url, redis_url = pg.start(), redis.start()

@@ -134,6 +134,7 @@ from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis
 from poller.endpoints import create_endpoint, new_secret
 from poller.keyring import Keyring, new_key
+from poller.server_watch import stop_at_exit
 from poller.signing import public_key
 
 TTL = 1.5
@@ -515,11 +516,13 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
     plan = Plan.draw(seed, duration=8.0)
     run = Run(plan)
     pg = EmbeddedPostgres(tmp / "pg", durable=False)
+    stop_at_exit(pg)  # a run killed skips the finally below
     (tmp / "pg").mkdir(exist_ok=True)
     redis = None
     if plan.election == "redis":
         (tmp / "redis").mkdir(exist_ok=True)
         redis = EmbeddedRedis(tmp / "redis")
+        stop_at_exit(redis)
     db_url = pg.start()
     redis_url = redis.start() if redis is not None else None
     migrate.upgrade(db_url)

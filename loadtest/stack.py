@@ -20,6 +20,7 @@ from poller import migrate
 from poller.db import sync_engine
 from poller.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 from poller.endpoints import create_endpoint, new_secret
+from poller.server_watch import stop_at_exit
 
 
 @dataclass
@@ -35,6 +36,9 @@ def servers(tmp: Path) -> Iterator[Servers]:
     db, redis = os.environ.get("POLLER_DATABASE_URL"), os.environ.get("POLLER_REDIS_URL")
     pg = None if db else EmbeddedPostgres(tmp, durable=False)
     rs = None if redis else EmbeddedRedis(tmp)
+    for server in (pg, rs):  # a SIGTERM or a second Ctrl-C skips the finally below
+        if server is not None:
+            stop_at_exit(server)
     try:
         db_url = db or pg.start()  # type: ignore[union-attr]
         redis_url = redis or rs.start()  # type: ignore[union-attr]
