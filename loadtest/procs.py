@@ -13,9 +13,51 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# A reaper per child: a detached process that waits on pidfds of the harness and of the
+# child, and ends the child (SIGTERM, SIGKILL 10 s later) if the harness ends first,
+# however it ends (a SIGKILL, a second Ctrl-C): a load test killed mid-run left its
+# pollers, receiver, app and locust running. A pidfd names one process for good, so
+# no other process that comes to reuse the PID is ever signalled.
+_REAP = """
+import os, select, signal, sys
+if os.fork():
+    os._exit(0)
+harness, child = int(sys.argv[1]), int(sys.argv[2])
+ended, _, _ = select.select([harness, child], [], [])
+if child not in ended:
+    try:
+        signal.pidfd_send_signal(child, signal.SIGTERM)
+        if not select.select([child], [], [], 10.0)[0]:
+            signal.pidfd_send_signal(child, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+def _reap_with_harness(child: int) -> None:
+    """Start :data:`_REAP` for ``child`` (Linux 5.3+; elsewhere, nothing)."""
+    try:
+        fds = (os.pidfd_open(os.getpid()), os.pidfd_open(child))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux, or too old
+        return
+    try:
+        subprocess.run(
+            [sys.executable, "-I", "-c", _REAP, *map(str, fds)],
+            pass_fds=fds,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to the harness's group spares it
+            timeout=30,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+
 
 class Proc:
-    """``python -m <module> …`` with its output in ``log``; :meth:`stop` ends it."""
+    """``python -m <module> …`` with its output in ``log``; :meth:`stop` ends it, and so
+    does the end of this process, however it ends (:func:`_reap_with_harness`)."""
 
     def __init__(
         self, args: list[str], env: dict[str, str], log: Path, module: str = "poller"
@@ -25,13 +67,15 @@ class Proc:
         self.popen = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+        popen = subprocess.Popen(
             [sys.executable, "-m", self.module, *self.args],
             env=self.env,
             stdout=self.handle,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+        _reap_with_harness(popen.pid)
+        return popen
 
     def restart(self) -> None:
         """After a kill: the same command again."""

@@ -130,3 +130,32 @@ def test_a_server_stops_when_the_process_that_watches_over_it_dies(tmp_path: Pat
     assert done.returncode == -9, done.stderr
     server = EmbeddedRedis(tmp_path)
     assert _gone(lambda: server.pid is None and not server.dir.exists())
+
+
+def test_a_harness_killed_takes_its_child_processes_with_it(tmp_path: Path) -> None:
+    """A load test or a hunt killed mid-run (SIGKILL, a second Ctrl-C) left its pollers,
+    receiver and locust running: each child of loadtest.procs.Proc is ended by a reaper
+    once the process that started it is gone."""
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from loadtest.procs import Proc\n"
+        "child = Proc(['-n', '1', '-r', '1', 'import time; time.sleep(600)'],\n"
+        "             dict(os.environ), Path(sys.argv[1]) / 'child.log', module='timeit')\n"
+        "assert child.popen.poll() is None\n"
+        "print(child.popen.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -9, done.stderr
+    child = int(done.stdout)
+
+    def ended() -> bool:  # gone, or a zombie nobody has reaped yet
+        try:
+            return Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    assert _gone(ended, timeout=30), "the harness's child still runs"
