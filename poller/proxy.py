@@ -153,7 +153,7 @@ async def pin(url: str, resolve: Resolve, *, allow_private: bool) -> Pinned:
 
 
 # httpcore opens a CONNECT tunnel's TLS for the URL's host, which is the pinned
-# address: the name TLS must verify travels beside the request (poller/senders.py).
+# address: the name TLS must verify travels beside the request (poller/httpx_sender.py).
 SNI: contextvars.ContextVar[str | None] = contextvars.ContextVar("poller_proxy_sni", default=None)
 # Whether this request's bytes went out toward the receiver (not a CONNECT): a failure
 # before that — a proxy hanging on CONNECT, say — is not sent. Set in the sending task.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from poller.httpx_sender import HttpxSender
 from poller.reqwest_sender import ReqwestSender
-from poller.senders import AiohttpSender, HttpxSender, Sender
+from poller.senders import AiohttpSender, Sender
 
 KINDS = ("aiohttp", "httpx", "reqwest")
 
