@@ -34,6 +34,7 @@ from prometheus_client import REGISTRY
 
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.deliveries import drain, start_receiver
+from poller import sending
 from poller.claims import Claims
 from poller.cli import run as cli_run
 from poller.db import sync_engine
@@ -183,7 +184,8 @@ def main() -> None:
         )
         Claims.complete = _counting(Claims.complete)  # type: ignore[method-assign]
         if not args.wire:
-            cli_run.make_sender = lambda _settings: AnswerAtOnce()  # type: ignore[assignment,return-value]
+            # where `poller run` gets its sender (it imports poller.sending when it starts)
+            sending.make_sender = lambda _settings: AnswerAtOnce()  # type: ignore[assignment,return-value]
         try:
             figures = cli_run.event_loop_run(_measured(args, url))
         finally:
