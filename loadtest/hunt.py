@@ -30,8 +30,9 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   0.3 s then 1 s, beside the global 50–400 ms), HMAC or ed25519 signatures, an
   egress proxy,
   ``POLLER_DISABLE_AFTER`` 2 s, the breaker off or after 3 failures with
-  cool-downs of 0.2–0.8 s, and the shortest claim lease the request timeout
-  allows (3 s for 1 s).
+  cool-downs of 0.2–0.8 s, the endpoint's ``max_age`` 8 or 15 s (messages
+  older, probes too, fail unsent), and the shortest claim lease the request
+  timeout allows (3 s for 1 s).
 
 When all is settled the rows and the receiver must agree (loadtest/hunt_check.py
 checks them):
@@ -176,6 +177,8 @@ class Plan:
     tenant: list[tuple[float, str]] = field(default_factory=list)
     # The DBA (loadtest/hunt_actors.py): seconds after the start of each window of cuts.
     cuts: list[float] = field(default_factory=list)
+    # The endpoint's max_age (seconds): messages older are failed unsent, probes included.
+    max_age: float | None = None
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -225,6 +228,7 @@ class Plan:
             for _ in range(rng.randint(1, 4))
         )
         plan.cuts = sorted(rng.uniform(1.0, duration) for _ in range(rng.randint(0, 2)))
+        plan.max_age = rng.choice([None, None, None, 8.0, 15.0])
         return plan
 
     def describe(self) -> str:
@@ -251,6 +255,7 @@ class Plan:
             + ", ".join(f"{kind}@{at:.1f}s" for at, kind in self.tenant)
             + "; dba: "
             + (", ".join(f"cuts@{at:.1f}s" for at in self.cuts) or "none")
+            + (f"; max_age {self.max_age:g}s" if self.max_age else "")
         )
 
 
@@ -553,6 +558,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 keyring=Keyring([secrets_key]),
                 headers=dict([credential]),
                 retry_schedule=plan.retry_schedule,
+                max_age=plan.max_age,
             )
             tenant_token = hunt_tenant.prepare(conn, url)
         env = clean_env(
