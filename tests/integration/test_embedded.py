@@ -113,21 +113,26 @@ def test_a_benchmark_cut_short_leaves_no_postgres_behind(tmp_path: Path) -> None
     assert _gone(lambda: not list(tmp_path.glob("poller-bench-*")))
 
 
-def test_a_server_stops_when_the_process_that_watches_over_it_dies(tmp_path: Path) -> None:
-    code = (
-        "import os, sys\n"
-        "from pathlib import Path\n"
-        "from poller.embedded import EmbeddedRedis\n"
-        "from poller.server_watch import stop_at_exit\n"
-        "server = EmbeddedRedis(Path(sys.argv[1]))\n"
-        "stop_at_exit(server, remove=Path(sys.argv[1]) / 'redis')\n"
-        "print(server.start(), flush=True)\n"
-        "os.kill(os.getpid(), 9)\n"
-    )
+def _killed(setup: str, tmp_path: Path) -> str:
+    """Run ``setup`` in a process of its own (``sys.argv[1]``: ``tmp_path``), then SIGKILL
+    it; what it printed."""
+    code = "import os, sys\nfrom pathlib import Path\n" + setup + "os.kill(os.getpid(), 9)\n"
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == -9, done.stderr
+    return done.stdout
+
+
+def test_a_server_stops_when_the_process_that_watches_over_it_dies(tmp_path: Path) -> None:
+    _killed(
+        "from poller.embedded import EmbeddedRedis\n"
+        "from poller.server_watch import stop_at_exit\n"
+        "server = EmbeddedRedis(Path(sys.argv[1]))\n"
+        "stop_at_exit(server, remove=Path(sys.argv[1]) / 'redis')\n"
+        "print(server.start(), flush=True)\n",
+        tmp_path,
+    )
     server = EmbeddedRedis(tmp_path)
     assert _gone(lambda: server.pid is None and not server.dir.exists())
 
@@ -136,21 +141,15 @@ def test_a_harness_killed_takes_its_child_processes_with_it(tmp_path: Path) -> N
     """A load test or a hunt killed mid-run (SIGKILL, a second Ctrl-C) left its pollers,
     receiver and locust running: each child of loadtest.procs.Proc is ended by a reaper
     once the process that started it is gone."""
-    code = (
-        "import os, sys\n"
-        "from pathlib import Path\n"
+    out = _killed(
         "from loadtest.procs import Proc\n"
         "child = Proc(['-n', '1', '-r', '1', 'import time; time.sleep(600)'],\n"
         "             dict(os.environ), Path(sys.argv[1]) / 'child.log', module='timeit')\n"
         "assert child.popen.poll() is None\n"
-        "print(child.popen.pid, flush=True)\n"
-        "os.kill(os.getpid(), 9)\n"
+        "print(child.popen.pid, flush=True)\n",
+        tmp_path,
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == -9, done.stderr
-    child = int(done.stdout)
+    child = int(out)
 
     def ended() -> bool:  # gone, or a zombie nobody has reaped yet
         try:
