@@ -149,12 +149,34 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     mark = item.get_closest_marker("serial")
     if run is None or mark is None:
         return (yield)
-    path = Path(tempfile.gettempdir()) / f"webhook-poller-tests-{run}.lock"
+    path = _lock_path(run)
     with open(path, "a") as lock, contextlib.ExitStack() as slots:  # released on close
         fcntl.flock(lock, fcntl.LOCK_EX if mark.kwargs["exclusive"] else fcntl.LOCK_SH)
         if not mark.kwargs["exclusive"]:
             slots.enter_context(_fleet_slot(path))
         return (yield)
+
+
+def _lock_path(run: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"webhook-poller-tests-{run}.lock"
+
+
+_RUNS = pytest.StashKey[set[str]]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """In the xdist controller: the run's id, whose lock files the workers share."""
+    node.config.stash.setdefault(_RUNS, set()).add(node.workerinput["testrunuid"])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In the controller, once every worker is done: the run's lock files go (each run
+    left three empty files in the temporary directory)."""
+    for run in session.config.stash.get(_RUNS, set()):
+        lock = _lock_path(run)
+        for path in (lock, *(Path(f"{lock}.slot{n}") for n in range(FLEET_SLOTS))):
+            path.unlink(missing_ok=True)
 
 
 FLEET_SLOTS = 2  # fleets at once: one a core (three starved each other's leases)
