@@ -3,7 +3,8 @@
 **A circuit is never stuck half-open.** While an endpoint's circuit is half-open
 with none of its messages in flight and one due, the probe it sent has ended
 without a verdict (handed back unsent, answered with a 4xx that is not a
-failure, reclaimed): the next governed claim must send the next probe. The
+failure, older than the endpoint's ``max_age``, reclaimed): the next governed
+claim must send the next probe. The
 watcher samples every :data:`EVERY` seconds and notes each spell of that state;
 the verdict (:func:`stuck_circuits`) reports one longer than :data:`STUCK`
 seconds that no fault explains (a poller killed, frozen or stopped, PostgreSQL
