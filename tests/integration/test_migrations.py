@@ -33,6 +33,11 @@ def test_autogenerate_finds_no_difference(db_url: str) -> None:
         engine.dispose()
 
 
+def test_the_revision_the_code_needs_is_the_scripts_head() -> None:
+    assert migrate.scripts_head() == migrate.HEAD, "a new migration: set poller.migrate.HEAD"
+    assert migrate.revisions()[-1] == migrate.HEAD
+
+
 def test_upgrade_downgrade_upgrade_on_an_empty_database(empty_db_url: str) -> None:
     assert migrate.current_revision(empty_db_url) is None
     migrate.upgrade(empty_db_url)

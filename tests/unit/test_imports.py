@@ -54,6 +54,19 @@ def test_version_and_every_group_help_load_no_core() -> None:
     assert not loaded & set(HEAVY_FOR_HELP), loaded & set(HEAVY_FOR_HELP)
 
 
+def test_a_pollers_start_loads_no_migration_tooling_nor_the_optional_client() -> None:
+    """`poller run` on a migrated database compares the version table with a constant
+    (poller/migrate.py): Alembic, mako and pygments cost a tenth of its start-up CPU."""
+    code = (
+        "from poller import db, logs, otel, processes, sending, service, ops\n"
+        "from poller.migrate import head_revision\n"
+        "sending.make_sender  # the default client's sender\n"
+        "assert head_revision()\n"
+    )
+    loaded = _modules_after(code)
+    assert not loaded & {"alembic", "mako", "pygments", "httpx"}, loaded
+
+
 def test_the_command_list_shows_each_commands_own_help() -> None:
     ctx = click.Context(cli)
     for name, (_, short) in COMMANDS.items():
