@@ -3,7 +3,8 @@
 A session fixture starts embedded PostgreSQL and Redis (or uses
 POLLER_TEST_DATABASE_URL / POLLER_TEST_REDIS_URL), migrates a template
 database once, and every test that asks for ``db_url`` gets a fresh database
-cloned from it (CREATE DATABASE … TEMPLATE …): fast and isolated.
+cloned from it (CREATE DATABASE … TEMPLATE …): isolated, and cloned while the
+test before it ran (:class:`_Clones`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -216,10 +218,50 @@ def drop_database(admin_url: str, url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+class _Clones:
+    """Databases cloned from the template one test ahead, in a thread of their own.
+
+    A clone took 0.4-0.5 s on the test machine, nearly all of it the server's (a
+    statement's wait, copying the template's 8 MB), and most tests take one: done
+    in the foreground it was a third of the suite's worker time. Cloned while the
+    test before runs, it is most often ready when asked for. Every test still gets a
+    database of its own that no test used before."""
+
+    def __init__(self, admin_url: str, template: str) -> None:
+        self._admin_url, self._template = admin_url, template
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="db-clone")
+        self._next: Future[str] | None = None
+
+    def take(self) -> str:
+        ahead, self._next = self._next, None
+        try:
+            url = ahead.result() if ahead is not None else self._clone()
+        except psycopg.Error:  # cloned ahead while the server was away: once more, now
+            url = self._clone()
+        self._next = self._pool.submit(self._clone)
+        return url
+
+    def _clone(self) -> str:
+        return create_database(self._admin_url, self._template)
+
+    def close(self) -> None:
+        ahead, self._next = self._next, None
+        self._pool.shutdown(wait=True)
+        if ahead is not None and ahead.exception() is None:
+            drop_database(self._admin_url, ahead.result())
+
+
+@pytest.fixture(scope="session")
+def _clones(pg_admin_url: str, template_db: str) -> Iterator[_Clones]:
+    clones = _Clones(pg_admin_url, template_db)
+    yield clones
+    clones.close()
+
+
 @pytest.fixture
-def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+def db_url(pg_admin_url: str, _clones: _Clones) -> Iterator[str]:
     """A fresh, migrated database for this test."""
-    url = create_database(pg_admin_url, template_db)
+    url = _clones.take()
     yield url
     drop_database(pg_admin_url, url)
 
