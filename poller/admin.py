@@ -22,6 +22,7 @@ from poller.endpoint_checks import could_be_name
 from poller.errors import InvalidInput, MessageNotFound, UnknownEndpoint
 from poller.names import could_be_event_type
 from poller.ordering import requeue_keyed
+from poller.parse import ROW_ID_MAX, could_be_row_id
 from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
 from poller.settings import default_settings
 
@@ -96,6 +97,7 @@ def list_failed(
 ) -> list[dict[str, Any]]:
     """Failed messages, newest failure first; ``before`` ((failed_at, id) of the last row
     of a page) gives the next page — a keyset, so page 1,000 costs what page 1 does."""
+    _check_limit(limit)
     where = where or FailedFilter(endpoint, event_type, since=since)
     query = (
         select(
@@ -144,6 +146,9 @@ def list_messages(
     page, for the next one (a keyset)."""
     if status is not None and status not in STATUSES:
         raise InvalidInput(f"status {status[:40]!r}: one of {', '.join(STATUSES)}")
+    _check_limit(limit)
+    if before is not None and before <= 1:  # no row has an id below 1
+        return []
     query = (
         select(*(outbox.c[f] for f in MESSAGE_FIELDS), endpoints.c.name.label("endpoint"))
         .join(endpoints, endpoints.c.id == outbox.c.endpoint_id)
@@ -164,9 +169,14 @@ def list_messages(
         query = query.where(outbox.c.created_at >= since)
     if until is not None:
         query = query.where(outbox.c.created_at < until)
-    if before is not None:
+    if before is not None and before <= ROW_ID_MAX:  # past it: every row is before
         query = query.where(outbox.c.id < before)
     return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 0:
+        raise InvalidInput(f"limit {limit}: a number of rows, 0 or more")
 
 
 def message_detail(
@@ -181,6 +191,8 @@ def message_detail(
         endpoints, endpoints.c.id == outbox.c.endpoint_id
     )
     if message_id is not None:
+        if not could_be_row_id(message_id):
+            raise MessageNotFound(f"no message {message_id}")
         query = query.where(outbox.c.id == message_id)
     elif key is not None and endpoint is not None:
         query = query.where(
@@ -230,7 +242,7 @@ def plan_retry(
     ``force``)."""
     query = select(outbox.c.id, outbox.c.status)
     if ids:
-        query = query.where(outbox.c.id.in_(ids))
+        query = query.where(outbox.c.id.in_([i for i in ids if could_be_row_id(i)]))
     elif all_failed or where is not None:
         query = query.where(*(where or FailedFilter(endpoint, since=since)).where(conn))
     else:

@@ -33,6 +33,7 @@ from poller.admin import RETRY_BATCH, actor
 from poller.endpoint_checks import could_be_name
 from poller.errors import InvalidInput, UnknownEndpoint
 from poller.names import could_be_event_type
+from poller.parse import could_be_row_id
 from poller.schema import endpoints, outbox
 
 OPEN = ("pending", "waiting")
@@ -105,8 +106,9 @@ def cancel_messages(engine: Engine, ids: Sequence[int], *, who: str | None = Non
     claimed, or an application's transaction holds its ordering key)."""
     who = who or actor()
     done: list[int] = []
-    for start in range(0, len(ids), RETRY_BATCH):
-        chunk = list(ids[start : start + RETRY_BATCH])
+    rows_ids = [i for i in ids if could_be_row_id(i)]  # another names no row: "not found"
+    for start in range(0, len(rows_ids), RETRY_BATCH):
+        chunk = rows_ids[start : start + RETRY_BATCH]
         with engine.begin() as conn:
             keyed = conn.execute(queries.TAKE_KEYS_OF_MESSAGES, {"ids": chunk}).scalars().all()
             rows = conn.execute(
@@ -122,7 +124,9 @@ def cancel_messages(engine: Engine, ids: Sequence[int], *, who: str | None = Non
         with engine.connect() as conn:
             statuses = dict(
                 conn.execute(
-                    select(outbox.c.id, outbox.c.status).where(outbox.c.id.in_(left))
+                    select(outbox.c.id, outbox.c.status).where(
+                        outbox.c.id.in_([i for i in left if could_be_row_id(i)])
+                    )
                 ).all()
             )
         for i in left:
@@ -143,6 +147,8 @@ def pause_endpoint(
     conn: Connection, name: str, *, until: datetime | None = None, who: str | None = None
 ) -> dict[str, Any]:
     """Hold the endpoint's messages until ``until`` (None: until :func:`resume_endpoint`)."""
+    if until is not None and until.tzinfo is None:
+        raise InvalidInput("until must be timezone-aware")
     if until is not None and until <= datetime.now(UTC):
         raise InvalidInput(f"--until {until.isoformat()} is not in the future")
     if not could_be_name(name):

@@ -112,6 +112,12 @@ def row_id(value: str | int, what: str = "message") -> int:
     return number
 
 
+def could_be_row_id(value: int) -> bool:
+    """Whether a row can have this id (from 1 to :data:`ROW_ID_MAX`): any other names no
+    row, and asking PostgreSQL about it is an error, not an empty answer."""
+    return 0 < value <= ROW_ID_MAX
+
+
 def json_payload(text: str, what: str = "the payload") -> RawJSON:
     """JSON text, checked and kept exactly as written (it is sent as written);
     :class:`~poller.errors.InvalidPayload` if it is not JSON."""

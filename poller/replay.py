@@ -45,6 +45,7 @@ from poller.errors import (
 from poller.fanout import event_row
 from poller.insert import drive, insert_rows
 from poller.names import could_be_event_type
+from poller.parse import could_be_row_id
 from poller.schema import event_log
 
 REPLAY_BATCH = 500
@@ -53,7 +54,11 @@ OPEN = frozenset({"pending", "waiting", "in_flight"})
 
 def event_detail(conn: Connection, event_id: int) -> dict[str, Any]:
     """The event (payload included) and each of its deliveries, by endpoint name."""
-    row = conn.execute(select(event_log).where(event_log.c.id == event_id)).one_or_none()
+    row = (
+        conn.execute(select(event_log).where(event_log.c.id == event_id)).one_or_none()
+        if could_be_row_id(event_id)
+        else None
+    )
     if row is None:
         raise EventNotFound(f"no event {event_id}")
     detail = dict(row._mapping)
@@ -87,6 +92,15 @@ class ReplayResult:
         }
 
 
+def _check(since: datetime, until: datetime | None, event_type: str | None, batch: int) -> None:
+    if since.tzinfo is None or (until is not None and until.tzinfo is None):
+        raise InvalidReplay("since and until must be timezone-aware")
+    if batch < 1:
+        raise InvalidReplay("batch must be at least 1")
+    if event_type is not None and not could_be_event_type(event_type):
+        raise InvalidEventType(f"event type {event_type[:80]!r}: no event can have it")
+
+
 def replay(
     engine: Engine,
     endpoint: str,
@@ -101,12 +115,7 @@ def replay(
 ) -> ReplayResult:
     """Deliver the events published in [since, until) to ``endpoint`` again (see above);
     ``event_id``: only that one."""
-    if since.tzinfo is None or (until is not None and until.tzinfo is None):
-        raise InvalidReplay("since and until must be timezone-aware")
-    if batch < 1:
-        raise InvalidReplay("batch must be at least 1")
-    if event_type is not None and not could_be_event_type(event_type):
-        raise InvalidEventType(f"event type {event_type[:80]!r}: no event can have it")
+    _check(since, until, event_type, batch)
     until = until or datetime.now(UTC)
     if not could_be_name(endpoint):
         raise UnknownEndpoint(endpoint)
@@ -118,6 +127,8 @@ def replay(
     if not target.enabled and not dry_run:
         raise EndpointDisabled(endpoint, target.disabled_reason)
     result = ReplayResult(dry_run=dry_run)
+    if event_id is not None and not could_be_row_id(event_id):
+        return result  # no event has it
     cursor: tuple[datetime, int] = (since, 0)
     params = {"endpoint_id": target.id, "until": until, "event_type": event_type,
               "event_id": event_id, "limit": batch}  # fmt: skip

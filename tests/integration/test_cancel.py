@@ -207,3 +207,33 @@ def test_the_cli_cancels_pauses_and_refuses_in_one_line(engine: Engine, db_url: 
     assert code == 0 and json.loads(out)["held_until"]
     code, out = run("endpoints", "show", "billing")
     assert "paused until" in out
+
+
+def test_the_internal_admin_functions_check_their_own_input(engine: Engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+    """The faces check ids, limits and times before calling these; called directly, an id
+    past bigint named no row where PostgreSQL raised DataError, and a naive time raised
+    TypeError."""
+    from poller import admin, replay
+    from poller.errors import EventNotFound, MessageNotFound
+
+    (kept,) = seed(engine, 1)
+    huge, tiny = 2**63, -(2**63) - 1
+    with engine.connect() as conn:
+        for bad in (huge, 0, tiny):
+            with pytest.raises(MessageNotFound):
+                admin.message_detail(conn, bad)
+            with pytest.raises(EventNotFound):
+                replay.event_detail(conn, bad)
+        missing = {huge: "not found", tiny: "not found"}
+        assert admin.plan_retry(conn, [huge, tiny]).skipped == missing
+        assert [m["id"] for m in admin.list_messages(conn, before=huge)] == [kept]
+        assert admin.list_messages(conn, before=tiny) == []
+        for call in (admin.list_messages, admin.list_failed):
+            with pytest.raises(InvalidInput, match="limit -1"):
+                call(conn, limit=-1)
+        with pytest.raises(InvalidInput, match="timezone-aware"):
+            pause_endpoint(conn, "billing", until=datetime(2999, 1, 1))
+    done = cancel_messages(engine, [huge, kept, tiny])
+    assert done.cancelled == [kept] and done.refused == missing
+    since = datetime.now(UTC) - timedelta(days=1)
+    assert replay.replay(engine, "billing", since=since, event_id=huge).events == 0
