@@ -206,13 +206,13 @@ def _outbox_scans(plan: str) -> set[str]:
 def test_claim_and_reclaim_use_their_partial_indexes_over_large_history(
     engine: Engine, endpoint: CreatedEndpoint
 ) -> None:
-    """400k delivered rows and 100k ordered rows waiting behind 1,000 heads: the claim
+    """100k delivered rows and 25k ordered rows waiting behind 1,000 heads: the claim
     reads only its due index, and the hand-over to a key's next message its own."""
     ep = endpoint.endpoint
     with engine.begin() as conn:
-        insert_history(conn, ep.id, ep.bucket, 400_000)  # loadtest.claims times 1M
+        insert_history(conn, ep.id, ep.bucket, 100_000)  # loadtest.claims times 1M
         insert_due(conn, ep.id, ep.bucket, 1_000)
-        insert_waiting(conn, ep.id, ep.bucket, 100_000, keys=1_000)
+        insert_waiting(conn, ep.id, ep.bucket, 25_000, keys=1_000)
         conn.execute(text("ANALYZE poller_ordering_keys"))
         head = conn.execute(text("SELECT min(head_id) FROM poller_ordering_keys")).scalar_one()
     advance = {"ids": [head], "skipped": [], "notify": False}
