@@ -41,6 +41,7 @@ from poller.settings import Settings
 from poller.tracing import propagated, valid_traceparent
 
 if TYPE_CHECKING:
+    from poller.delivery_metrics import Count, Histogram
     from poller.otel import Span, Telemetry
 
 log = logging.getLogger("poller.dispatcher")
@@ -73,11 +74,11 @@ class EndpointCache:
 
 @dataclasses.dataclass(slots=True)
 class _Meters:
-    """An endpoint's children of the metrics every delivery touches, looked up once."""
+    """An endpoint's series that every delivery updates, looked up once."""
 
-    seconds: Any  # DELIVERY_SECONDS
-    latency: Any  # LATENCY_SECONDS
-    delivered: Any  # DELIVERY_OUTCOMES, outcome="delivered"
+    seconds: Histogram  # webhook_poller_delivery_duration_seconds
+    latency: Histogram  # webhook_poller_commit_to_delivery_seconds
+    delivered: Count  # webhook_poller_delivery_outcomes_total, outcome="delivered"
 
 
 class Dispatcher:
@@ -112,6 +113,9 @@ class Dispatcher:
         # Labelled metric children, looked up once (prometheus' labels() locks and builds
         # a key on every call; per message that was a measurable share of a delivery).
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        # What every delivery counts, in plain numbers (poller/delivery_metrics.py)
+        self._counts = metrics.DELIVERIES.counts()
+        self._sent = self._counts.attempt("send")
         self._by_name: dict[str, _Meters] = {}  # a delivery's three, per endpoint name
         # read when scraped, not set per delivery (a process runs one dispatcher)
         metrics.IN_FLIGHT.set_function(self.tasks.__len__)
@@ -185,7 +189,7 @@ class Dispatcher:
             task.cancel()
             self._released.add(msg.id)
             self.completer.put(outcomes.released(msg, maybe_sent=msg.id in self._sending))
-            self._child(metrics.DELIVERY_OUTCOMES, self._name(msg), "released").inc()
+            self._counts.outcome(self._name(msg), "released").inc()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         return len(pending)
@@ -390,16 +394,17 @@ class Dispatcher:
         meters = self._by_name.get(name)
         if meters is None:
             if len(self._by_name) >= CHILDREN_KEPT:
-                self._by_name.clear()
+                self._by_name.clear()  # the series stay in the counts: only the lookup goes
+            counts = self._counts
             meters = self._by_name[name] = _Meters(
-                metrics.DELIVERY_SECONDS.labels(name),
-                metrics.LATENCY_SECONDS.labels(name),
-                metrics.DELIVERY_OUTCOMES.labels(name, "delivered"),
+                counts.duration(name),
+                counts.commit_to_delivery(name),
+                counts.outcome(name, "delivered"),
             )
         return meters
 
     def _observe(self, kind: str, endpoint: Endpoint, attempt: delivery.Attempt) -> None:
-        self._child(metrics.ATTEMPTS, kind).inc()
+        (self._sent if kind == "send" else self._counts.attempt(kind)).inc()
         self._meters(endpoint.name).seconds.observe(attempt.duration_ms / 1000)
 
     def _record(self, outcome: Outcome, msg: ClaimedMessage) -> None:
@@ -420,9 +425,7 @@ class Dispatcher:
         # Final states by their name (a last attempt's "unknown" or "crashed" is "failed"),
         # so alerts on outcome="failed" count exactly the messages that failed for good.
         final = outcome.status == "failed"
-        self._child(
-            metrics.DELIVERY_OUTCOMES, name, outcome.status if final else outcome.outcome
-        ).inc()
+        self._counts.outcome(name, outcome.status if final else outcome.outcome).inc()
         fields = {
             "message_id": msg.id,
             "key": msg.idempotency_key,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from poller.delivery_metrics import DeliveryMetrics
+
 ELECTION_BACKEND_UP = Gauge(
     "webhook_poller_election_backend_up",
     "1 while this poller reaches its election backend, 0 while it fails open or closed.",
@@ -38,14 +40,12 @@ STALE_LEADER_CLAIMS = Counter(
 # --- claiming and delivering (per process; sum across pollers) -----------------------
 
 CLAIMED = Counter("webhook_poller_claimed_total", "Messages claimed.")
-DELIVERY_OUTCOMES = Counter(
-    "webhook_poller_delivery_outcomes_total",
-    "Outcomes written: delivered, retry, unknown, failed, released, lookup_retry, ...",
-    ["endpoint", "outcome"],
-)
-ATTEMPTS = Counter(
-    "webhook_poller_attempts_total", "HTTP exchanges made, by kind (send, lookup).", ["kind"]
-)
+DELIVERIES = DeliveryMetrics()
+"""What every delivery counts, without a lock per update (poller/delivery_metrics.py):
+``webhook_poller_delivery_outcomes_total{endpoint,outcome}``,
+``webhook_poller_attempts_total{kind}``, and the histograms
+``webhook_poller_delivery_duration_seconds{endpoint}`` and
+``webhook_poller_commit_to_delivery_seconds{endpoint}``."""
 LOOKUPS = Counter(
     "webhook_poller_lookups_total",
     "Result lookups, by answer (found, not_found, error).",
@@ -79,18 +79,6 @@ CLAIM_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
 IN_FLIGHT = Gauge("webhook_poller_in_flight", "Deliveries under way in this poller.")
-DELIVERY_SECONDS = Histogram(
-    "webhook_poller_delivery_duration_seconds",
-    "Duration of one HTTP exchange.",
-    ["endpoint"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)
-LATENCY_SECONDS = Histogram(
-    "webhook_poller_commit_to_delivery_seconds",
-    "From the enqueue transaction to the receiver's 2xx (or found lookup).",
-    ["endpoint"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600, 86400),
-)
 
 # --- cluster-wide gauges, set by the maintenance leader (take max by endpoint) ---------
 

@@ -397,11 +397,7 @@ def _progress(counts: dict[str, int], pollers: list[Poller], elapsed: float) -> 
     table.add_column("deliveries/s", justify="right")
     table.add_column("retries", justify="right")
     delivered = counts.get("delivered", 0)
-    retries = int(
-        sum(
-            metrics.sample_total(metrics.DELIVERY_OUTCOMES, outcome=o) for o in ("retry", "unknown")
-        )
-    )
+    retries = int(sum(metrics.DELIVERIES.outcome_total(o) for o in ("retry", "unknown")))
     table.add_row(
         *(
             str(counts.get(s, 0))

@@ -46,9 +46,11 @@ def test_compose_services_run_the_commands_the_acceptance_tests_run() -> None:
 def _metric_names() -> set[str]:
     from prometheus_client.metrics import MetricWrapperBase
 
+    from poller.delivery_metrics import DeliveryMetrics
+
     names = set()
     for value in vars(metrics).values():
-        if isinstance(value, MetricWrapperBase):
+        if isinstance(value, MetricWrapperBase | DeliveryMetrics):
             for family in value.describe():
                 names.add(family.name)
                 names.update(f"{family.name}{s}" for s in ("_total", "_bucket", "_count", "_sum"))

@@ -1,0 +1,106 @@
+"""The delivery metrics counted without locks (poller/delivery_metrics.py) scrape exactly
+as prometheus-client's own Counter and Histogram would, in both formats."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from poller import delivery_metrics as dm
+from poller.delivery_metrics import DeliveryMetrics
+
+TRACE = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7"}
+# (endpoint, duration, latency or None, outcome, exemplar), counted by two dispatchers in
+# turn; the sums of a series split between them are exact in binary, so the order they
+# are added in cannot change them; "edge" is on the buckets' bounds.
+DELIVERIES = [
+    ("billing", 0.0078125, 0.0078125, "delivered", None),
+    ("billing", 0.25, 7.0, "delivered", TRACE),
+    ("billing", 31.0, None, "retry", None),
+    ("shipping", 0.0, 86400.0, "delivered", None),
+    ("shipping", 2.5, 1e9, "delivered", TRACE),
+    ("shipping", 0.5, None, "failed", None),
+    ("edge", 0.005, 0.005, "delivered", None),
+    ('ünïcode "quoted"\n', 0.01, 0.0, "delivered", None),
+]
+
+
+def _theirs(registry: CollectorRegistry) -> dict[str, Counter | Histogram]:
+    return {
+        "outcomes": Counter(
+            dm.OUTCOMES.name + "_total",
+            dm.OUTCOMES.documentation,
+            dm.OUTCOMES.labels,
+            registry=registry,
+        ),
+        "attempts": Counter(
+            dm.ATTEMPTS.name, dm.ATTEMPTS.documentation, dm.ATTEMPTS.labels, registry=registry
+        ),
+        "seconds": Histogram(
+            dm.SECONDS.name,
+            dm.SECONDS.documentation,
+            dm.SECONDS.labels,
+            registry=registry,
+            buckets=dm.SECONDS_BUCKETS,
+        ),
+        "latency": Histogram(
+            dm.LATENCY.name,
+            dm.LATENCY.documentation,
+            dm.LATENCY.labels,
+            registry=registry,
+            buckets=dm.LATENCY_BUCKETS,
+        ),
+    }
+
+
+def _steady(text: bytes) -> list[str]:
+    """The exposition's lines, sorted, with the times that differ between the two (the
+    series' creation, an exemplar's moment) blanked out."""
+    lines = text.decode().splitlines()
+    lines = [re.sub(r"(_created\{.*\}) \S+$", r"\1 T", line) for line in lines]
+    lines = [re.sub(r"(# \{.*\} \S+) \S+$", r"\1 T", line) for line in lines]
+    return sorted(lines)
+
+
+@pytest.mark.parametrize("render", [generate_latest, openmetrics.generate_latest])
+def test_the_lock_free_delivery_metrics_scrape_as_prometheus_clients_own(render) -> None:  # type: ignore[no-untyped-def]
+    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
+    ours = DeliveryMetrics(ours_registry)
+    theirs = _theirs(theirs_registry)
+    two_dispatchers = [ours.counts(), ours.counts()]
+    for n, (endpoint, duration, latency, outcome, exemplar) in enumerate(DELIVERIES):
+        counts = two_dispatchers[n % 2]
+        counts.attempt("send").inc()
+        theirs["attempts"].labels("send").inc()
+        counts.duration(endpoint).observe(duration)
+        theirs["seconds"].labels(endpoint).observe(duration)
+        counts.outcome(endpoint, outcome).inc()
+        theirs["outcomes"].labels(endpoint, outcome).inc()
+        if latency is not None:
+            counts.commit_to_delivery(endpoint).observe(latency, exemplar)
+            theirs["latency"].labels(endpoint).observe(latency, exemplar)
+    two_dispatchers[1].attempt("lookup").inc()
+    theirs["attempts"].labels("lookup").inc()
+    assert _steady(render(ours_registry)) == _steady(render(theirs_registry))
+    assert ours.outcome_total("delivered") == 6
+
+
+def test_a_series_is_created_when_first_counted_and_scrapes_its_earliest_time() -> None:
+    registry = CollectorRegistry()
+    ours = DeliveryMetrics(registry)
+    first, second = ours.counts(), ours.counts()
+    first.outcome("billing", "retry").inc()
+    second.outcome("billing", "retry").inc()
+    created = registry.get_sample_value(
+        "webhook_poller_delivery_outcomes_created", {"endpoint": "billing", "outcome": "retry"}
+    )
+    assert created == first.outcome("billing", "retry").created
+    assert (
+        registry.get_sample_value(
+            "webhook_poller_delivery_outcomes_total", {"endpoint": "billing", "outcome": "retry"}
+        )
+        == 2
+    )
