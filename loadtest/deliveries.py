@@ -1,14 +1,18 @@
 """Deliveries/s of one `poller run` process, beside the raw HTTP ceiling, same run.
 
     python -m loadtest.deliveries [--messages 20000] [--concurrency 64] [--publish]
-                                  [--processes 1,2] [--latency 0.1]
+                                  [--processes 1,2] [--latency 0.1] [--rounds 3]
 
-1. raw ceiling: aiohttp (one session, --concurrency in flight) POSTs the same
-   payloads to the reference receiver;
+1. raw ceiling: aiohttp and pyreqwest (--concurrency in flight) each POST the
+   same payloads to the reference receiver;
 2. drain: --messages are committed in one go while one `poller run` process
-   idles, and the time until all are delivered gives deliveries/s;
-3. latency: messages are enqueued at half the drain rate for --seconds (in
-   transactions of 10); commit→receipt is each key's time at the receiver
+   idles, and the time until all are delivered gives deliveries/s; once per
+   client of --clients;
+   1 and 2 run --rounds times, interleaved (each round's figures are printed),
+   and the tables take each figure's median: this shared machine's speed moves
+   within a run, and one sample of each swung the ratios by a fifth;
+3. latency: messages are enqueued at half the median drain rate for --seconds
+   (in transactions of 10); commit→receipt is each key's time at the receiver
    (its /receipts) minus the time its transaction's COMMIT returned.
 
 4. with ``--processes 1,2``: drains spread over 16 endpoints (2 per shard: a
@@ -36,6 +40,7 @@ import json
 import os
 import re
 import resource
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -80,10 +85,12 @@ def start_poller(
     concurrency: int,
     processes: int = 1,
     http_client: str | None = None,
+    name: str = "poller",
 ) -> Proc:
     """The endpoint "bench" on the receiver (made once), and `poller run` (with
     ``processes`` children) with ``concurrency`` deliveries in flight each, started
-    and past its first second."""
+    and past its first second; its output in ``name``.log, which must be new (the
+    start is read from it)."""
     with engine.begin() as conn:
         if not conn.execute(text("SELECT 1 FROM poller_endpoints WHERE name = 'bench'")).first():
             create_endpoint(
@@ -104,7 +111,7 @@ def start_poller(
             POLLER_BATCH_SIZE="100",
             **({"POLLER_HTTP_CLIENT": http_client} if http_client else {}),
         ),
-        tmp / "poller.log",
+        tmp / f"{name}.log",
     )
     try:
         poller.wait_for("starting")
@@ -336,7 +343,9 @@ def spread(
             )  # fmt: skip
     lines, first = [], 0.0
     for count in counts:
-        poller = start_poller(tmp, engine, url, receiver_url, secret, args.concurrency, count)
+        poller = start_poller(
+            tmp, engine, url, receiver_url, secret, args.concurrency, count, name=f"spread-{count}"
+        )
         procs.append(poller)
         try:
             balanced(poller, count)
@@ -378,6 +387,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0, help="paced phase length")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of the raw clients and the drains; the tables take medians",
+    )
     parser.add_argument("--publish", action="store_true", help="publish events, not enqueue")
     parser.add_argument(
         "--latency",
@@ -402,69 +417,120 @@ def main() -> None:
     PUBLISH = args.publish
     secret = new_secret()
     clients = args.clients.split(",")
-    raw: dict[str, tuple[float, float]] = {}  # client -> (requests/s, per CPU s)
-    drains: dict[str, tuple[float, float]] = {}  # POLLER_HTTP_CLIENT -> (deliveries/s, per CPU s)
+    # client -> each round's (requests/s, per CPU s); POLLER_HTTP_CLIENT -> (deliveries/s, ...)
+    raw: dict[str, list[tuple[float, float]]] = {"aiohttp": [], "pyreqwest": []}
+    drains: dict[str, list[tuple[float, float]]] = {client: [] for client in clients}
     database = ""
     with tempfile.TemporaryDirectory(prefix="poller-bench-") as tmp_name, server_url() as admin:
         tmp = Path(tmp_name)
         url = fresh_database(admin, "poller_bench_deliveries")
+        engine = sync_engine(url)
         procs: list[Proc] = []
         try:
-            for client in ("aiohttp", "pyreqwest"):
-                receiver, receiver_url = start_receiver(tmp, secret, f"raw-{client}", args.latency)
-                procs.append(receiver)
-                rate, used = uvloop.run(
-                    raw_ceiling(receiver_url, args.messages, args.concurrency, secret, client)
-                )
-                raw[client] = (rate, args.messages / used)
-                receiver.stop()
-            engine = sync_engine(url)
-            for n, client in enumerate(clients):
-                receiver, receiver_url = start_receiver(
-                    tmp, secret, f"drain-{client}", args.latency
-                )
-                procs.append(receiver)
-                with engine.begin() as conn:  # the next claim sees the change and reloads it
-                    if n:
-                        update_endpoint(
-                            conn, "bench", url=f"{receiver_url}/bench", allow_private=True
-                        )
-                poller = start_poller(
-                    tmp, engine, url, receiver_url, secret, args.concurrency, http_client=client
-                )
-                procs.append(poller)
-                rate, per_cpu, database_use = measured_drain(
-                    engine, poller.popen.pid, args.messages, args.timeout, f"drain-{client}"
-                )
-                drains[client] = (rate, per_cpu)
-                database = database or database_use
-                receiver.stop()
-                if n == 0:
-                    half = rate / 2
-                    receiver, receiver_url2 = start_receiver(tmp, secret, "paced", args.latency)
+            for round_ in range(args.rounds):
+                for client in raw:
+                    receiver, receiver_url = start_receiver(
+                        tmp, secret, f"raw-{client}-{round_}", args.latency
+                    )
                     procs.append(receiver)
-                    with engine.begin() as conn:
-                        update_endpoint(
-                            conn, "bench", url=f"{receiver_url2}/bench", allow_private=True
-                        )
-                    committed = paced(engine, half, args.seconds, args.timeout)
-                    receipts = httpx.get(f"{receiver_url2}/receipts", timeout=30).json()
-                    p50, p99 = percentiles(committed, receipts)
-                poller.stop()
+                    rate, used = uvloop.run(
+                        raw_ceiling(receiver_url, args.messages, args.concurrency, secret, client)
+                    )
+                    raw[client].append((rate, args.messages / used))
+                    receiver.stop()
+                for client in clients:
+                    receiver, receiver_url = start_receiver(
+                        tmp, secret, f"drain-{client}-{round_}", args.latency
+                    )
+                    procs.append(receiver)
+                    with engine.begin() as conn:  # the next claim sees the change and reloads it
+                        if drains[clients[0]]:
+                            update_endpoint(
+                                conn, "bench", url=f"{receiver_url}/bench", allow_private=True
+                            )
+                    poller = start_poller(
+                        tmp,
+                        engine,
+                        url,
+                        receiver_url,
+                        secret,
+                        args.concurrency,
+                        http_client=client,
+                        name=f"poller-{client}-{round_}",
+                    )
+                    procs.append(poller)
+                    rate, per_cpu, database_use = measured_drain(
+                        engine,
+                        poller.popen.pid,
+                        args.messages,
+                        args.timeout,
+                        f"drain-{client}-{round_}",
+                    )
+                    drains[client].append((rate, per_cpu))
+                    database = database or database_use
+                    receiver.stop()
+                    poller.stop()
+                print(_round_line(round_, raw, drains), flush=True)
+            # the latency at half the default client's median drain rate
+            half = _median(drains[clients[0]])[0] / 2
+            receiver, receiver_url2 = start_receiver(tmp, secret, "paced", args.latency)
+            procs.append(receiver)
+            with engine.begin() as conn:
+                update_endpoint(conn, "bench", url=f"{receiver_url2}/bench", allow_private=True)
+            poller = start_poller(
+                tmp,
+                engine,
+                url,
+                receiver_url2,
+                secret,
+                args.concurrency,
+                http_client=clients[0],
+                name="poller-paced",
+            )
+            procs.append(poller)
+            committed = paced(engine, half, args.seconds, args.timeout)
+            receipts = httpx.get(f"{receiver_url2}/receipts", timeout=30).json()
+            p50, p99 = percentiles(committed, receipts)
+            poller.stop()
             counts = [int(c) for c in args.processes.split(",")]
             scaled = spread(tmp, engine, url, receiver_url2, secret, args, counts, procs)
-            engine.dispose()
         finally:
+            engine.dispose()
             for proc in procs:
                 proc.stop()
     print(
         f"{args.messages:,} messages, {args.concurrency} in flight, the signature-checking "
         f"receiver; raw clients on uvloop POST the same signed payloads"
     )
-    print(report(raw, drains, clients[0], half, p50, p99))
+    medians = {c: _median(runs) for c, runs in raw.items()}
+    print(
+        report(
+            medians, {c: _median(runs) for c, runs in drains.items()}, clients[0], half, p50, p99
+        )
+    )
     print(database)
     for line in scaled:
         print(line)
+
+
+def _median(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    """The median of each figure of the rounds (rate, per CPU second) on its own."""
+    return statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs)
+
+
+def _round_line(
+    round_: int,
+    raw: dict[str, list[tuple[float, float]]],
+    drains: dict[str, list[tuple[float, float]]],
+) -> str:
+    """One round's figures, per CPU second, and the poller's ratios to the raw clients."""
+    figures = [(f"raw {c}", runs[-1][1]) for c, runs in raw.items()]
+    figures += [(f"poller {c}", runs[-1][1]) for c, runs in drains.items()]
+    default = next(iter(drains))
+    poller = drains[default][-1][1]
+    ratios = ", ".join(f"{poller / runs[-1][1]:.2f} of raw {c}" for c, runs in raw.items())
+    shown = ", ".join(f"{name} {cpu:,.0f}" for name, cpu in figures)
+    return f"round {round_ + 1}, per CPU second: {shown}; the poller ({default}) {ratios}"
 
 
 def measured_drain(
