@@ -251,7 +251,8 @@ class Dispatcher:
         age = 0.0  # the clock is read only when an age limit asks for it
         if endpoint.max_age is not None:
             age = (datetime.now(UTC) - msg.created_at).total_seconds()
-        expired = endpoint.max_age is not None and age > endpoint.max_age
+        # or claimed as such (by the database's clock, CLAIM_GOVERNED): never sent
+        expired = msg.expired or (endpoint.max_age is not None and age > endpoint.max_age)
         if expired and not looks_up:
             return outcomes.expired(msg, endpoint.max_age or 0.0, age)
         if self._lease_short(msg, timeout, "lookup" if looks_up else "send"):

@@ -68,6 +68,7 @@ class ClaimedMessage:
     tracestate: str | None = None
     probe: bool = False  # sent to test an open circuit (poller/health.py)
     probe_refunds: int = 0  # attempts handed back after failed probes so far
+    expired: bool = False  # claimed as older than its endpoint's max_age: failed unsent
 
     @property
     def last_attempt(self) -> bool:

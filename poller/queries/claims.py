@@ -98,7 +98,7 @@ CLAIM_BATCH = _statement(
         {CLAIMING}
         FROM due, token, poller_endpoints e
         WHERE o.id = due.id AND e.id = o.endpoint_id
-        RETURNING {CLAIMED}, false AS probe, o.probe_refunds
+        RETURNING {CLAIMED}, false AS probe, o.probe_refunds, false AS expired
     )
     SELECT claimed.*, f.accepted
     FROM (SELECT array_agg(shard) AS accepted FROM fenced) AS f

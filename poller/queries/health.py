@@ -26,7 +26,14 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # flight for good. Health rows are locked with SKIP LOCKED, so two pollers never
 # spend the same tokens, and a claim never waits; two governed claims in the same
 # instant may both find the probe's row not yet in flight and send two probes
-# (each judged as any probe). Every row comes back flagged ``probe``; the column
+# (each judged as any probe). A probing endpoint with a ``max_age`` whose first
+# :limit due messages include some older than it (that need no lookup: a lookup is
+# a request) gets those instead of a probe, flagged ``expired``: the poller fails
+# them unsent, and the probe follows once none is left at the head. One probe at a
+# time took such a backlog, aged out behind an open circuit, one message per
+# governed claim (10,000 took 17 minutes before a real probe could close the
+# circuit). Each row says whether it is a probe (``probe``) or aged out
+# (``expired``); the column
 # ``governed`` (on every row, and on a row of NULLs when nothing was claimed)
 # counts the governed endpoints that had due messages, so the caller knows to come
 # back soon for the rest; the last, ``accepted``, the shards whose :fences it
@@ -40,7 +47,7 @@ CLAIM_GOVERNED = _statement(
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
     ), gov AS (
-        SELECT e.id, e.rate_limit, h.state <> 'closed' AS probing,
+        SELECT e.id, e.rate_limit, h.state <> 'closed' AS probing, e.max_age,
                coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
                    - coalesce(busy.n, 0) AS room,
                CASE WHEN e.rate_limit IS NOT NULL THEN least(
@@ -66,27 +73,45 @@ CLAIM_GOVERNED = _statement(
                         AND p.next_attempt_at <= now())
         ORDER BY e.id
         FOR UPDATE OF h SKIP LOCKED
+    ), aged AS (
+        SELECT o.id, gov.id AS endpoint_id
+        FROM gov
+        CROSS JOIN LATERAL (
+            SELECT f.id FROM poller_outbox f
+            WHERE f.endpoint_id = gov.id AND f.status = 'pending' AND f.next_attempt_at <= now()
+            ORDER BY f.next_attempt_at, f.id
+            LIMIT :limit
+        ) AS head
+        JOIN poller_outbox o ON o.id = head.id
+        WHERE gov.probing AND gov.max_age IS NOT NULL
+          AND o.status = 'pending' AND o.next_attempt_at <= now() AND NOT o.needs_lookup
+          AND o.created_at < now() - make_interval(secs => gov.max_age)
+        FOR UPDATE OF o SKIP LOCKED
     ), allow AS (
         SELECT id, rate_limit, tokens, probing,
-               greatest(0, least(room, CASE WHEN probing THEN 1
+               greatest(0, least(room, CASE WHEN probing AND id IN (SELECT endpoint_id FROM aged)
+                                            THEN 0
+                                            WHEN probing THEN 1
                                             ELSE CAST(floor(tokens) AS integer) END)) AS n
         FROM gov
     ), due AS (
-        SELECT picked.id, allow.id AS endpoint_id
-        FROM allow
-        CROSS JOIN LATERAL (
-            SELECT o.id FROM poller_outbox o
-            WHERE o.endpoint_id = allow.id
-              AND o.status = 'pending'
-              AND o.next_attempt_at <= now()
-            ORDER BY o.next_attempt_at, o.id
-            LIMIT allow.n
-            FOR UPDATE SKIP LOCKED
-        ) AS picked
-        WHERE allow.n > 0
+        (SELECT picked.id, allow.id AS endpoint_id, false AS aged
+         FROM allow
+         CROSS JOIN LATERAL (
+             SELECT o.id FROM poller_outbox o
+             WHERE o.endpoint_id = allow.id
+               AND o.status = 'pending'
+               AND o.next_attempt_at <= now()
+             ORDER BY o.next_attempt_at, o.id
+             LIMIT allow.n
+             FOR UPDATE SKIP LOCKED
+         ) AS picked
+         WHERE allow.n > 0)
+        UNION ALL
+        SELECT id, endpoint_id, true FROM aged
         LIMIT :limit
     ), taken AS (
-        SELECT endpoint_id, count(*) AS n FROM due GROUP BY endpoint_id
+        SELECT endpoint_id, count(*) FILTER (WHERE NOT aged) AS n FROM due GROUP BY endpoint_id
     ), spent AS (
         UPDATE poller_endpoint_health h
         SET tokens = CASE WHEN a.rate_limit IS NULL THEN h.tokens
@@ -106,7 +131,8 @@ CLAIM_GOVERNED = _statement(
         {CLAIMING}
         FROM due, token, poller_endpoints e, allow a
         WHERE o.id = due.id AND e.id = o.endpoint_id AND a.id = o.endpoint_id
-        RETURNING {CLAIMED}, a.probing AS probe, o.probe_refunds
+        RETURNING {CLAIMED}, a.probing AND NOT due.aged AS probe, o.probe_refunds,
+            due.aged AS expired
     )
     SELECT claimed.*, g.n AS governed, f.accepted
     FROM (SELECT count(*) AS n FROM gov) AS g

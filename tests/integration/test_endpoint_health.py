@@ -195,6 +195,35 @@ async def test_a_probe_that_ends_without_a_verdict_is_followed_by_the_next_at_on
     assert health(engine).state == "closed"
 
 
+async def test_a_backlog_aged_out_behind_an_open_circuit_ends_in_bulk_then_a_probe_goes(
+    engine: Engine, breaker: Claims
+) -> None:
+    """Messages older than the endpoint's max_age at the head of an open circuit's
+    backlog are claimed many at a time, flagged expired and not probes (no token, no
+    half-open), and failed unsent; then one probe goes. They went one per governed
+    claim: 10,000 took 17 minutes before a real probe could close the circuit. Ones that
+    need a lookup first stay for the probe (a lookup is a request)."""
+    make_endpoint(engine, "billing", max_attempts=10, max_age=60.0)
+    seed(engine, 153)
+    await breaker.complete([failing(m) for m in await claim(breaker, 3)])
+    with engine.begin() as conn:  # 100 aged out, 2 of them to be looked up; 50 fresh
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET created_at = created_at - interval '1 hour', "
+                "next_attempt_at = now() - interval '1 hour', "
+                "needs_lookup = (id % 50 = 0) "
+                "WHERE id IN (SELECT id FROM poller_outbox ORDER BY id LIMIT 100)"
+            )
+        )
+    aged = await claim_within(breaker)
+    assert len(aged) == 98 and all(m.expired and not m.probe for m in aged)
+    assert (health(engine).state, health(engine).probes) == ("open", 0)
+    await breaker.complete([outcomes.expired(m, 60.0, 3600.0) for m in aged])
+    (probe,) = await claim_within(breaker)
+    assert probe.probe and not probe.expired and probe.needs_lookup
+    assert health(engine).state == "half_open"
+
+
 async def test_a_probe_that_looks_up_first_is_a_probe_too(engine: Engine, db_url: str) -> None:
     """The probe's message had an unknown outcome, so the probe is a lookup; the lookup
     answers 500: the circuit opens again (cool-down doubled) and no attempt is spent."""

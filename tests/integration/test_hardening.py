@@ -350,6 +350,32 @@ async def deliver(batch: Any, completer: Any, settings: Any) -> dict[int, Any]:
     return {o.message_id: o for o in found}
 
 
+async def test_a_message_the_claim_found_aged_out_is_never_sent_whatever_this_clock_says(
+    engine: Engine, aengine: Any
+) -> None:
+    """CLAIM_GOVERNED ages a backlog out by the database's clock; a poller whose clock is
+    behind must fail those unsent too, not send them to an endpoint whose circuit is open."""
+    import dataclasses
+
+    from poller.claims import Claims
+    from poller.completer import Completer
+
+    async with running_receiver() as (receiver, url):
+        make_endpoint(engine, "a", url=url, max_age=600.0)
+        seed(engine, 2, "a")
+        claimer = Claims(aengine, poller_id="p1", claim_lease=30)
+        batch = await claimer.claim(10)
+        aged = dataclasses.replace(batch.messages[0], expired=True)  # fresh by this clock
+        batch.messages[0] = aged
+        completer = Completer(claimer)
+        for msg in batch.messages:
+            completer.hold(msg)
+        outcomes = await deliver(batch, completer, fast_settings())
+    assert (outcomes[aged.id].status, outcomes[aged.id].outcome) == ("failed", "expired")
+    assert outcomes[batch.messages[1].id].status == "delivered"
+    assert receiver.stats.received == 1
+
+
 async def test_a_claim_past_its_lease_by_this_clock_is_handed_back_unsent(
     engine: Engine, aengine: Any
 ) -> None:
