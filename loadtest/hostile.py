@@ -16,6 +16,10 @@ counts directly. For each request it draws one behaviour from a seeded RNG:
 The lookup (``GET /lookup/<key>``) is honest most of the time (200 if applied,
 404 if not) and otherwise fails, hangs or resets.
 
+During an *outage* (:meth:`HostileReceiver.down_for`) every request is answered
+``503`` with no ``Retry-After``: the endpoint's circuit opens and its backlog
+waits, long enough to age out past the endpoint's ``max_age``.
+
 It records what the invariants need: POSTs that *arrived* per key (counted
 when the request head is read, before anything else is decided), the keys it
 applied (every 2xx is preceded by applying), and — given the endpoint's secret
@@ -123,11 +127,22 @@ class HostileReceiver:
         self.positions: dict[str, set[int]] = {}  # key -> webhook-ordering-seq values it came with
         self.behaviours: Counter[str] = Counter()
         self.lookups = 0
+        self.down_until = 0.0  # time.monotonic() an outage ends: 503 to all until then
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hostile-receiver", daemon=True)
+
+    def down_for(self, seconds: float) -> None:
+        """An outage from now: every request answered 503, no Retry-After."""
+        self.down_until = time.monotonic() + seconds
+
+    def _down(self) -> bool:
+        if time.monotonic() >= self.down_until:
+            return False
+        self.behaviours["outage"] += 1
+        return True
 
     def add_secret(self, key: str) -> None:
         """A rotated key (a secret or a public key): signatures under it verify too (the old
@@ -186,6 +201,9 @@ class HostileReceiver:
         self.traces.setdefault(headers.get("webhook-id", path), set()).add(parent[3:35])
         if method == "GET" and path.startswith("/lookup/"):
             await reader.readexactly(length)
+            if self._down():
+                self.lookups += 1
+                return await self._unavailable(writer)
             return await self._lookup(unquote(path.removeprefix("/lookup/")), writer)
         key = headers.get("webhook-id", "")
         self.posts[key] += 1
@@ -194,6 +212,9 @@ class HostileReceiver:
         if "webhook-ordering-seq" in headers:
             seq = headers["webhook-ordering-seq"]
             self.positions.setdefault(key, set()).add(int(seq) if seq.isdigit() else -1)
+        if self._down():
+            await reader.readexactly(length)
+            return await self._unavailable(writer)
         behaviour = _draw(self.rng, POST_BEHAVIOURS)
         self.behaviours[behaviour] += 1
         if behaviour == "reset_before_body":
@@ -212,6 +233,11 @@ class HostileReceiver:
         keep = await getattr(self, f"_{behaviour}")(writer)
         await writer.drain()
         return bool(keep)
+
+    async def _unavailable(self, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 503 X\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        return True
 
     async def _ok(self, writer: asyncio.StreamWriter) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")

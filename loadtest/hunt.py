@@ -32,7 +32,10 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   ``POLLER_DISABLE_AFTER`` 2 s, the breaker off or after 3 failures with
   cool-downs of 0.2–0.8 s, the endpoint's ``max_age`` 8 or 15 s (messages
   older, probes too, fail unsent), and the shortest claim lease the request
-  timeout allows (3 s for 1 s).
+  timeout allows (3 s for 1 s);
+* with ``max_age`` 8 s and the breaker on, half the seeds take the receiver
+  down for 10 s (503 to everything): the circuit opens, and the backlog ages
+  out behind it.
 
 When all is settled the rows and the receiver must agree (loadtest/hunt_check.py
 checks them):
@@ -54,6 +57,8 @@ checks them):
 * no circuit sat half-open with nothing of its endpoint in flight and a message
   due for more than 4 s that no fault explains (loadtest/hunt_watch.py, sampled
   while the hunt runs): a probe that ended with no verdict is followed by the next;
+  nor did a circuit due a probe wait that long behind messages past ``max_age``
+  (the governed claims take those in the probe's place);
 * the breaker counted every failed request: the health rows' ``failed_requests``
   (plus its backlog) equal the attempt rows that record a failed send or lookup;
 * with ``POLLER_DISABLE_AFTER`` drawn, no failure streak (no delivery, enable or
@@ -179,6 +184,9 @@ class Plan:
     cuts: list[float] = field(default_factory=list)
     # The endpoint's max_age (seconds): messages older are failed unsent, probes included.
     max_age: float | None = None
+    # (seconds after the start, seconds): the receiver answers 503 to all, longer than
+    # max_age, so a backlog ages out behind the open circuit (loadtest/hunt_watch.py).
+    outage: tuple[float, float] | None = None
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -229,6 +237,9 @@ class Plan:
         )
         plan.cuts = sorted(rng.uniform(1.0, duration) for _ in range(rng.randint(0, 2)))
         plan.max_age = rng.choice([None, None, None, 8.0, 15.0])
+        down, at = rng.random() < 0.5, rng.uniform(1.0, 3.0)
+        if down and plan.max_age == 8.0 and plan.circuit_failures:  # 15 s: too long a wait
+            plan.outage = (at, plan.max_age + 2.0)
         return plan
 
     def describe(self) -> str:
@@ -256,6 +267,7 @@ class Plan:
             + "; dba: "
             + (", ".join(f"cuts@{at:.1f}s" for at in self.cuts) or "none")
             + (f"; max_age {self.max_age:g}s" if self.max_age else "")
+            + (f"; receiver down {self.outage[1]:g}s@{self.outage[0]:.1f}s" if self.outage else "")
         )
 
 
@@ -277,7 +289,7 @@ class Run:
     # (fault, poller index or None, time.time() it began, and ended) for the verdict
     fault_log: list[tuple[str, int | None, float, float]] = field(default_factory=list)
     # (endpoint, from, until): spells of a half-open circuit with nothing in flight and a
-    # message due (loadtest/hunt_watch.py)
+    # message due, or of a circuit due a probe behind aged-out messages (hunt_watch.py)
     idle_circuits: list[tuple[str, float, float]] = field(default_factory=list)
     app_failures: list[str] = field(default_factory=list)
     operated: list[str] = field(default_factory=list)
@@ -627,6 +639,10 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 daemon=True,
             ),
         ]
+        if plan.outage is not None:
+            outage = threading.Timer(plan.outage[0], receiver.down_for, (plan.outage[1],))
+            outage.daemon = True
+            threads.append(outage)
         for thread in threads:
             thread.start()
         until = began + deadline

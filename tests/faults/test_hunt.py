@@ -400,3 +400,35 @@ def test_the_watcher_catches_a_circuit_stuck_half_open(engine, endpoint) -> None
     assert stuck.startswith("circuit of a half-open with nothing in flight")
     run.fault_log = [("kill", 0, now - STUCK - 3, now - STUCK - 2)]  # a fault explains it
     assert stuck_circuits(run) == []
+
+
+def test_the_watcher_catches_a_probe_held_back_by_an_aged_out_backlog(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+    """A circuit past its cool-down whose due messages include ones past max_age (that need
+    no lookup) is a spell too: the governed claims must take those in the probe's place."""
+    import threading
+    import time
+
+    from sqlalchemy import text
+
+    from loadtest.hunt_watch import AGED, STUCK, stuck_circuits, watch_circuits
+
+    seed_messages(engine, 2)
+    name = endpoint.endpoint.name
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoints SET max_age = 60"))
+        conn.execute(text("UPDATE poller_endpoint_health SET state = 'open', open_until = now()"))
+        conn.execute(text("UPDATE poller_outbox SET created_at = now() - interval '1 h'"))
+    run = Run(PLAN)  # type: ignore[arg-type]
+    stopped = threading.Event()
+    stopped.set()
+    watch_circuits(engine, run, stopped)  # one sample
+    assert [n for n, _, _ in run.idle_circuits] == [AGED + name]
+    with engine.begin() as conn:  # to be looked up first: the probe's, not a spell
+        conn.execute(text("UPDATE poller_outbox SET needs_lookup = true"))
+    run.idle_circuits = []
+    watch_circuits(engine, run, stopped)
+    assert run.idle_circuits == []
+    now = time.time()
+    run.idle_circuits = [(AGED + name, now - STUCK - 1, now)]
+    (stuck,) = stuck_circuits(run)
+    assert stuck.startswith(f"circuit of {name} due a probe behind messages past max_age")
