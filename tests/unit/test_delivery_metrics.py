@@ -29,31 +29,18 @@ DELIVERIES = [
 
 
 def _theirs(registry: CollectorRegistry) -> dict[str, Counter | Histogram]:
-    return {
-        "outcomes": Counter(
-            dm.OUTCOMES.name + "_total",
-            dm.OUTCOMES.documentation,
-            dm.OUTCOMES.labels,
-            registry=registry,
-        ),
-        "attempts": Counter(
-            dm.ATTEMPTS.name, dm.ATTEMPTS.documentation, dm.ATTEMPTS.labels, registry=registry
-        ),
-        "seconds": Histogram(
-            dm.SECONDS.name,
-            dm.SECONDS.documentation,
-            dm.SECONDS.labels,
-            registry=registry,
-            buckets=dm.SECONDS_BUCKETS,
-        ),
-        "latency": Histogram(
-            dm.LATENCY.name,
-            dm.LATENCY.documentation,
-            dm.LATENCY.labels,
-            registry=registry,
-            buckets=dm.LATENCY_BUCKETS,
-        ),
-    }
+    """prometheus-client's own metrics of the same names, help, labels and buckets."""
+    theirs: dict[str, Counter | Histogram] = {}
+    for key, family in (("outcomes", dm.OUTCOMES), ("attempts", dm.ATTEMPTS)):
+        theirs[key] = Counter(family.name, family.documentation, family.labels, registry=registry)
+    for key, family, buckets in (
+        ("seconds", dm.SECONDS, dm.SECONDS_BUCKETS),
+        ("latency", dm.LATENCY, dm.LATENCY_BUCKETS),
+    ):
+        theirs[key] = Histogram(
+            family.name, family.documentation, family.labels, registry=registry, buckets=buckets
+        )
+    return theirs
 
 
 def _steady(text: bytes) -> list[str]:
