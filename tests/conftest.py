@@ -232,14 +232,21 @@ class _Clones:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="db-clone")
         self._next: Future[str] | None = None
 
-    def take(self) -> str:
+    def take(self, *, then_ahead: bool = True) -> str:
+        """A clone no test used; the next one is started unless ``then_ahead`` is False
+        (a measuring test: it runs with no clone of its own worker beside it)."""
         ahead, self._next = self._next, None
         try:
             url = ahead.result() if ahead is not None else self._clone()
         except psycopg.Error:  # cloned ahead while the server was away: once more, now
             url = self._clone()
-        self._next = self._pool.submit(self._clone)
+        if then_ahead:
+            self.ahead()
         return url
+
+    def ahead(self) -> None:
+        if self._next is None:
+            self._next = self._pool.submit(self._clone)
 
     def _clone(self) -> str:
         return create_database(self._admin_url, self._template)
@@ -259,11 +266,14 @@ def _clones(pg_admin_url: str, template_db: str) -> Iterator[_Clones]:
 
 
 @pytest.fixture
-def db_url(pg_admin_url: str, _clones: _Clones) -> Iterator[str]:
+def db_url(pg_admin_url: str, _clones: _Clones, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh, migrated database for this test."""
-    url = _clones.take()
+    mark = request.node.get_closest_marker("serial")
+    measuring = mark is not None and mark.kwargs["exclusive"]
+    url = _clones.take(then_ahead=not measuring)
     yield url
     drop_database(pg_admin_url, url)
+    _clones.ahead()
 
 
 @pytest.fixture
