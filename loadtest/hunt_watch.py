@@ -62,7 +62,7 @@ AGED_HEAD = text(
     "AND EXISTS (SELECT 1 FROM poller_outbox p WHERE p.endpoint_id = e.id "
     "            AND p.status = 'pending' AND p.next_attempt_at <= now() "
     "            AND NOT p.needs_lookup "
-    "            AND p.created_at < now() - make_interval(secs => e.max_age))"
+    "            AND extract(epoch FROM now() - p.created_at) > e.max_age)"
 )
 AGED = "aged: "  # marks an aged-out backlog's spell among run.idle_circuits
 

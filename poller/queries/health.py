@@ -85,7 +85,7 @@ CLAIM_GOVERNED = _statement(
         JOIN poller_outbox o ON o.id = head.id
         WHERE gov.probing AND gov.max_age IS NOT NULL
           AND o.status = 'pending' AND o.next_attempt_at <= now() AND NOT o.needs_lookup
-          AND o.created_at < now() - make_interval(secs => gov.max_age)
+          AND extract(epoch FROM now() - o.created_at) > gov.max_age  -- 1e308 overflows an interval
         FOR UPDATE OF o SKIP LOCKED
     ), allow AS (
         SELECT id, rate_limit, tokens, probing,

@@ -224,6 +224,23 @@ async def test_a_backlog_aged_out_behind_an_open_circuit_ends_in_bulk_then_a_pro
     assert health(engine).state == "half_open"
 
 
+@pytest.mark.parametrize("max_age", ["1e308", "Infinity", "NaN"])
+async def test_an_age_limit_no_interval_can_hold_leaves_the_probe_alone(
+    engine: Engine, breaker: Claims, max_age: str
+) -> None:
+    """max_age written past what the API allows (its check only wants it positive): the
+    governed claim must still claim, not fail on an interval out of range."""
+    make_endpoint(engine, "billing", max_attempts=10)
+    seed(engine, 4)
+    await breaker.complete([failing(m) for m in await claim(breaker, 3)])
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE poller_endpoints SET max_age = CAST(:a AS float8)"), {"a": max_age}
+        )
+    (probe,) = await claim_within(breaker)
+    assert probe.probe and not probe.expired
+
+
 async def test_a_probe_that_looks_up_first_is_a_probe_too(engine: Engine, db_url: str) -> None:
     """The probe's message had an unknown outcome, so the probe is a lookup; the lookup
     answers 500: the circuit opens again (cool-down doubled) and no attempt is spent."""
