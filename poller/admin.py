@@ -15,7 +15,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, false, func, select, tuple_, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    Text,
+    and_,
+    cast,
+    false,
+    func,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from poller.endpoint_checks import could_be_name
@@ -23,6 +35,7 @@ from poller.errors import InvalidInput, MessageNotFound, UnknownEndpoint
 from poller.names import could_be_event_type
 from poller.ordering import requeue_keyed
 from poller.parse import ROW_ID_MAX, could_be_row_id
+from poller.payloads import stored_payload
 from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
 from poller.settings import default_settings
 
@@ -179,6 +192,12 @@ def _check_limit(limit: int) -> None:
         raise InvalidInput(f"limit {limit}: a number of rows, 0 or more")
 
 
+def payload_as_text(table: Table) -> list[Any]:
+    """``table``'s columns, its ``payload`` read as its text (for
+    :func:`~poller.payloads.stored_payload`), in their order."""
+    return [cast(c, Text).label(c.name) if c.name == "payload" else c for c in table.c]
+
+
 def message_detail(
     conn: Connection,
     message_id: int | None = None,
@@ -187,7 +206,7 @@ def message_detail(
     endpoint: str | None = None,
 ) -> dict[str, Any]:
     """The message (payload included) and every attempt, oldest first."""
-    query = select(outbox, endpoints.c.name.label("endpoint")).join(
+    query = select(*payload_as_text(outbox), endpoints.c.name.label("endpoint")).join(
         endpoints, endpoints.c.id == outbox.c.endpoint_id
     )
     if message_id is not None:
@@ -213,8 +232,9 @@ def message_detail(
     detail.pop("endpoint_id")
     if detail["payload"] is None and row.event_id is not None:  # a published event's row
         detail["payload"] = conn.execute(
-            select(event_log.c.payload).where(event_log.c.id == row.event_id)
+            select(cast(event_log.c.payload, Text)).where(event_log.c.id == row.event_id)
         ).scalar()
+    detail["payload"] = stored_payload(detail["payload"])
     detail["attempts_log"] = [dict(a._mapping) for a in attempts]
     return detail
 

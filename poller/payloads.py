@@ -222,6 +222,21 @@ def serialise_payload(payload: Any, max_bytes: int, json_default: JsonDefault | 
     return body
 
 
+def stored_payload(text: str | None) -> Any:
+    """A stored payload (its ``json`` column's text) as a view shows it: its value, or
+    the text itself when no value can be made of it safely — nested deeper than
+    :data:`MAX_DEPTH`, or holding an integer longer than Python reads. Enqueue refuses
+    both; a row written before it checked the nesting, or by SQL, may hold them, and
+    reading it as a value raised RecursionError (past about 900 levels) in every view
+    of its message and its event."""
+    if text is None or nesting(text) > MAX_DEPTH:
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:  # an integer past Python's digits; PostgreSQL's json takes it
+        return text
+
+
 def nesting(text: str) -> int:
     """How deeply the JSON ``text``'s arrays and objects nest, 0 when it has too few
     brackets to nest past :data:`MAX_DEPTH` (nearly every payload). At C speed: its

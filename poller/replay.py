@@ -33,7 +33,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 
 from poller import queries
-from poller.admin import actor, retry_messages
+from poller.admin import actor, payload_as_text, retry_messages
 from poller.endpoint_checks import could_be_name
 from poller.errors import (
     EndpointDisabled,
@@ -46,6 +46,7 @@ from poller.fanout import event_row
 from poller.insert import drive, insert_rows
 from poller.names import could_be_event_type
 from poller.parse import could_be_row_id
+from poller.payloads import stored_payload
 from poller.schema import event_log
 
 REPLAY_BATCH = 500
@@ -55,13 +56,16 @@ OPEN = frozenset({"pending", "waiting", "in_flight"})
 def event_detail(conn: Connection, event_id: int) -> dict[str, Any]:
     """The event (payload included) and each of its deliveries, by endpoint name."""
     row = (
-        conn.execute(select(event_log).where(event_log.c.id == event_id)).one_or_none()
+        conn.execute(
+            select(*payload_as_text(event_log)).where(event_log.c.id == event_id)
+        ).one_or_none()
         if could_be_row_id(event_id)
         else None
     )
     if row is None:
         raise EventNotFound(f"no event {event_id}")
     detail = dict(row._mapping)
+    detail["payload"] = stored_payload(detail["payload"])
     deliveries = conn.execute(queries.EVENT_DELIVERIES, {"event_id": event_id})
     detail["deliveries"] = [dict(d._mapping) for d in deliveries]
     return detail

@@ -173,11 +173,9 @@ async def failed(request: Request) -> Response:
 def _pretty(payload: Any) -> str:
     if payload is None:
         return ""
-    text = payload if isinstance(payload, str) else json.dumps(payload)
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        return text
+    if isinstance(payload, str):  # a payload no value is made of (stored_payload)
+        return payload
+    return json.dumps(payload, indent=2, ensure_ascii=False)
 
 
 def _message_id(request: Request) -> int | None:

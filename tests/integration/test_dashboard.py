@@ -295,6 +295,14 @@ def test_hostile_values_are_shown_as_text(engine: Engine, web: TestClient) -> No
     shown = web.get(f"/messages/{mid}").text
     assert "&lt;script&gt;alert(" in shown
     assert "&lt;img src=x onerror=" in shown
+    deep = "[" * 3000 + "]" * 3000  # no value is made of it: written by SQL, or long ago
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE poller_outbox SET payload = CAST(:p AS json) WHERE id = :id"),
+            {"p": deep, "id": mid},
+        )
+    page = web.get(f"/messages/{mid}")
+    assert page.status_code == 200 and "[[[[" in page.text
 
 
 def test_no_signing_secret_in_any_page(engine: Engine, web: TestClient) -> None:

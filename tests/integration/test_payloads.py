@@ -177,3 +177,35 @@ def test_the_cli_sends_data_as_written(engine: Engine, endpoint: CreatedEndpoint
     with engine.connect() as conn:
         stored = conn.execute(text("SELECT CAST(payload AS text) FROM poller_outbox")).scalar_one()
     assert stored == data
+
+
+def test_a_stored_payload_no_value_is_made_of_is_shown_as_its_text(engine: Engine) -> None:
+    """A row written before enqueue checked the nesting, or by SQL: its message and its
+    event are still shown, in the API's functions and the CLI (the dashboard's page:
+    tests/integration/test_dashboard.py)."""
+    from click.testing import CliRunner
+    from sqlalchemy import text
+
+    from poller import admin, publish, replay
+    from poller.cli import cli
+
+    make_endpoint(engine, "a", event_types=["e"])
+    with Session(engine) as session, session.begin():
+        enqueue(session, endpoint="a", event_type="e", payload={"n": 1}, idempotency_key="deep")
+        publish(session, event_type="e", payload={"n": 2}, idempotency_key="big")
+    deep, big = "[" * 3000 + "]" * 3000, '{"n": ' + "9" * 5000 + "}"
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_outbox SET payload = CAST(:p AS json) "
+                          "WHERE idempotency_key = 'deep'"), {"p": deep})  # fmt: skip
+        conn.execute(text("UPDATE poller_events SET payload = CAST(:p AS json)"), {"p": big})
+        ids = dict(conn.execute(text("SELECT idempotency_key, id FROM poller_outbox")).all())
+        event_id = conn.execute(text("SELECT id FROM poller_events")).scalar_one()
+    with engine.connect() as conn:
+        assert admin.message_detail(conn, ids["deep"])["payload"] == deep
+        assert admin.message_detail(conn, ids["big"])["payload"] == big  # the event's
+        assert replay.event_detail(conn, event_id)["payload"] == big
+    url = engine.url.render_as_string(hide_password=False)
+    shown = CliRunner().invoke(
+        cli, ["admin", "show", str(ids["deep"])], env={"POLLER_DATABASE_URL": url}
+    )
+    assert shown.exit_code == 0, shown.output
