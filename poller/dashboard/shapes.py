@@ -263,6 +263,9 @@ class Attempt(TypedDict):
 
 class MessageDetail(Message):
     payload: Any
+    """The JSON object as sent; its text (a string) for a stored payload no value can
+    be made of: nested past 127 levels or with an integer past 4,300 digits (a row
+    written by SQL, or before enqueue refused them)."""
     attempts_log: list[Attempt]
     """Oldest first."""
 
@@ -316,6 +319,9 @@ class Event(TypedDict):
     id: int
     event_type: str
     payload: Any
+    """The JSON object as sent; its text (a string) for a stored payload no value can
+    be made of: nested past 127 levels or with an integer past 4,300 digits (a row
+    written by SQL, or before enqueue refused them)."""
     idempotency_key: str
     tenant: str | None
     ordering_key: str | None
