@@ -21,6 +21,7 @@ from poller.signing import Scheme, check_scheme, scheme_of
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_AGE_LIMIT = 365 * 86400.0  # a year: longer is a typo, not a policy
+MIN_MAX_AGE = 1.0  # a second: a claim, its signature and its send take about that
 
 
 def could_be_name(name: object) -> bool:
@@ -86,10 +87,16 @@ def check_timeout(value: Any) -> float | None:
 
 
 def check_max_age(value: Any) -> float | None:
-    """An age limit in seconds, up to a year."""
+    """An age limit in seconds, from a second to a year: a shorter one would fail every
+    message unsent (a message is older than that by the time it is claimed)."""
     seconds = positive(value, "max_age", integer=False)
     if seconds is not None and seconds > MAX_AGE_LIMIT:
         raise InvalidEndpoint("max_age must be at most 365 days")
+    if seconds is not None and seconds < MIN_MAX_AGE:
+        raise InvalidEndpoint(
+            f"max_age must be at least {MIN_MAX_AGE:g} s: a younger limit fails every "
+            "message unsent"
+        )
     return None if seconds is None else float(seconds)
 
 

@@ -64,7 +64,7 @@ class EndpointSettings(TypedDict, total=False):
     retry_schedule: list[Seconds]
     """Seconds between attempts; the last repeats."""
     max_age: Seconds
-    """How long after its creation a message may still be sent."""
+    """How long after its creation a message may still be sent: 1 s to 365 days."""
     on_failed_head: Literal["block", "skip"]
     """What an ordering key does when its head fails for good."""
     trace_context: bool

@@ -290,7 +290,10 @@ def test_the_cli_sets_and_removes_an_age_limit(engine: Engine, db_url: str) -> N
         env=env,
     )  # fmt: skip
     assert added.exit_code == 0 and json.loads(added.output)["max_age"] == 3 * 86400
-    for bad, said in (("0s", "not a duration"), ("soon", "e.g. 3d"), ("400d", "at most 365 days")):
+    for bad, said in (
+        ("0s", "not a duration"), ("soon", "e.g. 3d"), ("400d", "at most 365 days"),
+        ("0.5s", "at least 1 s"),
+    ):  # fmt: skip
         refused = runner.invoke(cli, ["endpoints", "update", "billing", "--max-age", bad], env=env)
         assert refused.exit_code == 2 and said in refused.output, refused.output
         assert "Traceback" not in refused.output
