@@ -35,7 +35,8 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   timeout allows (3 s for 1 s);
 * with ``max_age`` 8 s and the breaker on, half the seeds take the receiver
   down for 10 s (503 to everything): the circuit opens, and the backlog ages
-  out behind it.
+  out behind it; half give the endpoint a rate limit of 15/s, so the backlog
+  ages out behind the limit too.
 
 When all is settled the rows and the receiver must agree (loadtest/hunt_check.py
 checks them):
@@ -57,8 +58,9 @@ checks them):
 * no circuit sat half-open with nothing of its endpoint in flight and a message
   due for more than 4 s that no fault explains (loadtest/hunt_watch.py, sampled
   while the hunt runs): a probe that ended with no verdict is followed by the next;
-  nor did a circuit due a probe wait that long behind messages past ``max_age``
-  (the governed claims take those in the probe's place);
+  nor did a circuit due a probe, or an endpoint with a rate limit, wait that
+  long behind messages past ``max_age`` (the governed claims take those in a
+  claim's worth, with no probe and no token);
 * the breaker counted every failed request: the health rows' ``failed_requests``
   (plus its backlog) equal the attempt rows that record a failed send or lookup;
 * with ``POLLER_DISABLE_AFTER`` drawn, no failure streak (no delivery, enable or
@@ -187,6 +189,9 @@ class Plan:
     # (seconds after the start, seconds): the receiver answers 503 to all, longer than
     # max_age, so a backlog ages out behind the open circuit (loadtest/hunt_watch.py).
     outage: tuple[float, float] | None = None
+    # The endpoint's rate limit (requests per second): with max_age 8 s, a backlog ages
+    # out behind it, and what is past max_age must take no token (loadtest/hunt_watch.py).
+    rate_limit: float | None = None
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -240,6 +245,8 @@ class Plan:
         down, at = rng.random() < 0.5, rng.uniform(1.0, 3.0)
         if down and plan.max_age == 8.0 and plan.circuit_failures:  # 15 s: too long a wait
             plan.outage = (at, plan.max_age + 2.0)
+        if plan.max_age == 8.0 and rng.random() < 0.5:
+            plan.rate_limit = 15.0  # 250 messages: over 16 s of tokens, twice max_age
         return plan
 
     def describe(self) -> str:
@@ -268,6 +275,7 @@ class Plan:
             + (", ".join(f"cuts@{at:.1f}s" for at in self.cuts) or "none")
             + (f"; max_age {self.max_age:g}s" if self.max_age else "")
             + (f"; receiver down {self.outage[1]:g}s@{self.outage[0]:.1f}s" if self.outage else "")
+            + (f"; rate limit {self.rate_limit:g}/s" if self.rate_limit else "")
         )
 
 
@@ -289,7 +297,7 @@ class Run:
     # (fault, poller index or None, time.time() it began, and ended) for the verdict
     fault_log: list[tuple[str, int | None, float, float]] = field(default_factory=list)
     # (endpoint, from, until): spells of a half-open circuit with nothing in flight and a
-    # message due, or of a circuit due a probe behind aged-out messages (hunt_watch.py)
+    # message due, or of a probe or tokens due behind aged-out messages (hunt_watch.py)
     idle_circuits: list[tuple[str, float, float]] = field(default_factory=list)
     app_failures: list[str] = field(default_factory=list)
     operated: list[str] = field(default_factory=list)
@@ -571,6 +579,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 headers=dict([credential]),
                 retry_schedule=plan.retry_schedule,
                 max_age=plan.max_age,
+                rate_limit=plan.rate_limit,
             )
             tenant_token = hunt_tenant.prepare(conn, url)
         env = clean_env(

@@ -12,12 +12,13 @@ or Redis restarting: each until :data:`AFTER_FAULT` seconds after it ended, when
 another poller holds the shard and has claimed). Such a circuit waited two claim
 leases for its next probe until the governed claim stopped waiting for them.
 
-**An aged-out backlog never holds a circuit's probe back.** While a circuit is
-past its cool-down (or half-open) and its endpoint's due messages include ones
-past ``max_age`` that need no lookup, the governed claims must take them in the
-probe's place, a claim's worth at a time. The watcher notes those spells too,
-judged the same way. They went one per governed claim, ten a second per poller,
-before.
+**An aged-out backlog never waits for a probe or for tokens.** While a circuit
+is past its cool-down (or half-open), or its endpoint has a rate limit (and is
+not paused), and its endpoint's due messages include ones past ``max_age`` that
+need no lookup, the governed claims must take them a claim's worth at a time,
+with no probe and no token. The watcher notes those spells too, judged the same
+way. They went one per governed claim, ten a second per poller, behind a
+circuit, and one a token behind a rate limit, before.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ AGED_HEAD = text(
     "SELECT e.name FROM poller_endpoints e "
     "JOIN poller_endpoint_health h ON h.endpoint_id = e.id "
     "WHERE e.enabled AND e.max_age IS NOT NULL "
-    "AND (h.state = 'half_open' OR (h.state = 'open' AND h.open_until <= now())) "
+    "AND (h.state = 'half_open' OR (h.state = 'open' AND h.open_until <= now()) "
+    "     OR (h.state = 'closed' AND e.rate_limit IS NOT NULL "
+    "         AND (e.paused_until IS NULL OR e.paused_until <= now()))) "
     "AND (e.held_by IS NULL OR e.held_until <= now()) "
     "AND EXISTS (SELECT 1 FROM poller_outbox p WHERE p.endpoint_id = e.id "
     "            AND p.status = 'pending' AND p.next_attempt_at <= now() "
@@ -69,7 +72,7 @@ AGED = "aged: "  # marks an aged-out backlog's spell among run.idle_circuits
 
 def watch_circuits(engine: Any, run: Run, stop: threading.Event) -> None:
     """Note every spell of a half-open circuit with nothing in flight and a message due,
-    and of a circuit due a probe behind messages past max_age, as (endpoint, first
+    and of a probe or tokens due behind messages past max_age, as (endpoint, first
     seen, last seen) in ``run.idle_circuits`` (the second kind's names marked
     :data:`AGED`)."""
     spells: dict[str, float] = {}  # endpoint -> first seen, this spell
@@ -97,7 +100,7 @@ def stuck_circuits(run: Run) -> list[str]:
     """The spells longer than :data:`STUCK` seconds that no fault's window explains."""
     windows = [(began, ended + AFTER_FAULT) for _, _, began, ended in run.fault_log]
     return [
-        f"circuit of {name.removeprefix(AGED)} due a probe behind messages past max_age "
+        f"{name.removeprefix(AGED)} due a probe or tokens behind messages past max_age "
         f"for {until - began:.1f}s, no fault near"
         if name.startswith(AGED)
         else f"circuit of {name} half-open with nothing in flight and a message due "

@@ -207,7 +207,9 @@ class Claimer:
                 metrics.CIRCUIT_PROBES.inc(probes)
                 log.info("claimed %d probe message(s) for open circuits", probes)
             if governed and (aged := sum(1 for m in batch.messages if m.expired)):
-                log.info("claimed %d message(s) past max_age in a probe's place", aged)
+                log.info(
+                    "claimed %d message(s) past max_age, to fail unsent (no probe, no token)", aged
+                )
             log.debug("claimed %d messages", len(batch.messages))
         self._drained = len(batch.messages) < limit and not self._capped()
         return len(batch.messages)

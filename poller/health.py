@@ -59,6 +59,11 @@ tokens and messages in one statement under the row's lock (SKIP LOCKED): every
 poller draws on the same bucket, whatever the election mode, with no round
 trip per message. Each poller runs it at most ten times a second while there may
 be governed work (``GOVERN_INTERVAL``), else once a second (``GOVERN_IDLE_INTERVAL``).
+Messages at the head already past the endpoint's ``max_age`` (that need no lookup)
+take no token: they are claimed a claim's worth at a time and failed unsent, as
+behind an open circuit. Each took a token once: a backlog larger than the rate
+times ``max_age`` failed at the rate, the messages behind it aged out while they
+waited, and while messages kept coming at the rate none was sent.
 
 A ``429`` or ``503`` with a valid ``Retry-After`` pauses the **whole
 endpoint** until then (capped by ``POLLER_RETRY_AFTER_MAX``), not only that

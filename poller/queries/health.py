@@ -26,13 +26,17 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # flight for good. Health rows are locked with SKIP LOCKED, so two pollers never
 # spend the same tokens, and a claim never waits; two governed claims in the same
 # instant may both find the probe's row not yet in flight and send two probes
-# (each judged as any probe). A probing endpoint with a ``max_age`` whose first
+# (each judged as any probe). A governed endpoint with a ``max_age`` whose first
 # :limit due messages include some older than it (that need no lookup: a lookup is
-# a request) gets those instead of a probe, flagged ``expired``: the poller fails
-# them unsent, and the probe follows once none is left at the head. One probe at a
-# time took such a backlog, aged out behind an open circuit, one message per
-# governed claim (10,000 took 17 minutes before a real probe could close the
-# circuit). Each row says whether it is a probe (``probe``) or aged out
+# a request) gets those, flagged ``expired``, spending no token and sending no
+# probe: the poller fails them unsent. A probing endpoint's probe follows once none
+# is left at the head; a rate-limited endpoint's tokens go to the rest as ever. One
+# probe at a time took such a backlog, aged out behind an open circuit, one message
+# per governed claim (10,000 took 17 minutes before a real probe could close the
+# circuit); behind a rate limit each took a token: a backlog larger than the rate
+# times max_age failed at the rate, the messages behind it aged out in turn, and
+# while messages kept coming at the rate none was sent.
+# Each row says whether it is a probe (``probe``) or aged out
 # (``expired``); the column
 # ``governed`` (on every row, and on a row of NULLs when nothing was claimed)
 # counts the governed endpoints that had due messages, so the caller knows to come
@@ -83,7 +87,7 @@ CLAIM_GOVERNED = _statement(
             LIMIT :limit
         ) AS head
         JOIN poller_outbox o ON o.id = head.id
-        WHERE gov.probing AND gov.max_age IS NOT NULL
+        WHERE gov.max_age IS NOT NULL
           AND o.status = 'pending' AND o.next_attempt_at <= now() AND NOT o.needs_lookup
           AND extract(epoch FROM now() - o.created_at) > gov.max_age  -- 1e308 overflows an interval
         FOR UPDATE OF o SKIP LOCKED
@@ -102,6 +106,7 @@ CLAIM_GOVERNED = _statement(
              WHERE o.endpoint_id = allow.id
                AND o.status = 'pending'
                AND o.next_attempt_at <= now()
+               AND o.id NOT IN (SELECT id FROM aged)  -- locked above: SKIP LOCKED keeps them
              ORDER BY o.next_attempt_at, o.id
              LIMIT allow.n
              FOR UPDATE SKIP LOCKED

@@ -402,9 +402,11 @@ def test_the_watcher_catches_a_circuit_stuck_half_open(engine, endpoint) -> None
     assert stuck_circuits(run) == []
 
 
-def test_the_watcher_catches_a_probe_held_back_by_an_aged_out_backlog(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
-    """A circuit past its cool-down whose due messages include ones past max_age (that need
-    no lookup) is a spell too: the governed claims must take those in the probe's place."""
+@pytest.mark.parametrize("held", ["by an open circuit", "by a rate limit"])
+def test_the_watcher_catches_an_aged_out_backlog_held_back(engine, endpoint, held) -> None:  # type: ignore[no-untyped-def]
+    """A circuit past its cool-down, or an endpoint with a rate limit, whose due messages
+    include ones past max_age (that need no lookup) is a spell too: the governed claims
+    must take those a claim's worth at a time, with no probe and no token."""
     import threading
     import time
 
@@ -416,14 +418,19 @@ def test_the_watcher_catches_a_probe_held_back_by_an_aged_out_backlog(engine, en
     name = endpoint.endpoint.name
     with engine.begin() as conn:
         conn.execute(text("UPDATE poller_endpoints SET max_age = 60"))
-        conn.execute(text("UPDATE poller_endpoint_health SET state = 'open', open_until = now()"))
+        if held == "by a rate limit":
+            conn.execute(text("UPDATE poller_endpoints SET rate_limit = 1"))
+        else:
+            conn.execute(
+                text("UPDATE poller_endpoint_health SET state = 'open', open_until = now()")
+            )
         conn.execute(text("UPDATE poller_outbox SET created_at = now() - interval '1 h'"))
     run = Run(PLAN)  # type: ignore[arg-type]
     stopped = threading.Event()
     stopped.set()
     watch_circuits(engine, run, stopped)  # one sample
     assert [n for n, _, _ in run.idle_circuits] == [AGED + name]
-    with engine.begin() as conn:  # to be looked up first: the probe's, not a spell
+    with engine.begin() as conn:  # to be looked up first: the probe's or a token's
         conn.execute(text("UPDATE poller_outbox SET needs_lookup = true"))
     run.idle_circuits = []
     watch_circuits(engine, run, stopped)
@@ -431,4 +438,4 @@ def test_the_watcher_catches_a_probe_held_back_by_an_aged_out_backlog(engine, en
     now = time.time()
     run.idle_circuits = [(AGED + name, now - STUCK - 1, now)]
     (stuck,) = stuck_circuits(run)
-    assert stuck.startswith(f"circuit of {name} due a probe behind messages past max_age")
+    assert stuck.startswith(f"{name} due a probe or tokens behind messages past max_age")

@@ -364,6 +364,35 @@ async def test_a_rate_limit_hands_out_tokens_not_messages(engine: Engine, breake
     assert elapsed >= 10 / 20 * 0.9, elapsed  # 10 more tokens at 20/s: half a second
 
 
+async def test_a_backlog_aged_out_behind_a_rate_limit_spends_no_tokens(
+    engine: Engine, breaker: Claims
+) -> None:
+    """Messages past max_age at the head of a rate-limited endpoint's backlog are claimed
+    many at a time, flagged expired, and spend no token: the tokens go to the rest (here
+    to one that needs a lookup, a request). Each took a token: a backlog larger than the
+    rate times max_age failed at the rate, and the messages behind it aged out in turn."""
+    make_endpoint(engine, "billing", max_attempts=10, max_age=60.0)
+    with engine.begin() as conn:  # one token, the next in 1,000 s
+        conn.execute(text("UPDATE poller_endpoints SET rate_limit = 0.001, rate_burst = 1"))
+        conn.execute(text("UPDATE poller_endpoint_health SET tokens_at = now() - interval '1 h'"))
+    seed(engine, 103)
+    with engine.begin() as conn:  # 100 aged out, 2 of them to be looked up; 3 fresh
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET created_at = created_at - interval '1 hour', "
+                "next_attempt_at = now() - interval '1 hour', "
+                "needs_lookup = (id % 50 = 0) "
+                "WHERE id IN (SELECT id FROM poller_outbox ORDER BY id LIMIT 100)"
+            )
+        )
+    batch = await claim(breaker)
+    aged = [m for m in batch if m.expired]
+    assert len(aged) == 98 and not any(m.probe or m.needs_lookup for m in aged)
+    (sent,) = [m for m in batch if not m.expired]
+    assert sent.needs_lookup  # the token's message: the head's first that needs a request
+    assert await claim(breaker) == []  # the one token is spent, the fresh ones wait
+
+
 # --- operational events, at the claims level ---------------------------------------
 
 
