@@ -57,6 +57,12 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
 # so the claim path can run it on its own with no transaction around it. The
 # accepted shards come back in the last column, ``accepted``, on every row (and
 # on a row of NULLs when nothing was claimed).
+#
+# The claim connection plans this once for all values (poller/db.py), so the UPDATE
+# finds its rows by the ids' array, through the primary key: joined to ``due``
+# (guessed at 200 rows, whatever :limit is) it read the whole outbox of a
+# one-endpoint backlog to find them (20,000 due rows: 3.3 ms a claim where this
+# takes 0.5; 1,000,000: 129 ms). The rows come back in ``due``'s order.
 CLAIM_BATCH = _statement(
     "CLAIM_BATCH",
     f"""
@@ -93,16 +99,19 @@ CLAIM_BATCH = _statement(
         LIMIT :limit
     ), token AS (
         SELECT nextval('poller_claim_token_seq') AS claim_token
+    ), queue AS (
+        SELECT ARRAY(SELECT id FROM due) AS ids
     ), claimed AS (
         UPDATE poller_outbox o
         {CLAIMING}
-        FROM due, token, poller_endpoints e
-        WHERE o.id = due.id AND e.id = o.endpoint_id
+        FROM token, poller_endpoints e
+        WHERE o.id = ANY(CAST((SELECT ids FROM queue) AS bigint[])) AND e.id = o.endpoint_id
         RETURNING {CLAIMED}, false AS probe, o.probe_refunds, false AS expired
     )
     SELECT claimed.*, f.accepted
     FROM (SELECT array_agg(shard) AS accepted FROM fenced) AS f
     LEFT JOIN claimed ON true
+    ORDER BY array_position((SELECT ids FROM queue), claimed.id)
     """,
 )
 

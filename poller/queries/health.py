@@ -41,7 +41,10 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # ``governed`` (on every row, and on a row of NULLs when nothing was claimed)
 # counts the governed endpoints that had due messages, so the caller knows to come
 # back soon for the rest; the last, ``accepted``, the shards whose :fences it
-# accepted (as CLAIM_BATCH does).
+# accepted (as CLAIM_BATCH does). Planned once for all values, as CLAIM_BATCH
+# is: the outbox is read through its indexes only (an endpoint's first due row
+# in their order, the aged heads and the claimed rows by the ids' array), where
+# a join or EXISTS let the plan read the whole outbox of a backlog.
 CLAIM_GOVERNED = _statement(
     "CLAIM_GOVERNED",
     f"""
@@ -72,21 +75,21 @@ CLAIM_GOVERNED = _statement(
                                     WHERE f.endpoint_id = e.id AND f.status = 'in_flight')
                         OR h.probe_at < now() - make_interval(
                             secs => 2 * CAST(:claim_lease AS double precision)))))
-          AND EXISTS (SELECT 1 FROM poller_outbox p
-                      WHERE p.endpoint_id = e.id AND p.status = 'pending'
-                        AND p.next_attempt_at <= now())
+          AND (SELECT p.id FROM poller_outbox p
+               WHERE p.endpoint_id = e.id AND p.status = 'pending'
+                 AND p.next_attempt_at <= now()
+               ORDER BY p.next_attempt_at, p.id LIMIT 1) IS NOT NULL
         ORDER BY e.id
         FOR UPDATE OF h SKIP LOCKED
     ), aged AS (
         SELECT o.id, gov.id AS endpoint_id
         FROM gov
-        CROSS JOIN LATERAL (
+        JOIN poller_outbox o ON o.id = ANY(ARRAY(
             SELECT f.id FROM poller_outbox f
             WHERE f.endpoint_id = gov.id AND f.status = 'pending' AND f.next_attempt_at <= now()
             ORDER BY f.next_attempt_at, f.id
             LIMIT :limit
-        ) AS head
-        JOIN poller_outbox o ON o.id = head.id
+        ))
         WHERE gov.max_age IS NOT NULL
           AND o.status = 'pending' AND o.next_attempt_at <= now() AND NOT o.needs_lookup
           AND extract(epoch FROM now() - o.created_at) > gov.max_age  -- 1e308 overflows an interval
@@ -135,7 +138,8 @@ CLAIM_GOVERNED = _statement(
         UPDATE poller_outbox o
         {CLAIMING}
         FROM due, token, poller_endpoints e, allow a
-        WHERE o.id = due.id AND e.id = o.endpoint_id AND a.id = o.endpoint_id
+        WHERE o.id = ANY(ARRAY(SELECT id FROM due)) AND o.id = due.id
+          AND e.id = o.endpoint_id AND a.id = o.endpoint_id
         RETURNING {CLAIMED}, a.probing AND NOT due.aged AS probe, o.probe_refunds,
             due.aged AS expired
     )
