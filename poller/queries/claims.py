@@ -146,7 +146,9 @@ EXTEND_CLAIMS = _statement(
 # the claimed row; this statement only applies them (counting refunds: a
 # failed probe's in probe_refunds, poller/health.py) and records each attempt
 # that reached the wire in poller_delivery_attempts — stale ones too, marked
-# stale, so every duplicate the receiver saw is explained.
+# stale, so every duplicate the receiver saw is explained. The rows are found by
+# the ids' array through the primary key: the plan otherwise read every entry of
+# the in-flight index, dead ones too, to pick the batch's rows out of it.
 #
 # One job: it locks nothing but the outbox rows this poller's claim holds.
 # What follows from a completion — the endpoint's health (JUDGE_HEALTH), a
@@ -191,7 +193,8 @@ COMPLETE_BATCH = _statement(
             failed_at = CASE WHEN c.status = 'failed' THEN now() END,
             updated_at = now()
         FROM c
-        WHERE o.id = c.id AND o.claim_token = c.claim_token AND o.status = 'in_flight'
+        WHERE o.id = ANY(ARRAY(SELECT id FROM c))
+          AND o.id = c.id AND o.claim_token = c.claim_token AND o.status = 'in_flight'
         RETURNING o.id, o.endpoint_id, o.status, o.ordering_key
     ), recorded AS (
         INSERT INTO poller_delivery_attempts
