@@ -137,9 +137,8 @@ CLAIM_GOVERNED = _statement(
     ), claimed AS (
         UPDATE poller_outbox o
         {CLAIMING}
-        FROM due, token, poller_endpoints e, allow a
-        WHERE o.id = ANY(ARRAY(SELECT id FROM due)) AND o.id = due.id
-          AND e.id = o.endpoint_id AND a.id = o.endpoint_id
+        FROM due, token, allow a
+        WHERE o.id = ANY(ARRAY(SELECT id FROM due)) AND o.id = due.id AND a.id = o.endpoint_id
         RETURNING {CLAIMED}, a.probing AND NOT due.aged AS probe, o.probe_refunds,
             due.aged AS expired
     )

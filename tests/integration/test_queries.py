@@ -267,12 +267,34 @@ def test_the_claims_plans_read_the_outbox_by_index_empty_or_backlogged(engine: E
                 insert_due(conn, ep.id, ep.bucket, backlog, pad=100)
                 conn.execute(text("ANALYZE"))
         for name in ("CLAIM_BATCH", "CLAIM_GOVERNED"):
-            assert _whole_outbox_reads(_generic_plan(engine, name)) == [], (backlog, name)
+            assert _unkeyed_reads(_generic_plan(engine, name)) == [], (backlog, name)
 
 
-def _whole_outbox_reads(plan: str) -> list[str]:
-    """The plan's reads of poller_outbox that are not keyed: a sequential or bitmap
-    scan, or an index scan with no condition (a whole index, in its order) but the
+@pytest.mark.slow
+def test_a_claim_reads_only_the_endpoints_with_pending_messages(engine: Engine) -> None:
+    """Most endpoints of a product's customers have nothing due at a given moment: the
+    claim finds the endpoints with pending messages in the outbox's pending index, one
+    descent each, and reads only those endpoints. Visiting every enabled endpoint, a
+    claim over 10,000 of them took 15-24 ms where it takes 1."""
+    busy = make_endpoint(engine).endpoint
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO poller_endpoints (name, url, secret, bucket)"
+                " SELECT 'idle-' || g, url, secret, CAST(g % 256 AS smallint)"
+                " FROM poller_endpoints, generate_series(1, 3000) AS g"
+            )
+        )
+        insert_due(conn, busy.id, busy.bucket, 100)
+        conn.execute(text("ANALYZE"))
+    plan = _generic_plan(engine, "CLAIM_BATCH")
+    assert _unkeyed_reads(plan, "poller_endpoints") == []
+    assert _unkeyed_reads(plan) == []
+
+
+def _unkeyed_reads(plan: str, table: str = "poller_outbox") -> list[str]:
+    """The plan's reads of ``table`` that are not keyed: a sequential or bitmap scan, or
+    an index scan with no condition (a whole index, in its order) but the outbox's
     in-flight rows' (bounded by what the pollers hold)."""
     found: list[str] = []
 
@@ -280,7 +302,7 @@ def _whole_outbox_reads(plan: str) -> list[str]:
         kind, index = node["Node Type"], node.get("Index Name", "")
         keyed = "Index Cond" in node or index == "ix_poller_outbox_reclaim"
         if (
-            node.get("Relation Name") == "poller_outbox"
+            node.get("Relation Name") == table
             and kind != "ModifyTable"
             and not (kind in ("Index Scan", "Index Only Scan") and keyed)
         ):
