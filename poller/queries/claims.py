@@ -35,10 +35,26 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
          ELSE (SELECT ev.tracestate FROM poller_events ev WHERE ev.id = o.event_id) END
         AS tracestate"""
 
+# The endpoints with pending messages, each with its first one's due time (the
+# earliest: the index is in due order within an endpoint), one descent of the
+# pending index per endpoint, from id 0 up (ids count from 1). A recursive CTE
+# (the statement says WITH RECURSIVE) named ``pending``.
+PENDING_ENDPOINTS = """
+        SELECT CAST(0 AS bigint) AS endpoint_id, CAST(NULL AS timestamptz) AS next_attempt_at
+        UNION ALL
+        SELECT n.endpoint_id, n.next_attempt_at
+        FROM pending p
+        CROSS JOIN LATERAL (
+            SELECT o.endpoint_id, o.next_attempt_at FROM poller_outbox o
+            WHERE o.status = 'pending' AND o.endpoint_id > p.endpoint_id
+            ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+            LIMIT 1
+        ) AS n
+    """
+
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.
-# The endpoints considered are those with pending messages (``pending``: one
-# descent of the pending index per such endpoint, from id 0 up — ids count from
-# 1 — each with its first message's due time), not every enabled endpoint: most
+# The endpoints considered are those with pending messages (PENDING_ENDPOINTS),
+# not every enabled endpoint: most
 # of a product's customers have nothing due at a given moment, and a claim that
 # visited all of 10,000 endpoints took 15-24 ms where this takes 1. The endpoint's
 # updated_at is read per claimed row, so no plan joins the whole endpoints table.
@@ -79,18 +95,7 @@ CLAIM_BATCH = _statement(
     ), busy AS (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
-    ), pending AS (
-        SELECT CAST(0 AS bigint) AS endpoint_id, CAST(NULL AS timestamptz) AS next_attempt_at
-        UNION ALL
-        SELECT n.endpoint_id, n.next_attempt_at
-        FROM pending p
-        CROSS JOIN LATERAL (
-            SELECT o.endpoint_id, o.next_attempt_at FROM poller_outbox o
-            WHERE o.status = 'pending' AND o.endpoint_id > p.endpoint_id
-            ORDER BY o.endpoint_id, o.next_attempt_at, o.id
-            LIMIT 1
-        ) AS n
-    ), ready AS (
+    ), pending AS ({PENDING_ENDPOINTS}), ready AS (
         SELECT e.id,
                coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
                    - coalesce(busy.n, 0) AS room

@@ -10,7 +10,7 @@ for endpoints that are neither.
 from __future__ import annotations
 
 from poller.queries._registry import statement as _statement
-from poller.queries.claims import CLAIMED, CLAIMING
+from poller.queries.claims import CLAIMED, CLAIMING, PENDING_ENDPOINTS
 from poller.queries.cluster import OFFERED_FENCES, fencing
 
 # Claim the due messages of governed endpoints in the given buckets: a rate-limited
@@ -42,28 +42,33 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # counts the governed endpoints that had due messages, so the caller knows to come
 # back soon for the rest; the last, ``accepted``, the shards whose :fences it
 # accepted (as CLAIM_BATCH does). Planned once for all values, as CLAIM_BATCH
-# is: the outbox is read through its indexes only (an endpoint's first due row
-# in their order, the aged heads and the claimed rows by the ids' array), where
-# a join or EXISTS let the plan read the whole outbox of a backlog.
+# is: the outbox is read through its indexes only (the endpoints with pending
+# messages, PENDING_ENDPOINTS, the aged heads and the claimed rows by the ids'
+# array), where a join or EXISTS let the plan read the whole outbox of a
+# backlog. Only the endpoints with a due message are read, with their health
+# rows: reading every endpoint's, a governed claim over 10,000 endpoints took
+# 21 ms, ten times a second while any endpoint is rate limited or failing.
 CLAIM_GOVERNED = _statement(
     "CLAIM_GOVERNED",
     f"""
-    WITH offered AS ({OFFERED_FENCES}), fenced AS (
+    WITH RECURSIVE offered AS ({OFFERED_FENCES}), fenced AS (
         {fencing("claimed_by")}
     ), busy AS (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
-    ), gov AS (
+    ), pending AS ({PENDING_ENDPOINTS}), gov AS (
         SELECT e.id, e.rate_limit, h.state <> 'closed' AS probing, e.max_age,
                coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
                    - coalesce(busy.n, 0) AS room,
                CASE WHEN e.rate_limit IS NOT NULL THEN least(
                    coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),
                    h.tokens + e.rate_limit * extract(epoch FROM now() - h.tokens_at)) END AS tokens
-        FROM poller_endpoints e
+        FROM pending pe
+        JOIN poller_endpoints e ON e.id = pe.endpoint_id
         JOIN poller_endpoint_health h ON h.endpoint_id = e.id
         LEFT JOIN busy ON busy.endpoint_id = e.id
-        WHERE e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+        WHERE pe.next_attempt_at <= now()
+          AND e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
           AND (CAST(:fences AS jsonb) IS NULL
                OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
           AND (e.held_by IS NULL OR e.held_until <= now())
@@ -75,10 +80,6 @@ CLAIM_GOVERNED = _statement(
                                     WHERE f.endpoint_id = e.id AND f.status = 'in_flight')
                         OR h.probe_at < now() - make_interval(
                             secs => 2 * CAST(:claim_lease AS double precision)))))
-          AND (SELECT p.id FROM poller_outbox p
-               WHERE p.endpoint_id = e.id AND p.status = 'pending'
-                 AND p.next_attempt_at <= now()
-               ORDER BY p.next_attempt_at, p.id LIMIT 1) IS NOT NULL
         ORDER BY e.id
         FOR UPDATE OF h SKIP LOCKED
     ), aged AS (
