@@ -37,10 +37,14 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
 
 # The endpoints with pending messages, each with its first one's due time (the
 # earliest: the index is in due order within an endpoint), one descent of the
-# pending index per endpoint, from id 0 up (ids count from 1). A recursive CTE
+# pending index per endpoint, from the least bigint up (an identity made BY
+# DEFAULT takes any id it is given, 0 and negative ones too). A recursive CTE
 # (the statement says WITH RECURSIVE) named ``pending``.
 PENDING_ENDPOINTS = """
-        SELECT CAST(0 AS bigint) AS endpoint_id, CAST(NULL AS timestamptz) AS next_attempt_at
+        (SELECT o.endpoint_id, o.next_attempt_at FROM poller_outbox o
+         WHERE o.status = 'pending' AND o.endpoint_id >= CAST(-9223372036854775808 AS bigint)
+         ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+         LIMIT 1)
         UNION ALL
         SELECT n.endpoint_id, n.next_attempt_at
         FROM pending p

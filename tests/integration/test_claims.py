@@ -50,6 +50,23 @@ async def test_claim_counts_the_attempt_and_stamps_a_token(
     assert await claims.claim_batch(limit=10) == []
 
 
+async def test_an_endpoint_of_any_id_is_claimed_from(claims: Claims, engine: Engine) -> None:
+    """The claim finds endpoints with pending messages in id order from the least
+    bigint: an id given by hand (the identity takes any) is not below its start."""
+    source = make_endpoint(engine, "source").endpoint
+    with engine.begin() as conn:
+        for given, name in ((0, "zero"), (-(2**63), "least")):
+            conn.execute(
+                text(
+                    "INSERT INTO poller_endpoints (id, name, url, secret, bucket)"
+                    " SELECT :id, :name, url, secret, bucket FROM poller_endpoints WHERE id = :source"
+                ),
+                {"id": given, "name": name, "source": source.id},
+            )
+    ids = seed(engine, 2, "zero") + seed(engine, 2, "least")
+    assert sorted(m.id for m in await claims.claim_batch(limit=10)) == sorted(ids)
+
+
 async def test_claim_skips_rows_not_due_and_other_buckets(claims: Claims, engine: Engine) -> None:
     a = make_endpoint(engine, "a").endpoint
     b = make_endpoint(engine, "b").endpoint
