@@ -59,7 +59,8 @@ async def test_an_endpoint_of_any_id_is_claimed_from(claims: Claims, engine: Eng
             conn.execute(
                 text(
                     "INSERT INTO poller_endpoints (id, name, url, secret, bucket)"
-                    " SELECT :id, :name, url, secret, bucket FROM poller_endpoints WHERE id = :source"
+                    " SELECT :id, :name, url, secret, bucket"
+                    " FROM poller_endpoints WHERE id = :source"
                 ),
                 {"id": given, "name": name, "source": source.id},
             )
