@@ -58,10 +58,10 @@ PENDING_ENDPOINTS = """
 
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.
 # The endpoints considered are those with pending messages (PENDING_ENDPOINTS),
-# not every enabled endpoint: most
-# of a product's customers have nothing due at a given moment, and a claim that
-# visited all of 10,000 endpoints took 15-24 ms where this takes 1. The endpoint's
-# updated_at is read per claimed row, so no plan joins the whole endpoints table.
+# not every enabled endpoint: most of a product's customers have nothing due at
+# a given moment, and a claim that visited all of 10,000 endpoints took 15-24 ms
+# where this takes 1. Each claimed row's endpoint updated_at is read by its key,
+# so no plan joins the whole endpoints table.
 # Each enabled endpoint gets at most its free in-flight room (its max_in_flight
 # minus what this poller already holds for it, given as JSON); endpoints are
 # visited in a fresh random order each time and each one's rows come, oldest
