@@ -156,13 +156,16 @@ ENDPOINTS_BY_ID = _statement(
 # Claim-lease heartbeat: extend the leases of rows this poller is still working
 # on (delivering, or writing the outcome of), one statement for all of them.
 # Fenced by claim token: a row reclaimed meanwhile is neither extended nor returned.
+# The rows are found by the ids' array, through the primary key: a plan made while
+# the outbox was analyzed empty walked the whole key to join them to the pairs.
 EXTEND_CLAIMS = _statement(
     "EXTEND_CLAIMS",
     """
     UPDATE poller_outbox o
     SET claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision))
     FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS bigint[])) AS h(id, claim_token)
-    WHERE o.id = h.id AND o.claim_token = h.claim_token AND o.status = 'in_flight'
+    WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.id = h.id
+      AND o.claim_token = h.claim_token AND o.status = 'in_flight'
     RETURNING o.id
     """,
 )
@@ -404,6 +407,7 @@ JUDGE_HEALTH = _statement(
 # pending with needs_lookup (the send may have happened), or failed when the
 # attempt budget is spent. SKIP LOCKED: never waits on, or deadlocks with, a
 # completion racing for the same row — that row is left for the next sweep.
+# The UPDATE finds the locked rows by their ids' array (as EXTEND_CLAIMS does).
 RECLAIM_EXPIRED = _statement(
     "RECLAIM_EXPIRED",
     """
@@ -423,8 +427,7 @@ RECLAIM_EXPIRED = _statement(
                          || ' did not complete attempt ' || o.attempts,
             failed_at = CASE WHEN o.attempts >= o.max_attempts THEN now() END,
             updated_at = now()
-        FROM expired
-        WHERE o.id = expired.id
+        WHERE o.id = ANY(ARRAY(SELECT id FROM expired))
         RETURNING o.id, o.endpoint_id, o.status, o.attempts, o.claim_token, o.claimed_by
     ), recorded AS (
         INSERT INTO poller_delivery_attempts

@@ -253,21 +253,43 @@ def _generic_plan(engine: Engine, name: str) -> str:
 
 @pytest.mark.slow
 def test_the_claims_plans_read_the_outbox_by_index_empty_or_backlogged(engine: Engine) -> None:
-    """The claim's statements are planned once, perhaps over an empty outbox (a fresh
-    poller; autovacuum analyzes a minute later), perhaps over 20,000 due messages of
-    one rate-limited endpoint with a max_age: either plan reads the outbox through
-    its indexes. Joined to its due rows, the claim's UPDATE read the whole outbox of
-    such a backlog to find ten rows (3.3 ms a claim; 1,000,000 due: 129 ms), and so did
-    the governed claim's aged heads and its test for due messages; found by their
-    ids' array, the plan made over an empty outbox read every row of the drain after."""
+    """The claim path's statements may be planned once, over an outbox never analyzed
+    (a fresh poller: autovacuum analyzes a minute later), analyzed while empty, with
+    20,000 due messages of one rate-limited endpoint with a max_age, or analyzed
+    after they were deleted (the statistics say no row on pages that are still
+    there: every estimate is one row, whatever the table holds): each plan reads
+    the outbox through its indexes. Joined to its due rows, the claim's UPDATE read
+    the whole outbox of such a backlog to find ten rows (3.3 ms a claim; 1,000,000
+    due: 129 ms), and so did the governed claim's aged heads and its test for due
+    messages; found by their ids' array, the plan made over an empty outbox read
+    every row of the drain after. Over a purged outbox the governed claim's UPDATE,
+    joined to its due rows, walked the whole key index; over one analyzed empty, the
+    heartbeat and the reclaim walked the whole primary key."""
     ep = make_endpoint(engine, rate_limit=50.0, max_age=3600).endpoint
-    for backlog in (0, 20_000):
-        if backlog:
-            with engine.begin() as conn:
+    states = {  # state: (messages inserted, then statements run)
+        "never analyzed": (0, ()),
+        "analyzed empty": (0, ("ANALYZE poller_outbox",)),
+        "purged": (20_000, ("DELETE FROM poller_outbox", "ANALYZE poller_outbox")),
+        "backlogged": (20_000, ("ANALYZE",)),
+    }
+    for state, (backlog, statements) in states.items():
+        with engine.begin() as conn:
+            if backlog:
                 insert_due(conn, ep.id, ep.bucket, backlog, pad=100)
-                conn.execute(text("ANALYZE"))
-        for name in ("CLAIM_BATCH", "CLAIM_GOVERNED"):
-            assert _unkeyed_reads(_generic_plan(engine, name)) == [], (backlog, name)
+            for statement in statements:
+                conn.execute(text(statement))
+        for name in _CLAIM_PATH:
+            assert _unkeyed_reads(_generic_plan(engine, name)) == [], (state, name)
+
+
+# The statements a poller runs while it claims, holds and completes messages.
+_CLAIM_PATH = (
+    "CLAIM_BATCH",
+    "CLAIM_GOVERNED",
+    "EXTEND_CLAIMS",
+    "COMPLETE_BATCH",
+    "RECLAIM_EXPIRED",
+)
 
 
 @pytest.mark.slow
