@@ -24,6 +24,10 @@ With --latency the receiver answers each request after that many seconds,
 so both sides are bound by requests in flight rather than CPU (how a change
 to claim batching treats slow receivers).
 
+With --idle-endpoints N the database first gets N more endpoints that never
+have a message (a product whose customers each registered one): the claims
+must not pay for them.
+
 With --publish the messages are published events (poller.publish_many) to the
 endpoint's subscription instead of enqueued: the claim then reads each payload
 from its event.
@@ -58,6 +62,7 @@ from loadtest.procs import Proc, clean_env, tree_cpu_seconds
 from poller import Event, Message, enqueue_many, publish_many
 from poller.db import sync_engine
 from poller.endpoints import create_endpoint, new_secret, update_endpoint
+from poller.schema import BUCKETS, endpoints
 
 PAD = "x" * 200
 
@@ -120,6 +125,35 @@ def start_poller(
         raise
     time.sleep(1.0)  # a benchmark warm-up, not synchronisation: the poller already runs
     return poller
+
+
+def add_idle_endpoints(engine: Any, count: int) -> None:
+    """``count`` endpoints over every bucket, subscribed to no event the benchmark
+    publishes, that never get a message (copies of one, made through the API)."""
+    if count <= 0:
+        return
+    with engine.begin() as conn:
+        create_endpoint(
+            conn, "idle-0", "http://127.0.0.1:9/idle", allow_private=True, event_types=["idle.*"]
+        )
+        columns = ", ".join(
+            c.name for c in endpoints.columns if c.name not in ("id", "name", "bucket")
+        )
+        conn.execute(
+            text(
+                f"INSERT INTO poller_endpoints (name, bucket, {columns})"
+                f" SELECT 'idle-' || g, CAST(g % {BUCKETS} AS smallint), {columns}"
+                " FROM poller_endpoints, generate_series(1, :n) AS g"
+            ),
+            {"n": count - 1},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO poller_endpoint_health (endpoint_id) SELECT id FROM poller_endpoints"
+                " ON CONFLICT DO NOTHING"
+            )
+        )
+        conn.execute(text("ANALYZE"))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -409,6 +443,9 @@ def main() -> None:
     )
     parser.add_argument("--publish", action="store_true", help="publish events, not enqueue")
     parser.add_argument(
+        "--idle-endpoints", type=int, default=0, help="endpoints that never get a message"
+    )
+    parser.add_argument(
         "--latency",
         type=float,
         default=0.0,
@@ -439,6 +476,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         url = fresh_database(admin, "poller_bench_deliveries")
         engine = sync_engine(url)
+        add_idle_endpoints(engine, args.idle_endpoints)
         procs: list[Proc] = []
         try:
             for round_ in range(args.rounds):
