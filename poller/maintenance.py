@@ -212,41 +212,31 @@ CIRCUIT_LEVELS = {"closed": 0, "half_open": 1, "open": 2}
 
 
 class GaugeRefresher:
+    """The cluster-wide gauges, from the maintenance leader: messages by status, and
+    per endpoint the ones GAUGE_ENDPOINTS shows (something due, waiting, blocked, a
+    circuit not closed, disabled). An endpoint that comes to rest loses its series,
+    as does one removed: at rest, an endpoint costs no series and no work here."""
+
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self._endpoints: set[str] = set()
+        self._shown: set[str] = set()
 
     async def run_once(self) -> int:
         async with self.engine.connect() as conn:
-            due = (await conn.execute(queries.GAUGE_DUE)).all()
+            shown = (await conn.execute(queries.GAUGE_ENDPOINTS)).all()
             by_status = (await conn.execute(queries.GAUGE_STATUS)).all()
-            ordering = (await conn.execute(queries.GAUGE_ORDERING)).all()
-            health = (await conn.execute(queries.GAUGE_HEALTH)).all()
-        per_endpoint = (
-            metrics.PENDING_DUE,
-            metrics.OLDEST_DUE_SECONDS,
-            metrics.ORDERING_BLOCKED_KEYS,
-            metrics.ORDERING_BLOCKED_SECONDS,
-            metrics.ORDERING_WAITING,
-            metrics.CIRCUIT_STATE,
-            metrics.CIRCUIT_OPEN_SECONDS,
-            metrics.ENDPOINT_ENABLED,
-            metrics.DISABLED_PENDING,
-        )
-        names = {row.name for row in due}
-        for gone in self._endpoints - names:  # removed endpoints leave no stale series
-            for gauge in per_endpoint:
+        names = {row.name for row in shown}
+        for gone in self._shown - names:
+            for gauge in PER_ENDPOINT:
                 with contextlib.suppress(KeyError):
                     gauge.remove(gone)
-        self._endpoints = names
-        for row in due:
+        self._shown = names
+        for row in shown:
             metrics.PENDING_DUE.labels(row.name).set(row.due)
             metrics.OLDEST_DUE_SECONDS.labels(row.name).set(float(row.oldest_seconds))
-        for row in ordering:
             metrics.ORDERING_BLOCKED_KEYS.labels(row.name).set(row.blocked)
             metrics.ORDERING_BLOCKED_SECONDS.labels(row.name).set(float(row.blocked_seconds))
             metrics.ORDERING_WAITING.labels(row.name).set(row.waiting)
-        for row in health:
             metrics.CIRCUIT_STATE.labels(row.name).set(CIRCUIT_LEVELS.get(row.state, 0))
             metrics.CIRCUIT_OPEN_SECONDS.labels(row.name).set(float(row.open_seconds))
             metrics.ENDPOINT_ENABLED.labels(row.name).set(1 if row.enabled else 0)
@@ -254,3 +244,17 @@ class GaugeRefresher:
         for row in by_status:
             metrics.MESSAGES.labels(row.status).set(row.n)
         return 0
+
+
+# The gauges GaugeRefresher sets per endpoint.
+PER_ENDPOINT = (
+    metrics.PENDING_DUE,
+    metrics.OLDEST_DUE_SECONDS,
+    metrics.ORDERING_BLOCKED_KEYS,
+    metrics.ORDERING_BLOCKED_SECONDS,
+    metrics.ORDERING_WAITING,
+    metrics.CIRCUIT_STATE,
+    metrics.CIRCUIT_OPEN_SECONDS,
+    metrics.ENDPOINT_ENABLED,
+    metrics.DISABLED_PENDING,
+)

@@ -81,6 +81,8 @@ CLAIM_SECONDS = Histogram(
 IN_FLIGHT = Gauge("webhook_poller_in_flight", "Deliveries under way in this poller.")
 
 # --- cluster-wide gauges, set by the maintenance leader (take max by endpoint) ---------
+# The per-endpoint ones have series only for endpoints with something to show
+# (poller/maintenance.py GaugeRefresher): none for an endpoint at rest.
 
 PENDING_DUE = Gauge(
     "webhook_poller_pending_due",

@@ -160,22 +160,6 @@ CLAIM_GOVERNED = _statement(
     """,
 )
 
-# Gauges (maintenance leader): each endpoint's circuit, how long it has been open,
-# whether it is enabled, and the pending messages that wait on a disabled one.
-GAUGE_HEALTH = _statement(
-    "GAUGE_HEALTH",
-    """
-    SELECT e.name, e.enabled, coalesce(h.state, 'closed') AS state,
-           CASE WHEN h.opened_at IS NULL THEN 0
-                ELSE extract(epoch FROM now() - h.opened_at) END AS open_seconds,
-           CASE WHEN e.enabled THEN 0
-                ELSE (SELECT count(*) FROM poller_outbox o
-                      WHERE o.endpoint_id = e.id AND o.status = 'pending') END AS disabled_pending
-    FROM poller_endpoints e
-    LEFT JOIN poller_endpoint_health h ON h.endpoint_id = e.id
-    """,
-)
-
 # ``poller endpoints health``: each endpoint's (or one's) health, with its send
 # success ratio over the last hour and day (from the attempt history, found by
 # the BRIN index on finished_at) and its rate limit's tokens now.

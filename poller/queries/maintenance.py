@@ -54,17 +54,55 @@ PURGE_SPENT_KEYS = _statement(
     """,
 )
 
-# Gauges (maintenance leader): due pending messages and the oldest one's age,
-# per endpoint, from the per-endpoint partial index.
-GAUGE_DUE = _statement(
-    "GAUGE_DUE",
+# Gauges (maintenance leader): the endpoints with something to show — due
+# messages (how many, the oldest's age), ordered messages waiting or keys blocked,
+# a circuit not closed, disabled (with the pending messages that wait for it) —
+# each with all of these. An endpoint at rest has no row, and poller/maintenance.py
+# removes its series: a product whose customers registered 10,000 endpoints
+# exported 90,000 series, mostly zeros, and the refresh took 0.5 s of the leader's
+# CPU every 5 s. Each set is read from its own partial index or small table.
+GAUGE_ENDPOINTS = _statement(
+    "GAUGE_ENDPOINTS",
     """
-    SELECT e.name, count(o.id) AS due,
-           coalesce(extract(epoch FROM now() - min(o.next_attempt_at)), 0) AS oldest_seconds
-    FROM poller_endpoints e
-    LEFT JOIN poller_outbox o
-           ON o.endpoint_id = e.id AND o.status = 'pending' AND o.next_attempt_at <= now()
-    GROUP BY e.name
+    WITH due AS (
+        SELECT o.endpoint_id, count(*) AS due,
+               extract(epoch FROM now() - min(o.next_attempt_at)) AS oldest_seconds
+        FROM poller_outbox o
+        WHERE o.status = 'pending' AND o.next_attempt_at <= now()
+        GROUP BY o.endpoint_id
+    ), waiting AS (
+        SELECT w.endpoint_id, count(*) AS waiting
+        FROM poller_outbox w WHERE w.status = 'waiting'
+        GROUP BY w.endpoint_id
+    ), blocked AS (
+        SELECT k.endpoint_id, count(*) AS blocked,
+               extract(epoch FROM now() - min(k.blocked_since)) AS blocked_seconds
+        FROM poller_ordering_keys k WHERE k.blocked_since IS NOT NULL
+        GROUP BY k.endpoint_id
+    ), shown AS (
+        SELECT endpoint_id FROM due
+        UNION SELECT endpoint_id FROM waiting
+        UNION SELECT endpoint_id FROM blocked
+        UNION SELECT endpoint_id FROM poller_endpoint_health WHERE state <> 'closed'
+        UNION SELECT id FROM poller_endpoints WHERE NOT enabled
+    )
+    SELECT e.name, coalesce(due.due, 0) AS due,
+           coalesce(due.oldest_seconds, 0) AS oldest_seconds,
+           coalesce(blocked.blocked, 0) AS blocked,
+           coalesce(blocked.blocked_seconds, 0) AS blocked_seconds,
+           coalesce(waiting.waiting, 0) AS waiting,
+           e.enabled, coalesce(h.state, 'closed') AS state,
+           CASE WHEN h.opened_at IS NULL THEN 0
+                ELSE extract(epoch FROM now() - h.opened_at) END AS open_seconds,
+           CASE WHEN e.enabled THEN 0
+                ELSE (SELECT count(*) FROM poller_outbox o
+                      WHERE o.endpoint_id = e.id AND o.status = 'pending') END AS disabled_pending
+    FROM shown
+    JOIN poller_endpoints e ON e.id = shown.endpoint_id
+    LEFT JOIN poller_endpoint_health h ON h.endpoint_id = e.id
+    LEFT JOIN due ON due.endpoint_id = e.id
+    LEFT JOIN waiting ON waiting.endpoint_id = e.id
+    LEFT JOIN blocked ON blocked.endpoint_id = e.id
     """,
 )
 

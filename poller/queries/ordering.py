@@ -238,23 +238,6 @@ BLOCKED_KEYS = _statement(
     """,
 )
 
-# Gauges: blocked keys, the longest a key has been blocked, and messages waiting
-# behind heads, per endpoint (waiting rows from their own partial index).
-GAUGE_ORDERING = _statement(
-    "GAUGE_ORDERING",
-    """
-    SELECT e.name,
-           (SELECT count(*) FROM poller_ordering_keys k
-            WHERE k.endpoint_id = e.id AND k.blocked_since IS NOT NULL) AS blocked,
-           (SELECT coalesce(extract(epoch FROM now() - min(k.blocked_since)), 0)
-            FROM poller_ordering_keys k
-            WHERE k.endpoint_id = e.id AND k.blocked_since IS NOT NULL) AS blocked_seconds,
-           (SELECT count(*) FROM poller_outbox w
-            WHERE w.endpoint_id = e.id AND w.status = 'waiting') AS waiting
-    FROM poller_endpoints e
-    """,
-)
-
 # Admin retry, step 2 (after LOCK_ORDERING_KEYS on the retried messages' keys): put
 # retried ordered messages back in line. A key's head stays pending and its key is
 # unblocked; on a key with no head, the retried message with the lowest id becomes

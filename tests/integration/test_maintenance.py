@@ -4,15 +4,17 @@ stay spent for their own retention."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import Gauge
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from poller import IdempotencyKeySpent, Message, enqueue, enqueue_many
+from poller import IdempotencyKeySpent, Message, enqueue, enqueue_many, metrics
 from poller.claims import Claims
 from poller.endpoints import CreatedEndpoint
-from poller.maintenance import Purger
+from poller.maintenance import PER_ENDPOINT, GaugeRefresher, Purger
 from poller.outcomes import delivered, failed
+from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, seed
 
 
@@ -94,3 +96,68 @@ async def test_a_purged_key_stays_spent_until_its_own_retention(
     assert await purger.run_once() == 1
     with Session(engine) as session, session.begin():
         assert enqueue(session, **again, idempotency_key="billing:0") != msg_id
+
+
+async def test_the_gauges_show_the_endpoints_with_something_to_show(
+    aengine: AsyncEngine, engine: Engine
+) -> None:
+    """An endpoint at rest has no per-endpoint series: thousands of customers' idle
+    endpoints cost no series and no refresh work. One with messages due, waiting
+    behind a key, a circuit not closed or disabled has all of them; one that comes to
+    rest loses them."""
+    for name in ("gauge-rest", "gauge-due", "gauge-keyed", "gauge-open", "gauge-off"):
+        make_endpoint(engine, name)
+    seed(engine, 3, "gauge-due")
+    seed(engine, 2, "gauge-keyed", ordering_key="k")
+    seed(engine, 2, "gauge-off")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoints SET enabled = false WHERE name = 'gauge-off'"))
+        conn.execute(
+            text(
+                "INSERT INTO poller_endpoint_health (endpoint_id, state, opened_at)"
+                " SELECT id, 'open', now() - interval '1 minute' FROM poller_endpoints"
+                " WHERE name = 'gauge-open'"
+                " ON CONFLICT (endpoint_id) DO UPDATE SET state = 'open', opened_at = now()"
+                " - interval '1 minute'"
+            )
+        )
+    refresher = GaugeRefresher(aengine)
+    await refresher.run_once()
+    assert _series(metrics.PENDING_DUE) == {
+        "gauge-due": 3,
+        "gauge-keyed": 1,  # the key's head; the other waits
+        "gauge-open": 0,
+        "gauge-off": 2,
+    }
+    assert _series(metrics.ORDERING_WAITING)["gauge-keyed"] == 1
+    assert _series(metrics.CIRCUIT_STATE)["gauge-open"] == 2
+    assert _series(metrics.CIRCUIT_OPEN_SECONDS)["gauge-open"] >= 60
+    assert _series(metrics.ENDPOINT_ENABLED) == {
+        "gauge-due": 1,
+        "gauge-keyed": 1,
+        "gauge-open": 1,
+        "gauge-off": 0,
+    }
+    assert _series(metrics.DISABLED_PENDING)["gauge-off"] == 2
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "DELETE FROM poller_outbox WHERE endpoint_id ="
+                " (SELECT id FROM poller_endpoints WHERE name = 'gauge-due')"
+            )
+        )
+    await refresher.run_once()
+    for gauge in PER_ENDPOINT:
+        assert "gauge-due" not in _series(gauge) and "gauge-rest" not in _series(gauge)
+        assert "gauge-open" in _series(gauge)
+
+
+def _series(gauge: Gauge) -> dict[str, float]:
+    """This test's endpoints' samples of a per-endpoint gauge (the registry is the
+    process's: other tests' endpoints are in it too)."""
+    return {
+        sample.labels["endpoint"]: sample.value
+        for family in gauge.collect()
+        for sample in family.samples
+        if sample.labels["endpoint"].startswith("gauge-")
+    }
