@@ -15,7 +15,7 @@ from sqlalchemy import Connection, func, select
 
 from poller import queries
 from poller.endpoint_checks import could_be_name
-from poller.errors import UnknownEndpoint
+from poller.errors import InvalidInput, UnknownEndpoint
 from poller.schema import STATUSES, delivery_attempts, endpoints, event_log, outbox
 from poller.schema import endpoint_health as health_table
 
@@ -30,7 +30,6 @@ def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
     :data:`EXACT_BELOW` rows, delivered rows are not counted per endpoint but
     estimated in total from the planner's row count (``delivered_estimated``), so
     the answer costs the same with a million rows of history as with none."""
-    names = dict(conn.execute(select(endpoints.c.id, endpoints.c.name)).all())
     rows = list(conn.execute(queries.OPEN_COUNTS))
     estimated = False
     if not delivered:
@@ -38,6 +37,22 @@ def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
         estimated = total is not None and total >= EXACT_BELOW
     if not estimated:
         rows += conn.execute(queries.DELIVERED_COUNTS).all()
+    # the endpoints counted, not every one: a product's customers' thousands are mostly idle
+    counted = conn.execute(
+        select(
+            endpoints.c.id,
+            endpoints.c.name,
+            endpoints.c.enabled,
+            endpoints.c.paused_until,
+            endpoints.c.held_until,
+            endpoints.c.held_by,
+            health_table.c.state,
+        )
+        .join(health_table, health_table.c.endpoint_id == endpoints.c.id, isouter=True)
+        .where(endpoints.c.id.in_({endpoint_id for endpoint_id, _, _ in rows}))
+    ).all()
+    names = {row.id: row.name for row in counted}
+    states = {row.name: _endpoint_state(row) for row in counted}
     per_endpoint: dict[str, dict[str, int]] = {}
     totals: dict[str, int] = {s: 0 for s in STATUSES}  # waiting: behind an ordering key's head
     for endpoint_id, status, count in rows:
@@ -66,19 +81,6 @@ def queue_stats(conn: Connection, *, delivered: bool = True) -> dict[str, Any]:
             event_log.c.created_at > now - timedelta(days=1)
         )
     ).one()
-    states = {
-        row.name: _endpoint_state(row)
-        for row in conn.execute(
-            select(
-                endpoints.c.name,
-                endpoints.c.enabled,
-                endpoints.c.paused_until,
-                endpoints.c.held_until,
-                endpoints.c.held_by,
-                health_table.c.state,
-            ).join(health_table, health_table.c.endpoint_id == endpoints.c.id, isouter=True)
-        )
-    }
     held = sum(
         counts["pending"] for name, counts in per_endpoint.items() if states.get(name, "ok") != "ok"
     )
@@ -172,12 +174,25 @@ def endpoint_health(conn: Connection, endpoint_id: int) -> dict[str, Any]:
     }
 
 
-def health_report(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
+def health_report(
+    conn: Connection,
+    name: str | None = None,
+    *,
+    after: str | None = None,
+    contains: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
     """Each endpoint's health (poller/health.py), or ``name``'s: circuit, failure streak,
-    last success, send success ratio over 1 h and 24 h, rate limit and its use now."""
+    last success, send success ratio over 1 h and 24 h, rate limit and its use now.
+    By name; a page of at most ``limit`` after the name ``after``, of the endpoints
+    whose names contain ``contains``."""
     if name is not None and not could_be_name(name):  # a NUL would reach PostgreSQL
         raise UnknownEndpoint(name)
-    rows = conn.execute(queries.HEALTH_REPORT, {"name": name}).all()
+    for value in (after, contains):
+        if value is not None and "\x00" in value:
+            raise InvalidInput("an endpoint name has no NUL character")
+    params = {"name": name, "after": after, "contains": contains or None, "limit": limit}
+    rows = conn.execute(queries.HEALTH_REPORT, params).all()
     if name is not None and not rows:
         raise UnknownEndpoint(name)
     report = []

@@ -242,11 +242,20 @@ async def endpoint_page(request: Request) -> Response:
 
 @page
 async def endpoint_list(request: Request) -> Response:
+    """The endpoints by name, a page at a time (``after``: the last name of the page
+    before), optionally those whose names contain ``q``: thousands of customers'
+    endpoints on one page took 0.9 s to make and weighed 6.5 MB, every 5 s."""
     board = dashboard(request)
+    after = request.query_params.get("after") or None
+    contains = request.query_params.get("q", "").strip() or None
 
     def read(conn: Connection) -> list[dict[str, Any]]:
-        described = {r.name: r for r in conn.execute(select(*ENDPOINT_COLUMNS))}
-        report = stats.health_report(conn)
+        report = stats.health_report(conn, after=after, contains=contains, limit=PAGE_SIZE + 1)
+        names = [row["name"] for row in report]
+        described = {
+            r.name: r
+            for r in conn.execute(select(*ENDPOINT_COLUMNS).where(endpoints.c.name.in_(names)))
+        }
         for row in report:
             info = described.get(row["name"])
             row["url"] = info.url if info else ""
@@ -254,11 +263,20 @@ async def endpoint_list(request: Request) -> Response:
             row["tenant"] = info.tenant if info else None
         return report
 
+    try:
+        rows = await board.read(read)
+    except InvalidInput as exc:
+        return board.error(request, 400, str(exc))
+    query = {"q": contains} if contains else {}
+    next_page = {**query, "after": rows[PAGE_SIZE - 1]["name"]} if len(rows) > PAGE_SIZE else None
     return board.render(
         request,
         "endpoints.html",
-        refresh=5,
-        rows=await board.read(read),
+        refresh=0 if after else 5,
+        rows=rows[:PAGE_SIZE],
+        query=query,
+        next_page=next_page,
+        first_page=after is None,
         done=request.query_params.get("done"),
     )
 

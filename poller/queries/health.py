@@ -160,12 +160,27 @@ CLAIM_GOVERNED = _statement(
     """,
 )
 
-# ``poller endpoints health``: each endpoint's (or one's) health, with its send
-# success ratio over the last hour and day (from the attempt history, found by
-# the BRIN index on finished_at) and its rate limit's tokens now.
+# ``poller endpoints health`` and the dashboard's endpoints: each endpoint's (or
+# one's) health, with its send success ratio over the last hour and day (from the
+# attempt history, found by the BRIN index on finished_at), its pending messages
+# and its rate limit's tokens now. A page of them, by name: at most :limit (NULL:
+# all) after :after (NULL: from the first), whose names contain :contains (NULL:
+# any); the attempts and pending messages are counted for that page's endpoints
+# only, each in one pass. Counted per endpoint, over 10,000 endpoints, the pending
+# messages took 1.06 s (a plan that believed one endpoint had them all read the
+# outbox for each), and the dashboard's page of all of them 0.9 s and 6.5 MB.
 HEALTH_REPORT = _statement(
     "HEALTH_REPORT",
     """
+    WITH page AS (
+        SELECT e.id FROM poller_endpoints e
+        WHERE (CAST(:name AS text) IS NULL OR e.name = CAST(:name AS text))
+          AND (CAST(:after AS text) IS NULL OR e.name > CAST(:after AS text))
+          AND (CAST(:contains AS text) IS NULL
+               OR strpos(e.name, CAST(:contains AS text)) > 0)
+        ORDER BY e.name
+        LIMIT CAST(:limit AS bigint)
+    )
     SELECT e.id, e.name, e.enabled, e.disabled_reason, e.rate_limit,
            coalesce(e.rate_burst, CAST(greatest(1, ceil(e.rate_limit)) AS integer)) AS rate_burst,
            e.circuit_failures, e.circuit_cooldown, e.paused_until, e.held_until, e.held_by,
@@ -177,13 +192,13 @@ HEALTH_REPORT = _statement(
                h.tokens + e.rate_limit * extract(epoch FROM now() - h.tokens_at)) END AS tokens,
            coalesce(s.sends_1h, 0) AS sends_1h, coalesce(s.ok_1h, 0) AS ok_1h,
            coalesce(s.sends_24h, 0) AS sends_24h, coalesce(s.ok_24h, 0) AS ok_24h,
-           (SELECT count(*) FROM poller_outbox o
-            WHERE o.endpoint_id = e.id AND o.status = 'pending') AS pending
-    FROM poller_endpoints e
+           coalesce(p.pending, 0) AS pending
+    FROM page
+    JOIN poller_endpoints e ON e.id = page.id
     JOIN poller_endpoint_health h ON h.endpoint_id = e.id
     LEFT JOIN (
-        -- One pass over the day's attempts (the BRIN index on finished_at) for every
-        -- endpoint, no join: a lateral join per endpoint through the outbox took 8 s
+        -- One pass over the day's attempts (the BRIN index on finished_at), no join
+        -- per endpoint: a lateral join per endpoint through the outbox took 8 s
         -- with 100 endpoints and 200,000 attempts a day.
         SELECT a.endpoint_id,
                count(*) FILTER (WHERE a.finished_at > now() - interval '1 hour') AS sends_1h,
@@ -193,11 +208,15 @@ HEALTH_REPORT = _statement(
                count(*) FILTER (WHERE a.outcome = 'delivered') AS ok_24h
         FROM poller_delivery_attempts a
         WHERE a.kind = 'send' AND NOT a.stale AND a.finished_at > now() - interval '24 hours'
-          AND (CAST(:name AS text) IS NULL OR a.endpoint_id =
-               (SELECT id FROM poller_endpoints WHERE name = CAST(:name AS text)))
+          AND a.endpoint_id IN (SELECT id FROM page)
         GROUP BY a.endpoint_id
     ) AS s ON s.endpoint_id = e.id
-    WHERE CAST(:name AS text) IS NULL OR e.name = CAST(:name AS text)
+    LEFT JOIN (
+        SELECT o.endpoint_id, count(*) AS pending
+        FROM poller_outbox o
+        WHERE o.status = 'pending' AND o.endpoint_id IN (SELECT id FROM page)
+        GROUP BY o.endpoint_id
+    ) AS p ON p.endpoint_id = e.id
     ORDER BY e.name
     """,
 )

@@ -377,6 +377,30 @@ def test_failed_pages_by_keyset(engine: Engine, web: TestClient) -> None:
     assert web.get("/failed?endpoint=nobody").status_code == 404
 
 
+def test_endpoints_page_by_name_and_filter(engine: Engine, web: TestClient) -> None:
+    """A product's customers register thousands of endpoints: the page shows them 50 at
+    a time by name, and those whose names contain a text."""
+    names = [f"cust-{n:03}" for n in range(55)]
+    for name in [*names, "ledger", "a_b", "axb"]:
+        make_endpoint(engine, name)
+    seen: list[str] = []
+    url = "/endpoints?q=cust-"
+    while url:
+        page = web.get(url).text
+        seen += re.findall(r'<tr data-endpoint="([^"]+)">', page)
+        found = re.search(r'rel="next" href="([^"]+)"', page)
+        url = found.group(1).replace("&amp;", "&") if found else ""
+    assert seen == names
+    first = web.get("/endpoints").text
+    assert len(re.findall(r"<tr data-endpoint=", first)) == 50 and 'rel="next"' in first
+    assert re.findall(r'<tr data-endpoint="([^"]+)">', web.get("/endpoints?q=a_b").text) == [
+        "a_b"  # the text as it is: no wildcard
+    ]
+    assert "No endpoint matches" in web.get("/endpoints?q=nobody").text
+    assert web.get("/endpoints?q=%00").status_code == 400
+    assert web.get("/endpoints?after=%00").status_code == 400
+
+
 # --- actions --------------------------------------------------------------------------
 
 

@@ -88,7 +88,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "NOTIFY_BUCKETS": {"buckets": [1, 2]},
     "CLAIM_BATCH": {**CLAIM, "salt": "s", "fences": '[{"shard": 0, "fence": 3}]', "shards": 8},
     "CLAIM_GOVERNED": {**CLAIM, "fences": None, "shards": 8},
-    "HEALTH_REPORT": {"name": None},
+    "HEALTH_REPORT": {"name": None, "after": None, "contains": None, "limit": 50},
     "RESET_HEALTH": {"endpoint_id": 1},
     "ENDPOINTS_BY_ID": {"ids": [1, 2]},
     "EXTEND_CLAIMS": {"ids": [1, 2], "tokens": [5, 6], "claim_lease": 30.0},
