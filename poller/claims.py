@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -124,6 +123,7 @@ def buckets_literal(buckets: Sequence[int]) -> str:
 
 
 ALL_BUCKETS_LITERAL = buckets_literal(ALL_BUCKETS)
+LEAST_ID = -(2**63)  # the least bigint: an endpoint's identity takes any id it is given
 
 
 class Claims:
@@ -163,6 +163,9 @@ class Claims:
         self._carried_signals: dict[int, Signal] = {}
         self._follow_up_outage = OutageLog("following up completions")
         self._literals: dict[tuple[int, ...], str] = {}  # buckets -> buckets_literal
+        # CLAIM_BATCH takes endpoints in turn: the next claim starts after the last
+        # endpoint this one took from (the first, at the least bigint: any id)
+        self._after = LEAST_ID
 
     async def claim_batch(
         self, limit: int, buckets: Sequence[int] | None = None, **options: Any
@@ -222,7 +225,7 @@ class Claims:
                 [{"endpoint_id": e, "n": n} for e, n in (in_flight or {}).items() if n]
             ),
             "default_max_in_flight": default_max_in_flight or limit,
-            "salt": secrets.token_hex(4),
+            "after": self._after,
             "fences": None,
             "shards": shards,
         }
@@ -247,7 +250,7 @@ class Claims:
             if limit > len(messages) and (accepted or not fences):
                 rows = await self.direct.fetch(queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)
                 accepted.intersection_update(rows[0][-1] or ())
-                messages += [ClaimedMessage(*row[:-1]) for row in rows if row[0] is not None]
+                messages += self._in_turn(rows)
             endpoints = []
             if stale := _stale_endpoints(messages, endpoint_versions):
                 found = await self.direct.fetch(queries.ENDPOINTS_BY_ID, {"ids": stale})
@@ -262,6 +265,14 @@ class Claims:
             if fences:
                 self._refused(fences, accepted, on_refused)
         return ClaimBatch(messages, endpoints, governed_count)
+
+    def _in_turn(self, rows: Sequence[Sequence[Any]]) -> list[ClaimedMessage]:
+        """CLAIM_BATCH's messages (the row of NULLs of an empty claim dropped), in the
+        order it took their endpoints; the next claim starts after the last one."""
+        claimed = [ClaimedMessage(*row[:-1]) for row in rows if row[0] is not None]
+        if claimed:
+            self._after = claimed[-1].endpoint_id
+        return claimed
 
     def _buckets_literal(self, buckets: Sequence[int] | None) -> str:
         """:func:`buckets_literal`, kept for the last bucket sets asked for (a claim's scope
@@ -320,7 +331,7 @@ class Claims:
                 params["limit"] = limit - len(messages)
             if limit > len(messages):
                 claimed = await fetch(conn, queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)
-                messages += [ClaimedMessage(*row[:-1]) for row in claimed if row[0] is not None]
+                messages += self._in_turn(claimed)
             stale = _stale_endpoints(messages, endpoint_versions or {})
             endpoints = []
             if stale:

@@ -56,18 +56,63 @@ PENDING_ENDPOINTS = """
         ) AS n
     """
 
+# The same walk in turn (round robin), for CLAIM_BATCH: from the first endpoint
+# after :after (the last one the poller's previous claim took from) up, then
+# around from the least bigint up to :after (``lap`` 1), and only as far as the
+# statement reads it: a claim that has its :limit rows stops walking. Each step
+# bounds its descent by an index condition (in lap 1, by :after), so a lap ends
+# where it should instead of reading the rest of the index.
+PENDING_IN_TURN = """
+        (SELECT first.* FROM (
+            (SELECT o.endpoint_id, o.next_attempt_at, 0 AS lap FROM poller_outbox o
+             WHERE o.status = 'pending' AND o.endpoint_id > CAST(:after AS bigint)
+             ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+             LIMIT 1)
+            UNION ALL
+            (SELECT o.endpoint_id, o.next_attempt_at, 1 FROM poller_outbox o
+             WHERE o.status = 'pending'
+               AND o.endpoint_id >= CAST(-9223372036854775808 AS bigint)
+               AND o.endpoint_id <= CAST(:after AS bigint)
+             ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+             LIMIT 1)
+         ) AS first LIMIT 1)
+        UNION ALL
+        SELECT n.endpoint_id, n.next_attempt_at, n.lap
+        FROM pending p
+        CROSS JOIN LATERAL (
+            (SELECT o.endpoint_id, o.next_attempt_at, p.lap AS lap FROM poller_outbox o
+             WHERE o.status = 'pending' AND o.endpoint_id > p.endpoint_id
+               AND o.endpoint_id <= CASE WHEN p.lap = 0
+                                         THEN CAST(9223372036854775807 AS bigint)
+                                         ELSE CAST(:after AS bigint) END
+             ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+             LIMIT 1)
+            UNION ALL
+            (SELECT o.endpoint_id, o.next_attempt_at, 1 FROM poller_outbox o
+             WHERE p.lap = 0 AND o.status = 'pending'
+               AND o.endpoint_id >= CAST(-9223372036854775808 AS bigint)
+               AND o.endpoint_id <= CAST(:after AS bigint)
+             ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+             LIMIT 1)
+            LIMIT 1
+        ) AS n
+    """
+
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.
-# The endpoints considered are those with pending messages (PENDING_ENDPOINTS),
-# not every enabled endpoint: most of a product's customers have nothing due at
-# a given moment, and a claim that visited all of 10,000 endpoints took 15-24 ms
-# where this takes 1. Each claimed row's endpoint updated_at is read by its key,
-# so no plan joins the whole endpoints table.
+# The endpoints considered are those with pending messages, in turn
+# (PENDING_IN_TURN: from the one after :after, the last the poller's previous
+# claim took from, around), and only until the claim has its rows: most of a
+# product's customers have nothing due at a given moment, and a claim that
+# visited all of 10,000 idle endpoints took 15-24 ms, one that visited 10,000
+# with messages 12 ms (45 ms walking them all), where this takes 0.9. Each
+# claimed row's endpoint updated_at is read by its key, so no plan joins the
+# whole endpoints table.
 # Each enabled endpoint gets at most its free in-flight room (its max_in_flight
-# minus what this poller already holds for it, given as JSON); endpoints are
-# visited in a fresh random order each time and each one's rows come, oldest
-# due first, from its own partial index. So one endpoint's backlog, or a slow
-# endpoint at its cap, never starves the others, and a disabled endpoint's
-# rows wait, and so do the rows of one an operator paused (held_by, held_until:
+# minus what this poller already holds for it, given as JSON); each one's rows
+# come, oldest due first, from its own partial index. So one endpoint's backlog,
+# or a slow endpoint at its cap, never starves the others (each claim starts
+# where the last one stopped; an endpoint at its cap is passed), and a disabled
+# endpoint's rows wait, and so do the rows of one an operator paused (held_by, held_until:
 # poller/cancel.py). So do a paused endpoint's (paused_until: its circuit is not
 # closed, or it answered 429/503 with Retry-After) and a rate-limited one's:
 # CLAIM_GOVERNED (poller/queries/health.py) takes those, at most ten times a
@@ -96,23 +141,22 @@ CLAIM_BATCH = _statement(
     f"""
     WITH RECURSIVE offered AS ({OFFERED_FENCES}), fenced AS (
         {fencing("claimed_by")}
-    ), busy AS (
+    ), busy AS MATERIALIZED (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
-    ), pending AS ({PENDING_ENDPOINTS}), ready AS (
+    ), pending AS ({PENDING_IN_TURN}), ready AS (
         SELECT e.id,
                coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
-                   - coalesce(busy.n, 0) AS room
+                   - coalesce((SELECT busy.n FROM busy WHERE busy.endpoint_id = e.id), 0)
+                   AS room
         FROM pending p
         JOIN poller_endpoints e ON e.id = p.endpoint_id
-        LEFT JOIN busy ON busy.endpoint_id = e.id
         WHERE p.next_attempt_at <= now()
           AND e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
           AND (CAST(:fences AS jsonb) IS NULL
                OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
           AND (e.held_by IS NULL OR e.held_until <= now())
           AND e.rate_limit IS NULL AND (e.paused_until IS NULL OR e.paused_until <= now())
-        ORDER BY md5(CAST(e.id AS text) || :salt)
     ), due AS (
         SELECT picked.id
         FROM ready

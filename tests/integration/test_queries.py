@@ -7,6 +7,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
@@ -86,7 +87,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_MANY": MANY,
     "ENQUEUE_MANY_EXISTING": MANY,
     "NOTIFY_BUCKETS": {"buckets": [1, 2]},
-    "CLAIM_BATCH": {**CLAIM, "salt": "s", "fences": '[{"shard": 0, "fence": 3}]', "shards": 8},
+    "CLAIM_BATCH": {**CLAIM, "after": 0, "fences": '[{"shard": 0, "fence": 3}]', "shards": 8},
     "CLAIM_GOVERNED": {**CLAIM, "fences": None, "shards": 8},
     "HEALTH_REPORT": {"name": None, "after": None, "contains": None, "limit": 50},
     "RESET_HEALTH": {"endpoint_id": 1},
@@ -313,6 +314,59 @@ def test_a_claim_reads_only_the_endpoints_with_pending_messages(engine: Engine) 
         assert _unkeyed_reads(plan, "poller_endpoints") == [], name
         assert _unkeyed_reads(plan, "poller_endpoint_health") == [], name
         assert _unkeyed_reads(plan) == [], name
+
+
+@pytest.mark.slow
+def test_a_claim_walks_only_as_far_as_it_takes(engine: Engine) -> None:
+    """Over 300 endpoints with messages due, a claim of 10 visits a few endpoints,
+    not all of them: the walk is read as the claim needs it. Visiting every one,
+    a claim over 10,000 endpoints with messages took 45 ms where this takes 0.9."""
+    source = make_endpoint(engine).endpoint
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO poller_endpoints (name, url, secret, bucket)"
+                " SELECT 'busy-' || g, url, secret, CAST(g % 256 AS smallint)"
+                " FROM poller_endpoints, generate_series(1, 299) AS g"
+            )
+        )
+        for endpoint_id, bucket in conn.execute(text("SELECT id, bucket FROM poller_endpoints")):
+            insert_due(conn, endpoint_id, bucket, 2, prefix=f"{endpoint_id}:")
+        conn.execute(text("ANALYZE"))
+    params = {**CLAIM, "after": source.id, "fences": None, "shards": 1}
+    plan = _executed_plan(engine, "CLAIM_BATCH", params)
+    walked = _nodes(plan, "Recursive Union")
+    assert len(walked) == 1 and walked[0]["Actual Rows"] <= 10, walked[0]["Actual Rows"]
+
+
+def _executed_plan(engine: Engine, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The plan of the statement run once as the claim connection runs it (prepared,
+    planned once for all values), with its actual row counts."""
+    numbers: dict[str, int] = {}
+    sql = re.sub(
+        r"%\((\w+)\)s",
+        lambda m: f"${numbers.setdefault(m.group(1), len(numbers) + 1)}",
+        getattr(queries, name).psycopg,
+    ).replace("%%", "%")
+    with engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        for setting in QUEUE_SETTINGS + GENERIC_PLAN_SETTINGS:
+            driver.execute(setting)  # type: ignore[union-attr]
+        driver.execute(f"PREPARE measured AS {sql}")  # type: ignore[union-attr]
+        values = [params[key] for key in sorted(numbers, key=numbers.__getitem__)]
+        cursor = psycopg.ClientCursor(driver)  # type: ignore[arg-type]
+        marks = ", ".join(["%s"] * len(values))
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE measured({marks})", values)
+        plan: dict[str, Any] = cursor.fetchone()[0][0]["Plan"]  # type: ignore[index]
+        conn.invalidate()  # the settings go with the connection
+    return plan
+
+
+def _nodes(plan: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    found = [plan] if plan["Node Type"] == kind else []
+    for child in plan.get("Plans", []):
+        found += _nodes(child, kind)
+    return found
 
 
 def _unkeyed_reads(plan: str, table: str = "poller_outbox") -> list[str]:
