@@ -99,12 +99,17 @@ def watch_circuits(engine: Any, run: Run, stop: threading.Event) -> None:
 def stuck_circuits(run: Run) -> list[str]:
     """The spells longer than :data:`STUCK` seconds that no fault's window explains."""
     windows = [(began, ended + AFTER_FAULT) for _, _, began, ended in run.fault_log]
+    t0 = run.began_at.timestamp()  # spells are said in seconds into the run
+
+    def spell(began: float, until: float) -> str:
+        return f"for {until - began:.1f}s ({began - t0:.1f}-{until - t0:.1f}s), no fault near"
+
     return [
         f"{name.removeprefix(AGED)} due a probe or tokens behind messages past max_age "
-        f"for {until - began:.1f}s, no fault near"
+        + spell(began, until)
         if name.startswith(AGED)
         else f"circuit of {name} half-open with nothing in flight and a message due "
-        f"for {until - began:.1f}s, no fault near"
+        + spell(began, until)
         for name, began, until in run.idle_circuits
         if until - began > STUCK
         and not any(began <= fault_end and start <= until for start, fault_end in windows)

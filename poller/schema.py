@@ -163,6 +163,10 @@ endpoints = Table(
         postgresql_using="gin",
         postgresql_with={"fastupdate": "off"},
     ),
+    # The governed claim (queries/health.py) starts from the rate-limited endpoints.
+    Index(
+        "ix_poller_endpoints_rate_limited", "id", postgresql_where=text("rate_limit IS NOT NULL")
+    ),
 )
 
 # Published events (poller/fanout.py): each kept once, however many endpoints it
@@ -415,6 +419,12 @@ endpoint_health = Table(
     # checks it against the attempt rows.
     Column("failed_requests", BigInteger, nullable=False, server_default=text("0")),
     CheckConstraint("state IN ('closed', 'open', 'half_open')", name="state_valid"),
+    # ... and from the circuits not closed.
+    Index(
+        "ix_poller_endpoint_health_not_closed",
+        "endpoint_id",
+        postgresql_where=text("state <> 'closed'"),
+    ),
 )
 
 # What completions told an endpoint's health while its rows were busy (locked by

@@ -37,31 +37,14 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
 
 # The endpoints with pending messages, each with its first one's due time (the
 # earliest: the index is in due order within an endpoint), one descent of the
-# pending index per endpoint, from the least bigint up (an identity made BY
-# DEFAULT takes any id it is given, 0 and negative ones too). A recursive CTE
-# (the statement says WITH RECURSIVE) named ``pending``.
-PENDING_ENDPOINTS = """
-        (SELECT o.endpoint_id, o.next_attempt_at FROM poller_outbox o
-         WHERE o.status = 'pending' AND o.endpoint_id >= CAST(-9223372036854775808 AS bigint)
-         ORDER BY o.endpoint_id, o.next_attempt_at, o.id
-         LIMIT 1)
-        UNION ALL
-        SELECT n.endpoint_id, n.next_attempt_at
-        FROM pending p
-        CROSS JOIN LATERAL (
-            SELECT o.endpoint_id, o.next_attempt_at FROM poller_outbox o
-            WHERE o.status = 'pending' AND o.endpoint_id > p.endpoint_id
-            ORDER BY o.endpoint_id, o.next_attempt_at, o.id
-            LIMIT 1
-        ) AS n
-    """
-
-# The same walk in turn (round robin), for CLAIM_BATCH: from the first endpoint
-# after :after (the last one the poller's previous claim took from) up, then
-# around from the least bigint up to :after (``lap`` 1), and only as far as the
-# statement reads it: a claim that has its :limit rows stops walking. Each step
-# bounds its descent by an index condition (in lap 1, by :after), so a lap ends
-# where it should instead of reading the rest of the index.
+# pending index per endpoint, in turn (round robin): from the first endpoint after
+# :after (the last one the poller's previous claim took from) up, then around from
+# the least bigint (an identity made BY DEFAULT takes any id it is given, 0 and
+# negative ones too) up to :after (``lap`` 1), and only as far as the statement
+# reads it: a claim that has its :limit rows stops walking. Each step bounds its
+# descent by an index condition (in lap 1, by :after), so a lap ends where it
+# should instead of reading the rest of the index. A recursive CTE (the statement
+# says WITH RECURSIVE) named ``pending``.
 PENDING_IN_TURN = """
         (SELECT first.* FROM (
             (SELECT o.endpoint_id, o.next_attempt_at, 0 AS lap FROM poller_outbox o

@@ -10,7 +10,7 @@ for endpoints that are neither.
 from __future__ import annotations
 
 from poller.queries._registry import statement as _statement
-from poller.queries.claims import CLAIMED, CLAIMING, PENDING_ENDPOINTS
+from poller.queries.claims import CLAIMED, CLAIMING
 from poller.queries.cluster import OFFERED_FENCES, fencing
 
 # Claim the due messages of governed endpoints in the given buckets: a rate-limited
@@ -42,15 +42,18 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # counts the governed endpoints that had due messages, so the caller knows to come
 # back soon for the rest; the last, ``accepted``, the shards whose :fences it
 # accepted (as CLAIM_BATCH does). Planned once for all values, as CLAIM_BATCH
-# is: the outbox is read through its indexes only (the endpoints with pending
-# messages, PENDING_ENDPOINTS, the aged heads and the claimed rows by the ids'
+# is: the outbox is read through its indexes only (each governed endpoint's
+# first pending message, the aged heads and the claimed rows by the ids'
 # array), where a join or EXISTS let the plan read the whole outbox of a
 # backlog; the UPDATE joins nothing (which rows are aged, which endpoints probe,
 # come as arrays too): joined to its due rows, a plan made over an outbox analyzed
 # after a purge walked its whole key index (7.6-11.9 ms a claim over 20,000 rows,
-# against 1.3-1.9). Only the endpoints with a due message are read, with their health
-# rows: reading every endpoint's, a governed claim over 10,000 endpoints took
-# 21 ms, ten times a second while any endpoint is rate limited or failing.
+# against 1.3-1.9). Only the governed endpoints are read — rate limited, or a
+# circuit not closed, each found by its partial index — with their health rows and
+# each one's first pending message: reading every endpoint's, a governed claim
+# over 10,000 endpoints took 21 ms, ten times a second while any endpoint is rate
+# limited or failing; walking every endpoint with pending messages, 47 ms over
+# 10,000 with messages. (Where every endpoint is rate limited, it reads them all.)
 CLAIM_GOVERNED = _statement(
     "CLAIM_GOVERNED",
     f"""
@@ -59,18 +62,25 @@ CLAIM_GOVERNED = _statement(
     ), busy AS (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
-    ), pending AS ({PENDING_ENDPOINTS}), gov AS (
+    ), governed AS (
+        SELECT id FROM poller_endpoints WHERE rate_limit IS NOT NULL
+        UNION
+        SELECT endpoint_id FROM poller_endpoint_health WHERE state <> 'closed'
+    ), gov AS (
         SELECT e.id, e.rate_limit, h.state <> 'closed' AS probing, e.max_age,
                coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
                    - coalesce(busy.n, 0) AS room,
                CASE WHEN e.rate_limit IS NOT NULL THEN least(
                    coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),
                    h.tokens + e.rate_limit * extract(epoch FROM now() - h.tokens_at)) END AS tokens
-        FROM pending pe
-        JOIN poller_endpoints e ON e.id = pe.endpoint_id
+        FROM governed g
+        JOIN poller_endpoints e ON e.id = g.id
         JOIN poller_endpoint_health h ON h.endpoint_id = e.id
         LEFT JOIN busy ON busy.endpoint_id = e.id
-        WHERE pe.next_attempt_at <= now()
+        WHERE (SELECT o.next_attempt_at FROM poller_outbox o  -- its first pending message
+               WHERE o.status = 'pending' AND o.endpoint_id = e.id
+               ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+               LIMIT 1) <= now()
           AND e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
           AND (CAST(:fences AS jsonb) IS NULL
                OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
