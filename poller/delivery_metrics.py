@@ -13,6 +13,12 @@ series, buckets, exemplars and ``_created`` samples that prometheus-client's
 Counter and Histogram would give (tests/unit/test_delivery_metrics.py holds the
 two expositions equal). Counts are per process and only grow: a dispatcher that
 ends keeps its counts in the sum.
+
+The ``endpoint`` label is bounded (:class:`EndpointLabels`): the first
+``POLLER_METRICS_ENDPOINTS`` endpoint names a process meets keep their own
+series, and later ones count under ``endpoint="_other"``. An endpoint costs
+about 40 series here; a product whose customers registered 10,000 endpoints made
+a 35 MB scrape that took 3.6 s of the poller's CPU, every scrape.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import INF, floatToGoString
+
+from poller.settings import METRICS_ENDPOINTS
 
 _S = TypeVar("_S", "Count", "Histogram")
 
@@ -107,11 +115,34 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+OTHER = "_other"  # the endpoint label of the endpoints past the limit: no endpoint's name
+
+
+class EndpointLabels:
+    """A process's ``endpoint`` label values: the first ``limit`` names met are their
+    own, later ones :data:`OTHER` (and ``folded`` turns true)."""
+
+    def __init__(self, limit: int = METRICS_ENDPOINTS) -> None:
+        self.limit = limit
+        self.folded = False
+        self._own: set[str] = set()
+
+    def __call__(self, name: str) -> str:
+        if name in self._own:
+            return name
+        if len(self._own) < self.limit:
+            self._own.add(name)
+            return name
+        self.folded = True
+        return OTHER
+
+
 class Counts:
     """One dispatcher's counts; only its event loop's thread writes them. Look a series
     up once and keep it: each lookup builds a key."""
 
-    def __init__(self) -> None:
+    def __init__(self, labels: EndpointLabels | None = None) -> None:
+        self.labels = labels or EndpointLabels()
         self.counters: dict[_Family, dict[tuple[str, ...], Count]] = {OUTCOMES: {}, ATTEMPTS: {}}
         self.histograms: dict[_Family, dict[tuple[str, ...], Histogram]] = {
             SECONDS: {}, LATENCY: {}
@@ -121,13 +152,15 @@ class Counts:
         return _series(self.counters[ATTEMPTS], (kind,), Count)
 
     def outcome(self, endpoint: str, outcome: str) -> Count:
-        return _series(self.counters[OUTCOMES], (endpoint, outcome), Count)
+        return _series(self.counters[OUTCOMES], (self.labels(endpoint), outcome), Count)
 
     def duration(self, endpoint: str) -> Histogram:
-        return _series(self.histograms[SECONDS], (endpoint,), lambda: Histogram(SECONDS_BUCKETS))
+        key = (self.labels(endpoint),)
+        return _series(self.histograms[SECONDS], key, lambda: Histogram(SECONDS_BUCKETS))
 
     def commit_to_delivery(self, endpoint: str) -> Histogram:
-        return _series(self.histograms[LATENCY], (endpoint,), lambda: Histogram(LATENCY_BUCKETS))
+        key = (self.labels(endpoint),)
+        return _series(self.histograms[LATENCY], key, lambda: Histogram(LATENCY_BUCKETS))
 
 
 def _series(table: dict[tuple[str, ...], _S], key: tuple[str, ...], make: Callable[[], _S]) -> _S:
@@ -141,6 +174,7 @@ class DeliveryMetrics(Collector):
     """The four families, summed over every dispatcher's :class:`Counts` when collected."""
 
     def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+        self.labels = EndpointLabels()  # the process's: its limit set at start (serve())
         self._all: list[Counts] = []
         self._lock = threading.Lock()  # a scrape's thread against a dispatcher starting
         if registry is not None:
@@ -148,7 +182,7 @@ class DeliveryMetrics(Collector):
 
     def counts(self) -> Counts:
         """A new dispatcher's counts, summed into every collection from now on."""
-        counts = Counts()
+        counts = Counts(self.labels)
         with self._lock:
             self._all.append(counts)
         return counts

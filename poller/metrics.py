@@ -45,7 +45,15 @@ DELIVERIES = DeliveryMetrics()
 ``webhook_poller_delivery_outcomes_total{endpoint,outcome}``,
 ``webhook_poller_attempts_total{kind}``, and the histograms
 ``webhook_poller_delivery_duration_seconds{endpoint}`` and
-``webhook_poller_commit_to_delivery_seconds{endpoint}``."""
+``webhook_poller_commit_to_delivery_seconds{endpoint}``; the first
+``POLLER_METRICS_ENDPOINTS`` endpoints a process meets have their own series, the
+rest count under ``endpoint="_other"``."""
+METRICS_ENDPOINTS_FOLDED = Gauge(
+    "webhook_poller_metrics_endpoints_folded",
+    "1 when this process met more endpoints than POLLER_METRICS_ENDPOINTS: the rest count "
+    'under endpoint="_other" in the delivery metrics.',
+)
+METRICS_ENDPOINTS_FOLDED.set_function(lambda: float(DELIVERIES.labels.folded))
 LOOKUPS = Counter(
     "webhook_poller_lookups_total",
     "Result lookups, by answer (found, not_found, error).",

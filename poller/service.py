@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from poller import metrics
 from poller.claimer import Claimer
 from poller.claims import Claims
 from poller.completer import Completer
@@ -293,6 +294,7 @@ async def serve(
         settings.election_backend, owner=poller_id, engine=engine, redis_url=settings.redis_url
     )
     supervisor = Supervisor()
+    metrics.DELIVERIES.labels.limit = settings.metrics_endpoints  # the process's, at start
     holder: list[Poller] = []
     manager = ShardManager(
         elector,
