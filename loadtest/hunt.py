@@ -296,9 +296,10 @@ class Run:
     operator_done: threading.Event = field(default_factory=threading.Event)
     # (fault, poller index or None, time.time() it began, and ended) for the verdict
     fault_log: list[tuple[str, int | None, float, float]] = field(default_factory=list)
-    # (endpoint, from, until): spells of a half-open circuit with nothing in flight and a
-    # message due, or of a probe or tokens due behind aged-out messages (hunt_watch.py)
-    idle_circuits: list[tuple[str, float, float]] = field(default_factory=list)
+    # (endpoint, from, until, messages failed as aged meanwhile): spells of a half-open
+    # circuit with nothing in flight and a message due, or of a probe or tokens due
+    # behind aged-out messages (hunt_watch.py)
+    idle_circuits: list[tuple[str, float, float, int]] = field(default_factory=list)
     app_failures: list[str] = field(default_factory=list)
     operated: list[str] = field(default_factory=list)
     operator_ids: set[int] = field(default_factory=set)  # messages an operator sent again

@@ -16,9 +16,14 @@ leases for its next probe until the governed claim stopped waiting for them.
 is past its cool-down (or half-open), or its endpoint has a rate limit (and is
 not paused), and its endpoint's due messages include ones past ``max_age`` that
 need no lookup, the governed claims must take them a claim's worth at a time,
-with no probe and no token. The watcher notes those spells too, judged the same
-way. They went one per governed claim, ten a second per poller, behind a
-circuit, and one a token behind a rate limit, before.
+with no probe and no token. The watcher notes those spells too, with how many
+of the endpoint's messages were failed as aged (``expiry`` attempts) during
+each, and reports one longer than :data:`STUCK` seconds in which they went at
+fewer than :data:`AGED_RATE` a second. They went one per governed claim, ten a
+second per poller, behind a circuit, and one a token behind a rate limit (the
+hunt's is 15/s), before; a claim's worth at a time, a backlog of 500 goes at
+100-200 a second here (a claim takes what its free room allows), and lasted
+4-6 s: judged by time alone, such a drain read as stuck.
 """
 
 from __future__ import annotations
@@ -68,32 +73,44 @@ AGED_HEAD = text(
     "            AND extract(epoch FROM now() - p.created_at) > e.max_age)"
 )
 AGED = "aged: "  # marks an aged-out backlog's spell among run.idle_circuits
+# Messages a second that an aged-out backlog must be failed at, at least, for a long
+# spell not to count as stuck: twice the faster of the two ways it went wrong.
+AGED_RATE = 30.0
+EXPIRED = text(
+    "SELECT e.name, count(*) FROM poller_delivery_attempts a "
+    "JOIN poller_endpoints e ON e.id = a.endpoint_id WHERE a.kind = 'expiry' GROUP BY e.name"
+)
 
 
 def watch_circuits(engine: Any, run: Run, stop: threading.Event) -> None:
     """Note every spell of a half-open circuit with nothing in flight and a message due,
     and of a probe or tokens due behind messages past max_age, as (endpoint, first
-    seen, last seen) in ``run.idle_circuits`` (the second kind's names marked
-    :data:`AGED`)."""
-    spells: dict[str, float] = {}  # endpoint -> first seen, this spell
+    seen, last seen, messages failed as aged meanwhile) in ``run.idle_circuits`` (the
+    second kind's names marked :data:`AGED`)."""
+    spells: dict[str, tuple[float, int]] = {}  # endpoint -> first seen, expiries then
+    expired: dict[str, int] = {}
     while True:  # a sample, then a wait: stopped before it starts, it samples once
         try:
             with engine.connect() as conn:
                 names = {name for (name,) in conn.execute(HALF_OPEN_IDLE)}
                 names |= {AGED + name for (name,) in conn.execute(AGED_HEAD)}
+                expired = {AGED + name: n for name, n in conn.execute(EXPIRED)}
         except Exception:  # PostgreSQL restarting: a spell is not seen through it
             names = set()
         now = time.time()
-        for name, began in list(spells.items()):
+        for name, (began, before) in list(spells.items()):
             if name not in names:
-                run.idle_circuits.append((name, began, now))
+                run.idle_circuits.append((name, began, now, expired.get(name, 0) - before))
                 del spells[name]
         for name in names:
-            spells.setdefault(name, now)
+            spells.setdefault(name, (now, expired.get(name, 0)))
         if stop.wait(EVERY):
             break
     now = time.time()
-    run.idle_circuits.extend((name, began, now) for name, began in spells.items())
+    run.idle_circuits.extend(
+        (name, began, now, expired.get(name, 0) - before)
+        for name, (began, before) in spells.items()
+    )
 
 
 def stuck_circuits(run: Run) -> list[str]:
@@ -104,13 +121,18 @@ def stuck_circuits(run: Run) -> list[str]:
     def spell(began: float, until: float) -> str:
         return f"for {until - began:.1f}s ({began - t0:.1f}-{until - t0:.1f}s), no fault near"
 
+    def draining(name: str, began: float, until: float, aged: int) -> bool:
+        return name.startswith(AGED) and aged >= AGED_RATE * (until - began)
+
     return [
         f"{name.removeprefix(AGED)} due a probe or tokens behind messages past max_age "
         + spell(began, until)
+        + f", {aged} failed as aged meanwhile"
         if name.startswith(AGED)
         else f"circuit of {name} half-open with nothing in flight and a message due "
         + spell(began, until)
-        for name, began, until in run.idle_circuits
+        for name, began, until, aged in run.idle_circuits
         if until - began > STUCK
+        and not draining(name, began, until, aged)
         and not any(began <= fault_end and start <= until for start, fault_end in windows)
     ]

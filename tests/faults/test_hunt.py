@@ -387,7 +387,7 @@ def test_the_watcher_catches_a_circuit_stuck_half_open(engine, endpoint) -> None
     stopped = threading.Event()
     stopped.set()
     watch_circuits(engine, run, stopped)  # one sample
-    assert [name for name, _, _ in run.idle_circuits] == [endpoint.endpoint.name]
+    assert [name for name, *_ in run.idle_circuits] == [endpoint.endpoint.name]
     with engine.begin() as conn:  # nothing due: not a spell
         conn.execute(text("UPDATE poller_outbox SET next_attempt_at = now() + interval '1 h'"))
     run.idle_circuits = []
@@ -395,7 +395,7 @@ def test_the_watcher_catches_a_circuit_stuck_half_open(engine, endpoint) -> None
     assert run.idle_circuits == []
 
     now = time.time()
-    run.idle_circuits = [("a", now - STUCK - 1, now), ("b", now - 1, now)]
+    run.idle_circuits = [("a", now - STUCK - 1, now, 0), ("b", now - 1, now, 0)]
     (stuck,) = stuck_circuits(run)
     assert stuck.startswith("circuit of a half-open with nothing in flight")
     run.fault_log = [("kill", 0, now - STUCK - 3, now - STUCK - 2)]  # a fault explains it
@@ -412,7 +412,7 @@ def test_the_watcher_catches_an_aged_out_backlog_held_back(engine, endpoint, hel
 
     from sqlalchemy import text
 
-    from loadtest.hunt_watch import AGED, STUCK, stuck_circuits, watch_circuits
+    from loadtest.hunt_watch import AGED, AGED_RATE, STUCK, stuck_circuits, watch_circuits
 
     seed_messages(engine, 2)
     name = endpoint.endpoint.name
@@ -429,13 +429,16 @@ def test_the_watcher_catches_an_aged_out_backlog_held_back(engine, endpoint, hel
     stopped = threading.Event()
     stopped.set()
     watch_circuits(engine, run, stopped)  # one sample
-    assert [n for n, _, _ in run.idle_circuits] == [AGED + name]
+    assert [n for n, *_ in run.idle_circuits] == [AGED + name]
     with engine.begin() as conn:  # to be looked up first: the probe's or a token's
         conn.execute(text("UPDATE poller_outbox SET needs_lookup = true"))
     run.idle_circuits = []
     watch_circuits(engine, run, stopped)
     assert run.idle_circuits == []
     now = time.time()
-    run.idle_circuits = [(AGED + name, now - STUCK - 1, now)]
-    (stuck,) = stuck_circuits(run)
+    run.idle_circuits = [(AGED + name, now - STUCK - 1, now, 15 * int(STUCK + 1))]
+    (stuck,) = stuck_circuits(run)  # failed at a rate limit's pace: held back
     assert stuck.startswith(f"{name} due a probe or tokens behind messages past max_age")
+    # a backlog failed a claim's worth at a time, however long it takes, is not stuck
+    run.idle_circuits = [(AGED + name, now - STUCK - 1, now, int(AGED_RATE * (STUCK + 1)))]
+    assert stuck_circuits(run) == []
