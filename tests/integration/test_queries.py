@@ -231,20 +231,34 @@ def test_claim_and_reclaim_use_their_partial_indexes_over_large_history(
         )
 
 
-def _generic_plan(engine: Engine, name: str) -> str:
-    """The plan the claim connection makes once for its prepared statement, values
-    unknown, with that connection's settings (poller/db.py autocommit_connection)."""
+def _numbered(name: str) -> tuple[str, list[str]]:
+    """A statement's psycopg text with its parameters numbered ($1, $2 …), and their
+    names in that order."""
     numbers: dict[str, int] = {}
     sql = re.sub(
         r"%\((\w+)\)s",
         lambda m: f"${numbers.setdefault(m.group(1), len(numbers) + 1)}",
         getattr(queries, name).psycopg,
     ).replace("%%", "%")
+    return sql, list(numbers)
+
+
+def _claim_connection(conn: Any) -> Any:
+    """``conn``'s driver connection with the claim connection's settings (poller/db.py);
+    the caller invalidates ``conn`` after, so they go with it."""
+    driver = conn.connection.driver_connection
+    for setting in QUEUE_SETTINGS + GENERIC_PLAN_SETTINGS:
+        driver.execute(setting)
+    return driver
+
+
+def _generic_plan(engine: Engine, name: str) -> str:
+    """The plan the claim connection makes once for its prepared statement, values
+    unknown, with that connection's settings (poller/db.py autocommit_connection)."""
+    sql, _ = _numbered(name)
     with engine.connect() as conn:
-        driver = conn.connection.driver_connection
-        for setting in QUEUE_SETTINGS + GENERIC_PLAN_SETTINGS:
-            driver.execute(setting)  # type: ignore[union-attr]
-        cursor = driver.execute("EXPLAIN (GENERIC_PLAN, FORMAT JSON) " + sql)  # type: ignore[union-attr]
+        driver = _claim_connection(conn)
+        cursor = driver.execute("EXPLAIN (GENERIC_PLAN, FORMAT JSON) " + sql)
         plan = json.dumps(cursor.fetchone()[0])
         conn.invalidate()  # the settings go with the connection
     return plan
@@ -355,19 +369,12 @@ def test_a_claim_walks_only_as_far_as_it_takes(engine: Engine) -> None:
 def _executed_plan(engine: Engine, name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The plan of the statement run once as the claim connection runs it (prepared,
     planned once for all values), with its actual row counts."""
-    numbers: dict[str, int] = {}
-    sql = re.sub(
-        r"%\((\w+)\)s",
-        lambda m: f"${numbers.setdefault(m.group(1), len(numbers) + 1)}",
-        getattr(queries, name).psycopg,
-    ).replace("%%", "%")
+    sql, numbers = _numbered(name)
     with engine.connect() as conn:
-        driver = conn.connection.driver_connection
-        for setting in QUEUE_SETTINGS + GENERIC_PLAN_SETTINGS:
-            driver.execute(setting)  # type: ignore[union-attr]
-        driver.execute(f"PREPARE measured AS {sql}")  # type: ignore[union-attr]
-        values = [params[key] for key in sorted(numbers, key=numbers.__getitem__)]
-        cursor = psycopg.ClientCursor(driver)  # type: ignore[arg-type]
+        driver = _claim_connection(conn)
+        driver.execute(f"PREPARE measured AS {sql}")
+        values = [params[key] for key in numbers]
+        cursor = psycopg.ClientCursor(driver)
         marks = ", ".join(["%s"] * len(values))
         cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE measured({marks})", values)
         plan: dict[str, Any] = cursor.fetchone()[0][0]["Plan"]  # type: ignore[index]
