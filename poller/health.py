@@ -33,9 +33,8 @@ Circuit breaker
   (older than ``max_age``), reclaimed after its poller died — is followed by
   the next probe as soon as no message of the endpoint is in flight; one that
   stays in flight, after two claim leases. Messages at the head of the backlog
-  already past the endpoint's ``max_age`` (that need no lookup) are taken in the
-  probe's place, a claim's worth at a time, and failed unsent: the probe follows
-  once none is left.
+  already past the endpoint's ``max_age`` (that need no lookup) are taken a
+  claim's worth at a time and failed unsent, the probe with them.
 * **Half-open**: a delivered probe closes the circuit; the backlog then drains
   at the endpoint's ``max_in_flight`` and rate limit. A failed probe opens it
   again for twice the cool-down, up to ``POLLER_CIRCUIT_COOLDOWN_MAX`` (default

@@ -28,9 +28,12 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # instant may both find the probe's row not yet in flight and send two probes
 # (each judged as any probe). A governed endpoint with a ``max_age`` whose first
 # :limit due messages include some older than it (that need no lookup: a lookup is
-# a request) gets those, flagged ``expired``, spending no token and sending no
-# probe: the poller fails them unsent. A probing endpoint's probe follows once none
-# is left at the head; a rate-limited endpoint's tokens go to the rest as ever. One
+# a request) gets those, flagged ``expired``, spending no token: the poller fails
+# them unsent. A probing endpoint's probe goes with them (the first due message not
+# among them); a rate-limited endpoint's tokens go to the rest as ever. The probe
+# waited until none was left at the head: under a steady feed, messages cross
+# max_age between any two governed claims, and the probe never went (20 claims, 60
+# aged taken, no probe): every message aged out while the feed lasted. One
 # probe at a time took such a backlog, aged out behind an open circuit, one message
 # per governed claim (10,000 took 17 minutes before a real probe could close the
 # circuit); behind a rate limit each took a token: a backlog larger than the rate
@@ -110,9 +113,7 @@ CLAIM_GOVERNED = _statement(
         FOR UPDATE OF o SKIP LOCKED
     ), allow AS (
         SELECT id, rate_limit, tokens, probing,
-               greatest(0, least(room, CASE WHEN probing AND id IN (SELECT endpoint_id FROM aged)
-                                            THEN 0
-                                            WHEN probing THEN 1
+               greatest(0, least(room, CASE WHEN probing THEN 1
                                             ELSE CAST(floor(tokens) AS integer) END)) AS n
         FROM gov
     ), due AS (

@@ -195,14 +195,17 @@ async def test_a_probe_that_ends_without_a_verdict_is_followed_by_the_next_at_on
     assert health(engine).state == "closed"
 
 
-async def test_a_backlog_aged_out_behind_an_open_circuit_ends_in_bulk_then_a_probe_goes(
+async def test_a_backlog_aged_out_behind_an_open_circuit_ends_in_bulk_with_a_probe(
     engine: Engine, breaker: Claims
 ) -> None:
     """Messages older than the endpoint's max_age at the head of an open circuit's
-    backlog are claimed many at a time, flagged expired and not probes (no token, no
-    half-open), and failed unsent; then one probe goes. They went one per governed
-    claim: 10,000 took 17 minutes before a real probe could close the circuit. Ones that
-    need a lookup first stay for the probe (a lookup is a request)."""
+    backlog are claimed many at a time, flagged expired and not probes (no token), and
+    failed unsent; the probe goes in the same claim. They went one per governed claim:
+    10,000 took 17 minutes before a real probe could close the circuit. Then the probe
+    waited until none was left at the head, and a steady feed (messages crossing
+    max_age between any two claims) kept it from going at all: 20 governed claims took
+    60 aged messages and sent no probe. Ones that need a lookup first stay for the
+    probe (a lookup is a request)."""
     make_endpoint(engine, "billing", max_attempts=10, max_age=60.0)
     seed(engine, 153)
     await breaker.complete([failing(m) for m in await claim(breaker, 3)])
@@ -215,13 +218,12 @@ async def test_a_backlog_aged_out_behind_an_open_circuit_ends_in_bulk_then_a_pro
                 "WHERE id IN (SELECT id FROM poller_outbox ORDER BY id LIMIT 100)"
             )
         )
-    aged = await claim_within(breaker)
-    assert len(aged) == 98 and all(m.expired and not m.probe for m in aged)
-    assert (health(engine).state, health(engine).probes) == ("open", 0)
-    await breaker.complete([outcomes.expired(m, 60.0, 3600.0) for m in aged])
-    (probe,) = await claim_within(breaker)
-    assert probe.probe and not probe.expired and probe.needs_lookup
-    assert health(engine).state == "half_open"
+    batch = await claim_within(breaker)
+    aged = [m for m in batch if m.expired]
+    assert len(aged) == 98 and not any(m.probe for m in aged)
+    (probe,) = [m for m in batch if not m.expired]
+    assert probe.probe and probe.needs_lookup
+    assert (health(engine).state, health(engine).probes) == ("half_open", 1)
 
 
 @pytest.mark.parametrize("max_age", ["1e308", "Infinity", "NaN"])
