@@ -114,11 +114,13 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 import signal
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -737,12 +739,32 @@ def replay_command(seed: int, messages: int) -> str:
     return f"python -m loadtest.hunt --seed {seed} --messages {messages}"
 
 
+@contextlib.contextmanager
+def _workdir(seed: int, keep: Path | None) -> Iterator[Path]:
+    """A seed's working directory: a temporary one, or with ``--keep`` DIR/seed-N, made
+    empty and left for reading after (where the pollers' logs say what they did)."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix=f"poller-hunt-{seed}-") as tmp:
+            yield Path(tmp)
+        return
+    kept = keep / f"seed-{seed}"
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    yield kept
+    print(f"  files kept in {kept}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, action="append", help="replay this seed")
     parser.add_argument("--seeds", type=int, default=5, help="how many random seeds")
     parser.add_argument("--messages", type=int, default=400)
     parser.add_argument("--deadline", type=float, default=120.0)
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep each seed's files (the pollers' logs, the servers' data) in DIR/seed-N",
+    )
     args = parser.parse_args()
     # The feeder's pool failing to reset a connection while PostgreSQL restarts is
     # expected here (the feeder retries); its traceback would only bury the results.
@@ -750,8 +772,8 @@ def main() -> None:
     seeds = args.seed or [random.randrange(2**31) for _ in range(args.seeds)]
     failed = []
     for seed in seeds:
-        with tempfile.TemporaryDirectory(prefix=f"poller-hunt-{seed}-") as tmp:
-            result = hunt(seed, args.messages, args.deadline, Path(tmp))
+        with _workdir(seed, args.keep) as tmp:
+            result = hunt(seed, args.messages, args.deadline, tmp)
         print(summary(result), flush=True)
         if result["problems"]:
             failed.append(seed)
