@@ -315,13 +315,7 @@ def test_a_claim_reads_only_the_endpoints_with_pending_messages(engine: Engine) 
     governed claim 21 ms."""
     busy = make_endpoint(engine).endpoint
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO poller_endpoints (name, url, secret, bucket)"
-                " SELECT 'idle-' || g, url, secret, CAST(g % 256 AS smallint)"
-                " FROM poller_endpoints, generate_series(1, 3000) AS g"
-            )
-        )
+        _copy_endpoint(conn, "idle", 3000)
         insert_due(conn, busy.id, busy.bucket, 100)
         conn.execute(text("ANALYZE"))
     for name in ("CLAIM_BATCH", "CLAIM_GOVERNED"):
@@ -340,13 +334,7 @@ def test_a_claim_walks_only_as_far_as_it_takes(engine: Engine) -> None:
     where this takes 0.3."""
     source = make_endpoint(engine).endpoint
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO poller_endpoints (name, url, secret, bucket)"
-                " SELECT 'busy-' || g, url, secret, CAST(g % 256 AS smallint)"
-                " FROM poller_endpoints, generate_series(1, 299) AS g"
-            )
-        )
+        _copy_endpoint(conn, "busy", 299)
         for endpoint_id, bucket in conn.execute(text("SELECT id, bucket FROM poller_endpoints")):
             insert_due(conn, endpoint_id, bucket, 2, prefix=f"{endpoint_id}:")
         conn.execute(
@@ -364,6 +352,18 @@ def test_a_claim_walks_only_as_far_as_it_takes(engine: Engine) -> None:
         if node.get("Relation Name") == "poller_outbox"
     )
     assert read <= 10, read
+
+
+def _copy_endpoint(conn: Any, prefix: str, count: int) -> None:
+    """``count`` copies of the one endpoint there is, named ``prefix-N``, over the buckets."""
+    conn.execute(
+        text(
+            "INSERT INTO poller_endpoints (name, url, secret, bucket)"
+            " SELECT :prefix || '-' || g, url, secret, CAST(g % 256 AS smallint)"
+            " FROM poller_endpoints, generate_series(1, :count) AS g"
+        ),
+        {"prefix": prefix, "count": count},
+    )
 
 
 def _executed_plan(engine: Engine, name: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -111,3 +111,5 @@ def test_endpoints_past_the_limit_count_under_other() -> None:
     assert 'outcomes_total{endpoint="billing",outcome="delivered"} 2.0' in text
     assert deliveries.labels.folded
     assert not DeliveryMetrics(None).labels.folded
+    none = dm.EndpointLabels(0)  # POLLER_METRICS_ENDPOINTS=0: no endpoint has its own
+    assert (none("billing"), none.folded) == (dm.OTHER, True)
