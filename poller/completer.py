@@ -5,7 +5,7 @@ written (or fenced out): while it is delivered, and while its outcome waits in
 the queue or is retried through a database outage.
 
 * :meth:`Completer.run` writes queued outcomes in batches — one fenced
-  statement each (``Claims.complete``), shielded from cancellation — and
+  statement each (``Completions.complete``), shielded from cancellation — and
   retries transient database errors with backoff **until the write lands**:
   an outcome is never dropped because it is late. A write from a claim that
   was taken over meanwhile is refused by the claim-token fence and counted
@@ -22,7 +22,7 @@ the queue or is retried through a database outage.
 * :meth:`Completer.can_start` says whether a lookup or send may start: only
   with its timeout plus :data:`LEASE_MARGIN` of lease left by this process's
   clock, so no request is on the wire while its row can be reclaimed.
-* A completion never waits on a row someone else holds (poller/claims.py); an
+* A completion never waits on a row someone else holds (poller/completions.py); an
   ordering key an application's open transaction holds is left for later, and
   an idle completer comes back for it every :data:`CARRY_INTERVAL` seconds.
 """
@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
 from poller import metrics
-from poller.claims import Claims, CompletionResult
+from poller.claims import Claims
+from poller.completions import CompletionResult
 from poller.db import OutageLog, is_transient
 from poller.outcomes import ClaimedMessage, Outcome
 
@@ -54,7 +55,7 @@ LEASE_MARGIN = 0.5
 """Seconds of claim lease a request must leave when it ends at its timeout: for the
 reclaimer's clock, a paused event loop and the outcome's write to begin."""
 CARRY_INTERVAL = 0.2
-"""Seconds an idle completer waits before it retries what was busy (Claims.carried)."""
+"""Seconds an idle completer waits before it retries what was busy (Completions.carried)."""
 
 
 class Completer:
@@ -187,7 +188,7 @@ class Completer:
     async def run(self) -> None:
         waiting = self._waiting
         while True:
-            if self.claims.carried and not waiting:
+            if self.claims.completions.carried and not waiting:
                 try:
                     async with asyncio.timeout(CARRY_INTERVAL):
                         await self._arrival()
@@ -228,7 +229,7 @@ class Completer:
         if result.opened:
             metrics.CIRCUIT_OPENS.inc(result.opened)
         if result.events:
-            self.claims.events.notify(result.events)
+            self.claims.completions.events.notify(result.events)
         if result.stale:
             metrics.STALE_COMPLETIONS.inc(len(result.stale))
             log.warning(

@@ -123,7 +123,7 @@ FAILED_REQUEST_OUTCOMES = frozenset(
 def is_endpoint_failure(status_code: int | None, outcome: str) -> bool:
     """A failed request that counts against the endpoint: a send or a lookup that got no
     answer, a 5xx, 408 or 429 — whatever the message's attempt budget, probes included
-    (poller/claims.py ``health_signals`` counts them for JUDGE_HEALTH)."""
+    (poller/judging.py ``health_signals`` counts them for JUDGE_HEALTH)."""
     if outcome not in FAILED_REQUEST_OUTCOMES:
         return False
     return status_code is None or status_code >= 500 or status_code in ENDPOINT_FAILURE_STATUSES

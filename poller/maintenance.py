@@ -43,7 +43,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import metrics, queries
-from poller.claims import Claims
+from poller.completions import Completions
 from poller.db import OutageLog, is_transient
 
 log = logging.getLogger("poller.maintenance")
@@ -110,16 +110,16 @@ a poller stopped while an application held it (a live poller hands it on itself)
 
 
 class Reclaimer:
-    def __init__(self, claims: Claims) -> None:
-        self.claims = claims
+    def __init__(self, completions: Completions) -> None:
+        self.completions = completions
         self.reclaimed = 0
         self._runs = 0
 
     async def run_once(self) -> int:
-        result = await self.claims.reclaim_expired()
-        self.claims.events.notify(result.events)
+        result = await self.completions.reclaim_expired()
+        self.completions.events.notify(result.events)
         self._runs += 1
-        handed = await self.claims.sweep_follow_ups(keys=self._runs % KEY_SWEEP_EVERY == 1)
+        handed = await self.completions.sweep_follow_ups(keys=self._runs % KEY_SWEEP_EVERY == 1)
         if handed:
             log.info("handed on %d ordering keys whose head had ended", handed)
         count = len(result.pending) + len(result.failed)

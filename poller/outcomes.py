@@ -5,7 +5,7 @@ what to write for it. Build outcomes with the functions here
 (``delivered(msg, …)``, ``retry(msg, delay, …)`` …): they hold the rules —
 a retryable failure on the last attempt is ``failed``, a graceful release
 hands the attempt back at most :data:`MAX_REFUNDS` times, anything the
-delivery raised is counted. poller/claims.py writes them, fenced.
+delivery raised is counted. poller/completions.py writes them, fenced.
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ outbox = Table(
     Column("status", Text, nullable=False, server_default=text("'pending'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False),
-    # Attempts handed back by graceful shutdowns (bounded: poller/claims.py MAX_REFUNDS).
+    # Attempts handed back by graceful shutdowns (bounded: poller/outcomes.py MAX_REFUNDS).
     Column("refunds", Integer, nullable=False, server_default=text("0")),
     # attempts handed back after failed probes of an open circuit (poller/health.py)
     Column("probe_refunds", Integer, nullable=False, server_default=text("0")),

@@ -104,7 +104,7 @@ class Poller:
         )
         # Operational events (poller/events.py), in process: append callables taking one
         # OperationalEvent; they run after the change committed, and must not block.
-        self.on_event: list[EventHook] = self.claims.events.hooks
+        self.on_event: list[EventHook] = self.claims.completions.events.hooks
         self.completer = Completer(
             self.claims,
             batch_limit=max(settings.batch_size, 100),
@@ -131,7 +131,7 @@ class Poller:
             on_refused=on_refused,
             telemetry=telemetry,
         )
-        self.reclaimer = Reclaimer(self.claims)
+        self.reclaimer = Reclaimer(self.claims.completions)
         maintenance = lambda: self.scope().maintenance  # noqa: E731 - read at each run
         self.periodic = [
             Periodic("lease-keeper", Call(self.completer.extend_leases), settings.claim_lease / 3),

@@ -202,7 +202,7 @@ EXTEND_CLAIMS = _statement(
 # is one JSON array of arrays (poller/outcomes.py outcomes_json: a column per
 # position, nulls for what is absent): json.dumps is several times cheaper than
 # adapting fifteen parallel arrays, and arrays than objects. The status, retry
-# delay, lookup flag and refund are decided by the caller (poller/claims.py) from
+# delay, lookup flag and refund are decided by the caller (poller/completions.py) from
 # the claimed row; this statement only applies them (counting refunds: a
 # failed probe's in probe_refunds, poller/health.py) and records each attempt
 # that reached the wire in poller_delivery_attempts — stale ones too, marked
@@ -218,7 +218,7 @@ EXTEND_CLAIMS = _statement(
 # JUDGE_HEALTH would leave alone after deliveries only (``healthy``: closed, no
 # failure streak, a success within the second), and ``backlog`` whether signals
 # wait in poller_health_backlog: with both, a completion of deliveries skips
-# JUDGE_HEALTH, which would change nothing (poller/claims.py).
+# JUDGE_HEALTH, which would change nothing (poller/completions.py).
 COMPLETE_BATCH = _statement(
     "COMPLETE_BATCH",
     """

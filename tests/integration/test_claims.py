@@ -196,7 +196,7 @@ async def test_writes_under_a_superseded_claim_change_nothing(
     second = Claims(aengine, poller_id="p2", claim_lease=30)
     old = await first.claim_batch(limit=3)
     expire_claims(engine)
-    reclaimed = await first.reclaim_expired()
+    reclaimed = await first.completions.reclaim_expired()
     assert sorted(reclaimed.pending) == ids
     new = await second.claim_batch(limit=3)
     assert {m.claim_token for m in new} != {m.claim_token for m in old}
@@ -206,7 +206,7 @@ async def test_writes_under_a_superseded_claim_change_nothing(
         assert result.applied == [] and sorted(result.stale) == ids
     result = await first.complete([retry(m, 0) for m in old] + [unknown(m, 0) for m in old])
     assert result.applied == []
-    assert first.stale_completions == 3 * 5
+    assert first.completions.stale_completions == 3 * 5
     assert {row(engine, i).status for i in ids} == {"in_flight"}
     assert {row(engine, i).claimed_by for i in ids} == {"p2"}
 
@@ -235,9 +235,9 @@ async def test_expired_claim_becomes_pending_with_lookup(
 ) -> None:
     (msg_id,) = seed(engine, 1)
     await claims.claim_batch(limit=1)
-    assert (await claims.reclaim_expired()).pending == []  # lease still running
+    assert (await claims.completions.reclaim_expired()).pending == []  # lease still running
     expire_claims(engine)
-    assert (await claims.reclaim_expired()).pending == [msg_id]
+    assert (await claims.completions.reclaim_expired()).pending == [msg_id]
     stored = row(engine, msg_id)
     assert (stored.status, stored.needs_lookup, stored.attempts) == ("pending", True, 1)
     assert "claim lease expired" in stored.last_error
@@ -251,7 +251,7 @@ async def test_expired_claim_at_max_attempts_fails_with_a_reason(
     (msg_id,) = seed(engine, 1)
     await claims.claim_batch(limit=1)
     expire_claims(engine)
-    assert (await claims.reclaim_expired()).failed == [msg_id]
+    assert (await claims.completions.reclaim_expired()).failed == [msg_id]
     stored = row(engine, msg_id)
     assert (stored.status, stored.needs_lookup) == ("failed", False)
     assert stored.failed_at is not None and "did not complete attempt 1" in stored.last_error
@@ -268,7 +268,7 @@ async def test_short_lease_expires_on_the_database_clock(
     reclaimed: list[int] = []
 
     async def swept() -> bool:
-        reclaimed.extend((await claims.reclaim_expired()).pending)
+        reclaimed.extend((await claims.completions.reclaim_expired()).pending)
         return bool(reclaimed)
 
     await wait_for(swept, timeout=5)

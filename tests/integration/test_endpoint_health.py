@@ -161,7 +161,7 @@ async def test_an_operator_holding_the_endpoint_never_makes_a_completion_wait(
             result = await breaker.complete([failing(m) for m in batch])
         assert len(result.applied) == 3
         assert health(engine).failed_requests == 0
-    assert await breaker.sweep_follow_ups() == 0  # the sweep: folds the backlog in
+    assert await breaker.completions.sweep_follow_ups() == 0  # the sweep: folds the backlog in
     folded = health(engine)
     assert (folded.failed_requests, folded.state) == (3, "open")
     with engine.connect() as conn:

@@ -200,7 +200,7 @@ async def test_a_reclaimed_head_that_ran_out_of_attempts_ends_its_turn(
     assert [m.id for m in await short.claim_batch(limit=10)] == [a[0]]
 
     async def reclaimed() -> bool:
-        return bool((await short.reclaim_expired()).failed)
+        return bool((await short.completions.reclaim_expired()).failed)
 
     await wait_for(reclaimed, timeout=5)
     assert states(engine)[a[1]] == "pending"
@@ -239,15 +239,15 @@ async def test_an_open_transaction_on_a_key_never_makes_a_completion_wait(
             result = await claimer.complete([outcomes.delivered(m) for m in batch])
             assert await claimer.extend({m.id: m.claim_token for m in batch}) == set()
         assert sorted(result.applied) == sorted([head, *free])
-        assert claimer.carried == 1  # the key, for later
+        assert claimer.completions.carried == 1  # the key, for later
         assert key_row(engine, "a").head_id == head
         await claimer.complete([])  # still held: carried again, nothing waits
-        assert claimer.carried == 1
+        assert claimer.completions.carried == 1
     finally:
         session.commit()
         session.close()
     assert (await claimer.complete([])).promoted == 1
-    assert claimer.carried == 0
+    assert claimer.completions.carried == 0
     assert states(engine)[tail] == "pending"
     assert key_row(engine, "a").head_id == tail
 
@@ -262,17 +262,18 @@ async def test_follow_ups_that_meet_a_database_away_are_carried_not_lost(
     claims = Claims(aengine, poller_id="p1", claim_lease=30, follow_ups_apart=True)
     (claimed,) = await claims.claim_batch(limit=10)
     away = poller_engine(f"postgresql://u:p@127.0.0.1:{free_port()}/x", fast_settings())
-    claims.engine = away  # the follow-ups' transaction cannot begin; COMPLETE_BATCH's can
+    claims.completions.engine = away  # the follow-ups cannot begin; COMPLETE_BATCH can
     try:
         assert (await claims.complete([outcomes.delivered(claimed)])).applied == [head]
-        assert claims.carried == 2  # the key's hand-over, and the endpoint's first success
+        # the key's hand-over, and the endpoint's first success
+        assert claims.completions.carried == 2
         assert states(engine) == {head: "delivered", tail: "waiting"}
-        claims.engine = aengine
+        claims.completions.engine = aengine
         assert (await claims.complete([])).promoted == 1
     finally:
         await away.dispose()
         await claims.close()
-    assert claims.carried == 0
+    assert claims.completions.carried == 0
     assert states(engine)[tail] == "pending"
     with engine.connect() as conn:
         judged = text("SELECT last_success_at FROM poller_endpoint_health")
@@ -333,13 +334,13 @@ async def test_maintenance_hands_on_a_key_a_stopped_poller_left(
     with engine.begin() as conn:  # the key's row is held while the head completes
         conn.execute(text("SELECT 1 FROM poller_ordering_keys FOR UPDATE"))
         await gone.complete([outcomes.delivered(claimed)])
-    assert gone.carried == 1  # ... and that poller stops here
+    assert gone.completions.carried == 1  # ... and that poller stops here
     sweeper = Claims(aengine, poller_id="leader", claim_lease=30)
-    assert await sweeper.sweep_follow_ups() == 1
+    assert await sweeper.completions.sweep_follow_ups() == 1
     assert states(engine)[a[1]] == "pending"
-    assert await sweeper.sweep_follow_ups() == 0
+    assert await sweeper.completions.sweep_follow_ups() == 0
     await gone.complete([])  # it comes back: the key was handed on, nothing left to carry
-    assert gone.carried == 0
+    assert gone.completions.carried == 0
 
 
 def test_the_reference_receiver_counts_order_violations() -> None:

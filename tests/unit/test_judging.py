@@ -38,11 +38,11 @@ def test_a_later_signal_folds_into_an_earlier_one() -> None:
 def test_a_retried_completion_folds_carried_signals_in_once() -> None:
     """The carried signals stay as they were until the follow-ups commit: a completion
     whose transaction rolled back and is written again counts its sends once."""
-    from poller.claims import Claims
+    from poller.completions import Completions
     from poller.db import async_engine
     from poller.outcomes import Outcome
 
-    claims = Claims(async_engine("postgresql://u@127.0.0.1:1/x"), poller_id="p", claim_lease=30)
+    claims = Completions(async_engine("postgresql://u@127.0.0.1:1/x"), poller_id="p")
     claims._carried_signals = {7: Signal(ok=1)}
     outcome = Outcome(1, 5, 1, "delivered", "delivered")
     rows = [(1, 7, "delivered", None, True, False)]  # COMPLETE_BATCH's row
