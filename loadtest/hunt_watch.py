@@ -1,10 +1,16 @@
 """What the fault hunt watches while it runs, for invariants no row keeps afterwards.
 
 **A circuit is never stuck half-open.** While an endpoint's circuit is half-open
-with none of its messages in flight and one due, the probe it sent has ended
-without a verdict (handed back unsent, answered with a 4xx that is not a
-failure, older than the endpoint's ``max_age``, reclaimed): the next governed
-claim must send the next probe. The
+with none of its messages in flight and one due that a probe may take (not past
+the endpoint's ``max_age``, or to be looked up first), the probe it sent has
+ended without a verdict (handed back unsent, answered with a 4xx that is not a
+failure, older than ``max_age``, reclaimed): the next governed claim must send
+the next probe. Messages past ``max_age`` are failed unsent, never probes: while
+only those are due, the spell is the second kind's (below). Counted as this kind,
+seed 6 failed now and then: a backlog all past ``max_age`` behind the circuit,
+its last 30 on one ordering key, each due only once the one before had failed
+(one a governed claim), read as "half-open, nothing in flight, a message due"
+for 5 s. The
 watcher samples every :data:`EVERY` seconds and notes each spell of that state;
 the verdict (:func:`stuck_circuits`) reports one longer than :data:`STUCK`
 seconds that no fault explains (a poller killed, frozen or stopped, PostgreSQL
@@ -55,7 +61,9 @@ HALF_OPEN_IDLE = text(
     "AND NOT EXISTS (SELECT 1 FROM poller_outbox f "
     "                WHERE f.endpoint_id = e.id AND f.status = 'in_flight') "
     "AND EXISTS (SELECT 1 FROM poller_outbox p WHERE p.endpoint_id = e.id "
-    "            AND p.status = 'pending' AND p.next_attempt_at <= now())"
+    "            AND p.status = 'pending' AND p.next_attempt_at <= now() "
+    "            AND (e.max_age IS NULL OR p.needs_lookup "
+    "                 OR extract(epoch FROM now() - p.created_at) <= e.max_age))"
 )
 
 

@@ -376,7 +376,7 @@ def test_the_watcher_catches_a_circuit_stuck_half_open(engine, endpoint) -> None
 
     from sqlalchemy import text
 
-    from loadtest.hunt_watch import STUCK, stuck_circuits, watch_circuits
+    from loadtest.hunt_watch import AGED, STUCK, stuck_circuits, watch_circuits
 
     seed_messages(engine, 1)
     with engine.begin() as conn:
@@ -388,6 +388,12 @@ def test_the_watcher_catches_a_circuit_stuck_half_open(engine, endpoint) -> None
     stopped.set()
     watch_circuits(engine, run, stopped)  # one sample
     assert [name for name, *_ in run.idle_circuits] == [endpoint.endpoint.name]
+    with engine.begin() as conn:  # due, but past max_age: no probe's, the aged kind's
+        conn.execute(text("UPDATE poller_endpoints SET max_age = 60"))
+        conn.execute(text("UPDATE poller_outbox SET created_at = now() - interval '1 h'"))
+    run.idle_circuits = []
+    watch_circuits(engine, run, stopped)
+    assert [name for name, *_ in run.idle_circuits] == [AGED + endpoint.endpoint.name]
     with engine.begin() as conn:  # nothing due: not a spell
         conn.execute(text("UPDATE poller_outbox SET next_attempt_at = now() + interval '1 h'"))
     run.idle_circuits = []
