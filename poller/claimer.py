@@ -76,6 +76,9 @@ class Claimer:
         self.wake = asyncio.Event()
         self._governed_last = -GOVERN_INTERVAL  # monotonic time of the last governed claim
         self._governed_busy = False  # it found governed endpoints with due messages
+        # Messages past max_age governed claims took, until the first governed claim
+        # after their outcomes were written (_govern_every)
+        self._aged: set[int] = set()
         # The last claim took less than it asked for while no endpoint was at its cap:
         # nothing else was due, so freed room is no reason to claim (room_freed)
         self._drained = False
@@ -93,8 +96,10 @@ class Claimer:
         unless the last claim found nothing more due. Then what makes messages due
         wakes it instead: a NOTIFY, a key handed on, a claim handed back or reclaimed,
         the poll interval (a retry's time, a shard won). At 3,000 messages/s in
-        transactions of 10, more than half the claims came back empty."""
-        if self._drained:
+        transactions of 10, more than half the claims came back empty. Messages past
+        max_age that a governed claim took are the exception: their outcomes' writes
+        may free room for more of them (:meth:`_govern_every`)."""
+        if self._drained and not self._aged:
             return
         dispatcher = self.dispatcher
         if not dispatcher.tasks or min(dispatcher.room, self.settings.batch_size) >= self.low_water:
@@ -151,7 +156,17 @@ class Claimer:
     def _govern_every(self, now: float) -> float:
         """Seconds between governed claims: GOVERN_INTERVAL while there may be governed
         work (the last one found some, a cached endpoint is rate limited, or a request
-        failed within GOVERN_QUIET seconds), else GOVERN_IDLE_INTERVAL."""
+        failed within GOVERN_QUIET seconds), else GOVERN_IDLE_INTERVAL — and none once
+        the outcome of a message past max_age that one took is written: the messages
+        after it may be past max_age too (an ordered key's next message is due once
+        the one before has failed: the claim its hand-over wakes takes it; a backlog's
+        next, in the room its outcomes freed). At ten governed claims a second, an
+        ordered key's aged messages went ten a second, and no probe could go while
+        they were all that was due."""
+        if self._aged:
+            held = self.completer.held
+            if any(msg_id not in held for msg_id in self._aged):
+                return 0.0
         if (
             self._governed_busy
             or self.endpoints.rate_limited
@@ -183,6 +198,9 @@ class Claimer:
         if batch.governed is not None:
             self._governed_last = asked
             self._governed_busy = batch.governed > 0
+            held = self.completer.held
+            self._aged = {i for i in self._aged if i in held}
+            self._aged.update(m.id for m in batch.messages if m.expired)
         # Committed: from here to the last start, no I/O and no await.
         self.endpoints.update(batch.endpoints)
         if batch.unready:  # claimed, but their endpoints could not be read: back, unsent

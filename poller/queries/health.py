@@ -29,8 +29,11 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # (each judged as any probe). A governed endpoint with a ``max_age`` whose first
 # :limit due messages include some older than it (that need no lookup: a lookup is
 # a request) gets those, flagged ``expired``, spending no token: the poller fails
-# them unsent. A probing endpoint's probe goes with them (the first due message not
-# among them); a rate-limited endpoint's tokens go to the rest as ever. The probe
+# them unsent. A probing endpoint's probe goes with them: the first due message
+# not past max_age (none when the first :limit are all past it, so the walk to
+# find one is bounded; it was the first not among them, itself past max_age when
+# more than :limit were: a probe counted that was failed unsent); a rate-limited
+# endpoint's tokens go to the rest as ever. The probe
 # waited until none was left at the head: under a steady feed, messages cross
 # max_age between any two governed claims, and the probe never went (20 claims, 60
 # aged taken, no probe): every message aged out while the feed lasted. One
@@ -112,9 +115,14 @@ CLAIM_GOVERNED = _statement(
           AND extract(epoch FROM now() - o.created_at) > gov.max_age  -- 1e308 overflows an interval
         FOR UPDATE OF o SKIP LOCKED
     ), allow AS (
-        SELECT id, rate_limit, tokens, probing,
-               greatest(0, least(room, CASE WHEN probing THEN 1
-                                            ELSE CAST(floor(tokens) AS integer) END)) AS n
+        SELECT id, rate_limit, tokens, probing, max_age,
+               greatest(0, least(room, CASE
+                   WHEN NOT probing THEN CAST(floor(tokens) AS integer)
+                   -- the first :limit due all aged: no probe among them (the next
+                   -- governed claim follows these messages' outcomes at once)
+                   WHEN (SELECT count(*) FROM aged WHERE aged.endpoint_id = gov.id)
+                        >= :limit THEN 0
+                   ELSE 1 END)) AS n
         FROM gov
     ), due AS (
         (SELECT picked.id, allow.id AS endpoint_id, false AS aged
@@ -125,6 +133,8 @@ CLAIM_GOVERNED = _statement(
                AND o.status = 'pending'
                AND o.next_attempt_at <= now()
                AND o.id NOT IN (SELECT id FROM aged)  -- locked above: SKIP LOCKED keeps them
+               AND NOT (allow.probing AND allow.max_age IS NOT NULL AND NOT o.needs_lookup
+                        AND extract(epoch FROM now() - o.created_at) > allow.max_age)
              ORDER BY o.next_attempt_at, o.id
              LIMIT allow.n
              FOR UPDATE SKIP LOCKED

@@ -33,6 +33,7 @@ from poller.events import (
 from poller.health import MIN_COOLDOWN, MIN_RATE, HealthPolicy
 from poller.outcomes import ClaimedMessage
 from poller.receiver import Faults, Receiver
+from poller.schema import CIRCUIT_HOLD as HOLD
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import (
@@ -224,6 +225,55 @@ async def test_a_backlog_aged_out_behind_an_open_circuit_ends_in_bulk_with_a_pro
     (probe,) = [m for m in batch if not m.expired]
     assert probe.probe and probe.needs_lookup
     assert (health(engine).state, health(engine).probes) == ("half_open", 1)
+
+
+async def test_a_probe_is_never_a_message_past_max_age(engine: Engine, breaker: Claims) -> None:
+    """More messages past max_age than a claim takes: the claim takes its fill of them
+    and no probe (the first due message not among them was past max_age too: counted as
+    a probe and failed unsent); once fewer are left, a fresh one is the probe."""
+    make_endpoint(engine, "billing", max_attempts=10, max_age=60.0)
+    seed(engine, 8)
+    await breaker.complete([failing(m) for m in await claim(breaker, 3)])  # opens it
+    with engine.begin() as conn:  # 5 aged out, 3 fresh
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET created_at = created_at - interval '1 hour', "
+                "next_attempt_at = now() - interval '1 hour' "
+                "WHERE id IN (SELECT id FROM poller_outbox ORDER BY id LIMIT 5)"
+            )
+        )
+    deadline = time.monotonic() + 5
+    while not (batch := await breaker.claim_batch(limit=3, governed=True)):
+        assert time.monotonic() < deadline, "nothing became claimable"
+    assert [m.expired for m in batch] == [True] * 3 and health(engine).probes == 0
+    (probe, *aged) = await breaker.claim_batch(limit=3, governed=True)
+    assert probe.probe and not probe.expired and [m.expired for m in aged] == [True, True]
+
+
+async def test_an_ordered_key_aged_out_behind_an_open_circuit_ends_at_the_pace_of_its_writes(
+    engine: Engine, db_url: str
+) -> None:
+    """40 messages on one ordering key, all past max_age, behind an open circuit on a
+    ``skip`` endpoint: each is due only once the one before has failed. The claim the
+    hand-over wakes is a governed one, so they go as fast as their outcomes are
+    written; at ten governed claims a second they took 4 s (and no probe could go,
+    nothing else being due)."""
+    make_endpoint(engine, "billing", max_age=60.0, on_failed_head="skip")
+    seed(engine, 40, ordering_key="k")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_outbox SET created_at = now() - interval '1 hour'"))
+        conn.execute(text("UPDATE poller_endpoint_health SET state = 'open', open_until = now()"))
+        conn.execute(text("UPDATE poller_endpoints SET paused_until = :hold"), {"hold": HOLD})
+    async with running_poller(db_url, fast_settings()):
+        began = time.monotonic()
+
+        async def failed() -> bool:
+            return counts(engine).get("failed", 0) == 40
+
+        await wait_for(failed, timeout=20, interval=0.05)
+        took = time.monotonic() - began
+    assert took < 2.0, took
+    assert health(engine).probes == 0  # every message past max_age: none was a probe
 
 
 @pytest.mark.parametrize("max_age", ["1e308", "Infinity", "NaN"])
