@@ -49,14 +49,14 @@ ALL_BUCKETS: tuple[int, ...] = tuple(range(BUCKETS))
 class ClaimBatch:
     messages: list[ClaimedMessage]
     endpoints: list[Endpoint]  # the claimed messages' endpoints the caller's cache lacked
-    governed: int | None = None  # governed endpoints with due messages (None: not asked)
+    governed: int | None = None  # not 0: governed work is due, come back soon (None: not asked)
     # Claimed, but their endpoints could not be read (``error``): to hand back unsent.
     unready: list[ClaimedMessage] = field(default_factory=list)
     error: Exception | None = None
 
 
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
-_GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed", "accepted")
+_GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed", "gafter", "accepted")
 _FENCED_FIELDS = (*_CLAIMED_FIELDS, "accepted")
 
 
@@ -122,6 +122,7 @@ class Claims:
         # CLAIM_BATCH takes endpoints in turn: the next claim starts after the last
         # endpoint this one took from (the first, at the least bigint: any id)
         self._after = LEAST_ID
+        self._gafter = LEAST_ID  # CLAIM_GOVERNED's, as it says
 
     async def claim_batch(
         self, limit: int, buckets: Sequence[int] | None = None, **options: Any
@@ -167,8 +168,8 @@ class Claims:
 
         With ``governed``, the messages of rate-limited endpoints and probes of
         open circuits are claimed first (CLAIM_GOVERNED, poller/health.py), and
-        ``governed`` in the result says how many such endpoints had due messages.
-        Without it, those endpoints are left alone.
+        ``governed`` in the result is not 0 while such work is due (taken, or
+        waiting for a token or room). Without it, those endpoints are left alone.
         """
         if buckets is not None and not buckets:
             return ClaimBatch([], [])
@@ -182,6 +183,7 @@ class Claims:
             ),
             "default_max_in_flight": default_max_in_flight or limit,
             "after": self._after,
+            "gafter": self._gafter,
             "fences": None,
             "shards": shards,
         }
@@ -198,9 +200,9 @@ class Claims:
             found = await self.direct.fetch(
                 queries.CLAIM_GOVERNED, params, columns=_GOVERNED_FIELDS
             )
-            governed_count = int(found[0][-2])
+            governed_count = self._governed(found)
             accepted.intersection_update(found[0][-1] or ())
-            messages = [ClaimedMessage(*row[:-2]) for row in found if row[0] is not None]
+            messages = [ClaimedMessage(*row[:-3]) for row in found if row[0] is not None]
             params["limit"] = limit - len(messages)
         try:
             if limit > len(messages) and (accepted or not fences):
@@ -221,6 +223,12 @@ class Claims:
             if fences:
                 self._refused(fences, accepted, on_refused)
         return ClaimBatch(messages, endpoints, governed_count)
+
+    def _governed(self, rows: Sequence[Sequence[Any]]) -> int:
+        """CLAIM_GOVERNED's ``governed``; the next governed claim starts after its
+        ``gafter``."""
+        self._gafter = rows[0][-2]
+        return int(rows[0][-3])
 
     def _in_turn(self, rows: Sequence[Sequence[Any]]) -> list[ClaimedMessage]:
         """CLAIM_BATCH's messages (the row of NULLs of an empty claim dropped), in the
@@ -282,8 +290,8 @@ class Claims:
             governed_count = None
             if governed:
                 found = await fetch(conn, queries.CLAIM_GOVERNED, params, columns=_GOVERNED_FIELDS)
-                governed_count = int(found[0][-2])
-                messages = [ClaimedMessage(*row[:-2]) for row in found if row[0] is not None]
+                governed_count = self._governed(found)
+                messages = [ClaimedMessage(*row[:-3]) for row in found if row[0] is not None]
                 params["limit"] = limit - len(messages)
             if limit > len(messages):
                 claimed = await fetch(conn, queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)

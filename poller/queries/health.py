@@ -13,6 +13,65 @@ from poller.queries._registry import statement as _statement
 from poller.queries.claims import CLAIMED, CLAIMING
 from poller.queries.cluster import OFFERED_FENCES, fencing
 
+GOVERNED_WALK = 1000
+"""Governed endpoints a governed claim walks past at most (in turn, from where the last
+one stopped): a bound on its reads where thousands are rate limited and few have a
+token."""
+_LEAST, _GREATEST = "CAST(-9223372036854775808 AS bigint)", "CAST(9223372036854775807 AS bigint)"
+
+
+def _next_governed(lower: str, upper: str, above: str = ">") -> str:
+    """The least governed endpoint id ``above`` ``lower`` and up to ``upper`` — rate
+    limited, or a circuit not closed: a descent of each one's partial index (NULL:
+    none)."""
+    return f"""least(
+            (SELECT e.id FROM poller_endpoints e
+             WHERE e.rate_limit IS NOT NULL AND e.id {above} {lower} AND e.id <= {upper}
+             ORDER BY e.id LIMIT 1),
+            (SELECT h.endpoint_id FROM poller_endpoint_health h
+             WHERE h.state <> 'closed' AND h.endpoint_id {above} {lower}
+               AND h.endpoint_id <= {upper}
+             ORDER BY h.endpoint_id LIMIT 1))"""
+
+
+# The governed endpoints in turn: from the first after :gafter (where the poller's
+# last governed claim stopped) up, then around from the least bigint up to :gafter
+# (``lap`` 1), at most GOVERNED_WALK of them, and only as far as the statement reads
+# them (as CLAIM_BATCH's PENDING_IN_TURN). A recursive CTE named ``walk``.
+GOVERNED_IN_TURN = f"""
+        (SELECT first.id, first.lap, 1 AS step FROM (
+            SELECT {_next_governed("CAST(:gafter AS bigint)", _GREATEST)} AS id, 0 AS lap
+            UNION ALL
+            SELECT {_next_governed(_LEAST, "CAST(:gafter AS bigint)", ">=")}, 1
+         ) AS first WHERE first.id IS NOT NULL LIMIT 1)
+        UNION ALL
+        SELECT n.id, n.lap, w.step + 1
+        FROM walk w
+        CROSS JOIN LATERAL (
+            SELECT nx.id, nx.lap FROM (
+                SELECT {
+    _next_governed("w.id", f"CASE WHEN w.lap = 0 THEN {_GREATEST} ELSE CAST(:gafter AS bigint) END")
+} AS id,
+                       w.lap AS lap
+                UNION ALL
+                SELECT {_next_governed(_LEAST, "CAST(:gafter AS bigint)", ">=")}, 1
+                WHERE w.lap = 0
+            ) AS nx WHERE nx.id IS NOT NULL LIMIT 1
+        ) AS n
+        WHERE w.step < {GOVERNED_WALK}
+    """
+
+# An endpoint this poller may claim from now, whatever governs it (``e``): enabled,
+# in the claim's buckets and accepted shards, not held by an operator.
+_IN_SCOPE = """e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
+          AND (CAST(:fences AS jsonb) IS NULL
+               OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
+          AND (e.held_by IS NULL OR e.held_until <= now())"""
+# A rate-limited endpoint's tokens now (``e``, ``h``): its bucket refilled at the rate
+# since it was last written, up to the burst (default one second's worth).
+_TOKENS = """least(coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),
+                   h.tokens + e.rate_limit * extract(epoch FROM now() - h.tokens_at))"""
+
 # Claim the due messages of governed endpoints in the given buckets: a rate-limited
 # endpoint gets as many as its token bucket holds (rate_limit per second, up to
 # rate_burst, default one second's worth), an open circuit whose cool-down has
@@ -42,65 +101,75 @@ from poller.queries.cluster import OFFERED_FENCES, fencing
 # circuit); behind a rate limit each took a token: a backlog larger than the rate
 # times max_age failed at the rate, the messages behind it aged out in turn, and
 # while messages kept coming at the rate none was sent.
-# Each row says whether it is a probe (``probe``) or aged out
-# (``expired``); the column
-# ``governed`` (on every row, and on a row of NULLs when nothing was claimed)
-# counts the governed endpoints that had due messages, so the caller knows to come
-# back soon for the rest; the last, ``accepted``, the shards whose :fences it
-# accepted (as CLAIM_BATCH does). Planned once for all values, as CLAIM_BATCH
-# is: the outbox is read through its indexes only (each governed endpoint's
-# first pending message, the aged heads and the claimed rows by the ids'
-# array), where a join or EXISTS let the plan read the whole outbox of a
-# backlog; the UPDATE joins nothing (which rows are aged, which endpoints probe,
-# come as arrays too): joined to its due rows, a plan made over an outbox analyzed
-# after a purge walked its whole key index (7.6-11.9 ms a claim over 20,000 rows,
-# against 1.3-1.9). Only the governed endpoints are read — rate limited, or a
-# circuit not closed, each found by its partial index — with their health rows and
-# each one's first pending message: reading every endpoint's, a governed claim
-# over 10,000 endpoints took 21 ms, ten times a second while any endpoint is rate
-# limited or failing; walking every endpoint with pending messages, 47 ms over
-# 10,000 with messages. (Where every endpoint is rate limited, it reads them all.)
+#
+# Which governed endpoints: those that can take something now (a token and room,
+# a probe due, aged messages at the head), found by walking the governed ones in
+# turn (GOVERNED_IN_TURN: each one's partial index, rate limited or a circuit not
+# closed) until :limit are found, each with its first pending message (one descent
+# of the pending index). Only those health rows are locked and written (their
+# tokens spent, a probe's state). Every governed endpoint was read, its health row
+# locked and written, on every governed claim: where all of 10,000 endpoints with
+# messages were rate limited, 97-102 ms a claim, ten times a second. The next
+# governed claim starts after the last endpoint this one took (or walked, when it
+# took fewer than :limit): ``gafter`` on every row. ``governed`` (on every row, and
+# on a row of NULLs when nothing was claimed) is not 0 while governed work is due
+# in this poller's scope — an endpoint taken from, or one waiting for a token or
+# for room, or a walk that stopped at GOVERNED_WALK — so the caller comes back
+# soon; ``accepted``, the shards whose :fences it accepted (as CLAIM_BATCH does).
+#
+# Planned once for all values, as CLAIM_BATCH is: the outbox is read through its
+# indexes only (each walked endpoint's first pending message, the aged heads and
+# the claimed rows by the ids' array), where a join or EXISTS let the plan read the
+# whole outbox of a backlog; the UPDATE joins nothing (which rows are aged, which
+# endpoints probe, come as arrays too): joined to its due rows, a plan made over an
+# outbox analyzed after a purge walked its whole key index (7.6-11.9 ms a claim over
+# 20,000 rows, against 1.3-1.9).
 CLAIM_GOVERNED = _statement(
     "CLAIM_GOVERNED",
     f"""
     WITH RECURSIVE offered AS ({OFFERED_FENCES}), fenced AS (
         {fencing("claimed_by")}
-    ), busy AS (
+    ), busy AS MATERIALIZED (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
-    ), governed AS (
-        SELECT id FROM poller_endpoints WHERE rate_limit IS NOT NULL
-        UNION
-        SELECT endpoint_id FROM poller_endpoint_health WHERE state <> 'closed'
-    ), gov AS (
-        SELECT e.id, e.rate_limit, h.state <> 'closed' AS probing, e.max_age,
-               coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
-                   - coalesce(busy.n, 0) AS room,
-               CASE WHEN e.rate_limit IS NOT NULL THEN least(
-                   coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),
-                   h.tokens + e.rate_limit * extract(epoch FROM now() - h.tokens_at)) END AS tokens
-        FROM governed g
-        JOIN poller_endpoints e ON e.id = g.id
-        JOIN poller_endpoint_health h ON h.endpoint_id = e.id
-        LEFT JOIN busy ON busy.endpoint_id = e.id
-        WHERE (SELECT o.next_attempt_at FROM poller_outbox o  -- its first pending message
-               WHERE o.status = 'pending' AND o.endpoint_id = e.id
-               ORDER BY o.endpoint_id, o.next_attempt_at, o.id
-               LIMIT 1) <= now()
-          AND e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
-          AND (CAST(:fences AS jsonb) IS NULL
-               OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
-          AND (e.held_by IS NULL OR e.held_until <= now())
-          AND ((h.state = 'closed' AND e.rate_limit IS NOT NULL
-                AND (e.paused_until IS NULL OR e.paused_until <= now()))
-               OR (h.state = 'open' AND h.open_until <= now())
-               OR (h.state = 'half_open'
-                   AND (NOT EXISTS (SELECT 1 FROM poller_outbox f
-                                    WHERE f.endpoint_id = e.id AND f.status = 'in_flight')
-                        OR h.probe_at < now() - make_interval(
-                            secs => 2 * CAST(:claim_lease AS double precision)))))
-        ORDER BY e.id
-        FOR UPDATE OF h SKIP LOCKED
+    ), walk AS ({GOVERNED_IN_TURN}), gov AS (
+        -- each walked endpoint read by its id, in the walk's order (LATERAL: a plan
+        -- that hashed the walk read it whole), until :limit are found
+        SELECT g.* FROM walk w
+        CROSS JOIN LATERAL (
+            SELECT e.id, w.step, e.rate_limit, h.state <> 'closed' AS probing, e.max_age,
+                   coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
+                       - coalesce((SELECT busy.n FROM busy WHERE busy.endpoint_id = e.id), 0)
+                       AS room,
+                   CASE WHEN e.rate_limit IS NOT NULL THEN {_TOKENS} END AS tokens
+            FROM poller_endpoints e
+            JOIN poller_endpoint_health h ON h.endpoint_id = e.id
+            CROSS JOIN LATERAL (  -- its first pending message
+                SELECT o.next_attempt_at, o.created_at, o.needs_lookup FROM poller_outbox o
+                WHERE o.status = 'pending' AND o.endpoint_id = e.id
+                ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+                LIMIT 1
+            ) AS f
+            WHERE e.id = w.id AND f.next_attempt_at <= now()
+              AND {_IN_SCOPE}
+              AND ((h.state = 'closed' AND e.rate_limit IS NOT NULL
+                    AND (e.paused_until IS NULL OR e.paused_until <= now())
+                    AND ((e.max_age IS NOT NULL AND NOT f.needs_lookup  -- aged at the head
+                          AND extract(epoch FROM now() - f.created_at) > e.max_age)
+                         OR ({_TOKENS} >= 1
+                             AND coalesce(e.max_in_flight,
+                                          CAST(:default_max_in_flight AS integer))
+                                 > coalesce((SELECT busy.n FROM busy
+                                             WHERE busy.endpoint_id = e.id), 0))))
+                   OR (h.state = 'open' AND h.open_until <= now())
+                   OR (h.state = 'half_open'
+                       AND (NOT EXISTS (SELECT 1 FROM poller_outbox p
+                                        WHERE p.endpoint_id = e.id AND p.status = 'in_flight')
+                            OR h.probe_at < now() - make_interval(
+                                secs => 2 * CAST(:claim_lease AS double precision)))))
+            FOR UPDATE OF h SKIP LOCKED
+        ) AS g
+        LIMIT :limit
     ), aged AS (
         SELECT o.id, gov.id AS endpoint_id
         FROM gov
@@ -173,9 +242,32 @@ CLAIM_GOVERNED = _statement(
                 AND o.id <> ALL(CAST((SELECT aged FROM queue) AS bigint[])) AS probe,
             o.probe_refunds,
             o.id = ANY(CAST((SELECT aged FROM queue) AS bigint[])) AS expired
+    ), found AS (
+        SELECT count(*) AS n, max(step) AS last FROM gov
     )
-    SELECT claimed.*, g.n AS governed, f.accepted
-    FROM (SELECT count(*) AS n FROM gov) AS g
+    SELECT claimed.*,
+           CASE WHEN found.n > 0 THEN found.n
+                WHEN (SELECT max(step) FROM walk) >= {GOVERNED_WALK} THEN 1
+                WHEN EXISTS (  -- one waiting for a token or for room
+                    SELECT 1 FROM walk w
+                    CROSS JOIN LATERAL (
+                        SELECT 1 FROM poller_endpoints e
+                        JOIN poller_endpoint_health h ON h.endpoint_id = e.id
+                        WHERE e.id = w.id AND h.state = 'closed' AND e.rate_limit IS NOT NULL
+                          AND (e.paused_until IS NULL OR e.paused_until <= now())
+                          AND {_IN_SCOPE}
+                          AND (SELECT o.next_attempt_at FROM poller_outbox o
+                               WHERE o.status = 'pending' AND o.endpoint_id = e.id
+                               ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+                               LIMIT 1) <= now()
+                        LIMIT 1
+                    ) AS waiting) THEN 1
+                ELSE 0 END AS governed,
+           CASE WHEN found.n >= :limit THEN (SELECT id FROM gov WHERE step = found.last)
+                ELSE coalesce((SELECT id FROM walk ORDER BY step DESC LIMIT 1),
+                              CAST(:gafter AS bigint)) END AS gafter,
+           f.accepted
+    FROM found
     CROSS JOIN (SELECT array_agg(shard) AS accepted FROM fenced) AS f
     LEFT JOIN claimed ON true
     """,

@@ -416,6 +416,43 @@ async def test_a_rate_limit_hands_out_tokens_not_messages(engine: Engine, breake
     assert elapsed >= 10 / 20 * 0.9, elapsed  # 10 more tokens at 20/s: half a second
 
 
+async def test_a_governed_claim_writes_only_the_health_rows_it_takes_from(
+    engine: Engine, breaker: Claims
+) -> None:
+    """Two rate-limited endpoints with messages, one with no token: the claim takes
+    from the other and leaves the first's health row unwritten (every governed
+    endpoint's was written, every governed claim), and says governed work is due
+    while its messages wait for a token; with nothing due, that none is."""
+    billing = make_endpoint(engine, "billing", max_attempts=10).endpoint
+    make_endpoint(engine, "spent", max_attempts=10)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoints SET rate_limit = 0.001, rate_burst = 1"))
+        conn.execute(
+            text(
+                "UPDATE poller_endpoint_health SET tokens_at = now(), "
+                "tokens = CASE WHEN endpoint_id = :id THEN 1 ELSE 0 END"
+            ),
+            {"id": billing.id},
+        )
+    seed(engine, 2)
+    seed(engine, 2, endpoint="spent")
+    version = text(
+        "SELECT CAST(h.xmin AS text) FROM poller_endpoint_health h "
+        "JOIN poller_endpoints e ON e.id = h.endpoint_id WHERE e.name = 'spent'"
+    )
+    with engine.connect() as conn:
+        before = conn.execute(version).scalar_one()
+    (taken,) = await claim(breaker)
+    assert taken.endpoint_id == billing.id
+    with engine.connect() as conn:
+        assert conn.execute(version).scalar_one() == before
+    waiting = await breaker.claim(100, governed=True)
+    assert waiting.messages == [] and waiting.governed
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM poller_outbox WHERE status = 'pending'"))
+    assert (await breaker.claim(100, governed=True)).governed == 0
+
+
 async def test_a_backlog_aged_out_behind_a_rate_limit_spends_no_tokens(
     engine: Engine, breaker: Claims
 ) -> None:

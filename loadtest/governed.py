@@ -1,0 +1,130 @@
+"""The governed claim's time over many endpoints, by what governs them.
+
+    python -m loadtest.governed [--endpoints 10000] [--runs 25]
+
+ENDPOINTS endpoints, each with 3 due messages; then, one after the other, the
+governed endpoints of each scenario (none; one rate limited; ten open circuits
+past their cool-down; a thousand or all rate limited, with a token each, with
+none, or one in a hundred with one). Each figure is the median wall time of
+CLAIM_GOVERNED (a claim of 64) as the claim connection runs it — prepared once,
+planned for all values (poller/db.py) — each run rolled back, so every run sees
+the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import time
+
+import psycopg
+from sqlalchemy import text
+
+from loadtest.bench_db import fresh_database, server_url
+from loadtest.fixtures import insert_due
+from poller import queries
+from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID
+from poller.db import GENERIC_PLAN_SETTINGS, QUEUE_SETTINGS, libpq_url, sync_engine
+from poller.endpoints import create_endpoint
+
+PARAMS = {
+    "buckets": ALL_BUCKETS_LITERAL,
+    "limit": 64,
+    "claimed_by": "bench",
+    "claim_lease": 60.0,
+    "in_flight": "[]",
+    "default_max_in_flight": 16,
+    "after": LEAST_ID,
+    "gafter": LEAST_ID,
+    "fences": None,
+    "shards": 1,
+}
+ALL_RATE_LIMITED = "UPDATE poller_endpoints SET rate_limit = 1"
+SCENARIOS = {  # what governs the endpoints (after a reset: none governed, no token)
+    "none governed": "SELECT 1",
+    "1 rate limited": "UPDATE poller_endpoints SET rate_limit = 100 "
+    "WHERE id = (SELECT min(id) FROM poller_endpoints)",
+    "10 open circuits": "UPDATE poller_endpoint_health SET state = 'open', open_until = now() "
+    "WHERE endpoint_id IN (SELECT id FROM poller_endpoints ORDER BY id LIMIT 10)",
+    "1,000 rate limited, a token each": "UPDATE poller_endpoints SET rate_limit = 1 "
+    "WHERE id IN (SELECT id FROM poller_endpoints ORDER BY id LIMIT 1000);"
+    "UPDATE poller_endpoint_health SET tokens = 1",
+    "all rate limited, a token each": f"{ALL_RATE_LIMITED};"
+    "UPDATE poller_endpoint_health SET tokens = 1",
+    "all rate limited, no token": "UPDATE poller_endpoints SET rate_limit = 0.001",
+    "all rate limited, 1 in 100 a token": "UPDATE poller_endpoints SET rate_limit = 0.001;"
+    "UPDATE poller_endpoint_health SET tokens = 1 WHERE endpoint_id % 100 = 0",
+}
+RESET = (
+    "UPDATE poller_endpoints SET rate_limit = NULL;"
+    "UPDATE poller_endpoint_health SET state = 'closed', tokens = 0, tokens_at = now()"
+)
+
+
+def _seed(url: str, endpoints: int) -> None:
+    engine = sync_engine(url)
+    with engine.begin() as conn:
+        create_endpoint(conn, "bench-0", "http://127.0.0.1:9/", allow_private=True)
+        conn.execute(
+            text(
+                "INSERT INTO poller_endpoints (name, url, secret, bucket)"
+                " SELECT 'bench-' || g, url, secret, CAST(g % 256 AS smallint)"
+                " FROM poller_endpoints, generate_series(1, :n) AS g"
+            ),
+            {"n": endpoints - 1},
+        )
+        for endpoint_id, bucket in conn.execute(text("SELECT id, bucket FROM poller_endpoints")):
+            insert_due(conn, endpoint_id, bucket, 3, prefix=f"{endpoint_id}:", pad=50)
+    engine.dispose()
+
+
+def median_ms(url: str, runs: int) -> tuple[float, int]:
+    """CLAIM_GOVERNED's median time and the rows it claimed (the same every run)."""
+    numbers: dict[str, int] = {}
+    sql = re.sub(  # the psycopg text, its parameters numbered for PREPARE
+        r"%\((\w+)\)s",
+        lambda m: f"${numbers.setdefault(m.group(1), len(numbers) + 1)}",
+        queries.CLAIM_GOVERNED.psycopg,
+    ).replace("%%", "%")
+    values = [PARAMS[name] for name in numbers]
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        for setting in QUEUE_SETTINGS + GENERIC_PLAN_SETTINGS:
+            conn.execute(setting)
+        conn.execute(f"PREPARE governed AS {sql}")
+        cursor = psycopg.ClientCursor(conn)
+        execute = "EXECUTE governed(" + ", ".join(["%s"] * len(values)) + ")"
+        timings, claimed = [], 0
+        for _ in range(runs):
+            conn.execute("BEGIN")
+            began = time.perf_counter()
+            cursor.execute(execute, values)
+            claimed = sum(1 for row in cursor.fetchall() if row[0] is not None)
+            timings.append((time.perf_counter() - began) * 1000)
+            conn.execute("ROLLBACK")
+    return statistics.median(timings[3:]), claimed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--endpoints", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=25)
+    args = parser.parse_args()
+    with server_url() as admin:
+        url = fresh_database(admin, "poller_bench")
+        _seed(url, args.endpoints)
+        engine = sync_engine(url)
+        print(f"CLAIM_GOVERNED, a claim of 64, {args.endpoints:,} endpoints with 3 due each")
+        for name, statements in SCENARIOS.items():
+            with engine.begin() as conn:
+                for statement in (RESET + ";" + statements).split(";"):
+                    conn.execute(text(statement))
+            with engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+            ms, claimed = median_ms(url, args.runs)
+            print(f"{name:>36} {ms:8.2f} ms {claimed:4d} claimed")
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
