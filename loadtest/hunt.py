@@ -36,7 +36,10 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
 * with ``max_age`` 8 s and the breaker on, half the seeds take the receiver
   down for 10 s (503 to everything): the circuit opens, and the backlog ages
   out behind it; half give the endpoint a rate limit of 15/s, so the backlog
-  ages out behind the limit too.
+  ages out behind the limit too;
+* a third of the seeds add 20 rate-limited endpoints with 24 messages each
+  (loadtest/hunt_governed.py): none may be sent faster than its limit, across
+  pollers, and every message settles.
 
 When all is settled the rows and the receiver must agree (loadtest/hunt_check.py
 checks them):
@@ -131,7 +134,7 @@ from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, Tra
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from loadtest import hunt_tenant
+from loadtest import hunt_governed, hunt_tenant
 from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
 from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, dba, operator, write
@@ -560,6 +563,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
     credential = ("Authorization", f"Bearer hunt-{seed}-{new_key()[:12]}")  # sealed, sent
     receiver = HostileReceiver(seed, public_key(secret) or secret, credential)
     egress = Egress(plan)
+    governed = hunt_governed.Governed(seed)
     stop = threading.Event()
     fleet: Fleet | None = None
     began = time.monotonic()
@@ -585,6 +589,8 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 rate_limit=plan.rate_limit,
             )
             tenant_token = hunt_tenant.prepare(conn, url)
+            governed.prepare(conn, Keyring([secrets_key]))
+        governed.enqueue(engine)
         env = clean_env(
             POLLER_DATABASE_URL=db_url,
             POLLER_ELECTION=plan.election,
@@ -675,12 +681,13 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
         problems += egress.disagrees(receiver, [p.log for p in fleet.procs])
         problems += hunt_tenant.disagrees(engine, run, dict(receiver.posts))
         problems += stuck_circuits(run)
+        problems += governed.disagrees(engine)
         statuses = Counter(
             s for (s,) in engine.connect().execute(text("SELECT status FROM poller_outbox"))
         )
         return {
             "seed": seed,
-            "plan": plan.describe(),
+            "plan": plan.describe() + governed.describe(),
             "messages": len(run.committed),
             "target": target,
             "delivered": statuses["delivered"],
@@ -706,6 +713,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 if proc.popen.poll() is None:
                     proc.stop(timeout=5, graceful=False)
         receiver.stop()
+        governed.stop()
         egress.stop()
         engine.dispose()
         if redis is not None:

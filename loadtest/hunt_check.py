@@ -15,6 +15,7 @@ from loadtest.cli_check import cli_disagrees
 from loadtest.dashboard_check import dashboard_disagrees
 from loadtest.forward_proxy import ForwardProxy
 from loadtest.hostile import HostileReceiver
+from loadtest.hunt_governed import governed
 from poller.outcomes import MAX_PROBE_REFUNDS, MAX_REFUNDS
 
 # A row still to end, as the checks count it (``o``: poller_outbox): pending or in
@@ -181,6 +182,8 @@ def missed_disables(conn: Any, run: Run) -> list[str]:
             f"bool_or({FAILED_REQUEST}) AS bad, bool_or(a.outcome = 'delivered') AS ok "
             "FROM poller_delivery_attempts a "
             "WHERE a.kind IN ('send', 'lookup') AND NOT a.stale "
+            "AND a.endpoint_id IN (SELECT id FROM poller_endpoints "  # as held_sends
+            "WHERE name NOT LIKE 'governed-%') "
             "GROUP BY a.finished_at, a.poller_id ORDER BY a.finished_at"
         )
     ).all()
@@ -263,6 +266,8 @@ def held_sends(conn: Any, run: Run) -> list[str]:
         text(
             "SELECT o.idempotency_key, a.kind, extract(epoch FROM a.started_at) AS at "
             "FROM poller_delivery_attempts a JOIN poller_outbox o ON o.id = a.message_id "
+            "JOIN poller_endpoints e ON e.id = o.endpoint_id "  # not loadtest/hunt_governed.py's
+            "AND e.name NOT LIKE 'governed-%' "
             "WHERE a.kind IN ('send', 'lookup') AND a.started_at IS NOT NULL"
         )
     )
@@ -438,7 +443,9 @@ def check(
         (
             "delivered but never applied (lost)",
             sorted(
-                k for k, r in rows.items() if r.status == "delivered" and k not in receiver.applied
+                k
+                for k, r in rows.items()
+                if r.status == "delivered" and k not in receiver.applied and not governed(k)
             ),
         ),
     ]

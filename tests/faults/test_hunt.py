@@ -49,6 +49,16 @@ def test_the_hunt_breaks_no_invariant(seed: int, tmp_path: Path) -> None:
         assert result["tenant_calls"] > 0 and result["tenant_refused"] > 0
 
 
+def test_the_checker_catches_a_rate_limit_outrun() -> None:
+    """POSTs to one of the rate-limited endpoints at its rate pass; at twice the rate
+    (two pollers spending each token), the first run past burst + rate × (span + slack)
+    is reported."""
+    from loadtest.hunt_governed import RATE, _fastest
+
+    assert _fastest([i / RATE for i in range(24)]) is None
+    assert _fastest([i / (2 * RATE) for i in range(24)]) == (10, 1.125)
+
+
 def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
     engine, endpoint, db_url
 ) -> None:  # type: ignore[no-untyped-def]
