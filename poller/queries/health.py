@@ -263,7 +263,8 @@ CLAIM_GOVERNED = _statement(
                         LIMIT 1
                     ) AS waiting) THEN 1
                 ELSE 0 END AS governed,
-           CASE WHEN found.n >= :limit THEN (SELECT id FROM gov WHERE step = found.last)
+           CASE WHEN found.n > 0 AND found.n >= :limit
+                THEN (SELECT id FROM gov WHERE step = found.last)
                 ELSE coalesce((SELECT id FROM walk ORDER BY step DESC LIMIT 1),
                               CAST(:gafter AS bigint)) END AS gafter,
            f.accepted

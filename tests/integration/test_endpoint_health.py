@@ -453,6 +453,17 @@ async def test_a_governed_claim_writes_only_the_health_rows_it_takes_from(
     assert (await breaker.claim(100, governed=True)).governed == 0
 
 
+async def test_a_governed_claim_of_nothing_keeps_the_walks_place(
+    engine: Engine, breaker: Claims
+) -> None:
+    """A claim with no room (limit 0) takes nothing and leaves the next one its place:
+    it returned no place, and every governed claim after walked nothing."""
+    make_endpoint(engine, "billing", max_attempts=10, rate_limit=100.0)
+    seed(engine, 2)
+    assert (await breaker.claim(0, governed=True)).messages == []
+    assert len(await claim_within(breaker)) == 2
+
+
 async def test_a_backlog_aged_out_behind_a_rate_limit_spends_no_tokens(
     engine: Engine, breaker: Claims
 ) -> None:
