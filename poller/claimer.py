@@ -74,6 +74,7 @@ class Claimer:
         self.on_cycle: list[Callable[[int], object]] = []
         self.cycles = 0  # claim cycles run (each calls on_cycle with what it claimed)
         self.wake = asyncio.Event()
+        self.listening = False  # LISTEN is on: a commit's NOTIFY wakes the loop
         self._governed_last = -GOVERN_INTERVAL  # monotonic time of the last governed claim
         self._governed_busy = False  # it found governed endpoints with due messages
         # Messages past max_age governed claims took, until the first governed claim
@@ -252,6 +253,7 @@ class Claimer:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     backoff = 0.1
                     outage.recovered()
+                    self.listening = True
                     self.wake.set()  # anything committed while we were away
                     # aclosing: an error inside the loop must close the generator (which
                     # holds the connection's lock) before the connection is closed.
@@ -260,6 +262,7 @@ class Claimer:
                             if self._wants(note.payload):
                                 self.wake.set()
             except Exception as exc:
+                self.listening = False
                 if not is_transient(exc):
                     raise
                 outage.failed(exc)

@@ -93,6 +93,12 @@ async def test_deliveries_ending_with_nothing_more_due_make_no_claim(
                 room_freed()
 
             poller.dispatcher.on_room = on_room
+
+            async def listening() -> bool:  # its connect's wake-up claimed (a loaded
+                # machine connected it after the deliveries: a claim after them)
+                return poller.claimer.listening and not poller.claimer.wake.is_set()
+
+            await wait_for(listening, timeout=10)
             seed(engine, 10)
 
             async def written() -> bool:
