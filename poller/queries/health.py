@@ -110,8 +110,10 @@ _TOKENS = """least(coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),
 # tokens spent, a probe's state). Every governed endpoint was read, its health row
 # locked and written, on every governed claim: where all of 10,000 endpoints with
 # messages were rate limited, 97-102 ms a claim, ten times a second. The next
-# governed claim starts after the last endpoint this one took (or walked, when it
-# took fewer than :limit): ``gafter`` on every row. ``governed`` (on every row, and
+# governed claim starts after the last endpoint this one took messages from when
+# it is full (a burst can fill it from a few endpoints: starting after the last one
+# found, an endpoint whose tokens refill between claims took every claim), else
+# after the last one found or walked: ``gafter`` on every row. ``governed`` (on every row, and
 # on a row of NULLs when nothing was claimed) is not 0 while governed work is due
 # in this poller's scope — an endpoint taken from, or one waiting for a token or
 # for room, or a walk that stopped at GOVERNED_WALK — so the caller comes back
@@ -263,10 +265,17 @@ CLAIM_GOVERNED = _statement(
                         LIMIT 1
                     ) AS waiting) THEN 1
                 ELSE 0 END AS governed,
-           CASE WHEN found.n > 0 AND found.n >= :limit
-                THEN (SELECT id FROM gov WHERE step = found.last)
-                ELSE coalesce((SELECT id FROM walk ORDER BY step DESC LIMIT 1),
-                              CAST(:gafter AS bigint)) END AS gafter,
+           coalesce(  -- the next claim's place: after the last endpoint taken from, when
+               -- the claim is full (a rate limit's burst can fill it from a few)
+               CASE WHEN (SELECT count(*) FROM due) >= greatest(:limit, 1) THEN (
+                   SELECT gov.id FROM gov JOIN taken ON taken.endpoint_id = gov.id
+                   WHERE taken.n > 0 ORDER BY gov.step DESC LIMIT 1) END,
+               -- after the last one found, when as many were found as it takes
+               CASE WHEN found.n > 0 AND found.n >= :limit
+                    THEN (SELECT id FROM gov WHERE step = found.last) END,
+               -- else after the last one walked (the lap or its bound ended)
+               (SELECT id FROM walk ORDER BY step DESC LIMIT 1),
+               CAST(:gafter AS bigint)) AS gafter,
            f.accepted
     FROM found
     CROSS JOIN (SELECT array_agg(shard) AS accepted FROM fenced) AS f
