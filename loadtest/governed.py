@@ -108,8 +108,10 @@ def median_ms(url: str, runs: int) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoints", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=25)
+    parser.add_argument("--runs", type=int, default=25, help="per scenario (the first 3 warm up)")
     args = parser.parse_args()
+    if not 1 <= args.endpoints <= 1_000_000 or not 4 <= args.runs <= 10_000:
+        parser.error("--endpoints takes 1 to 1,000,000, --runs 4 to 10,000")
     with server_url() as admin:
         url = fresh_database(admin, "poller_bench")
         _seed(url, args.endpoints)
