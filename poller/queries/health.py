@@ -34,28 +34,28 @@ def _next_governed(lower: str, upper: str, above: str = ">") -> str:
              ORDER BY h.endpoint_id LIMIT 1))"""
 
 
+_GAFTER = "CAST(:gafter AS bigint)"
+_AROUND = _next_governed(_LEAST, _GAFTER, ">=")  # lap 1: the first from the least bigint
+_ONWARD = _next_governed("w.id", f"CASE WHEN w.lap = 0 THEN {_GREATEST} ELSE {_GAFTER} END")
+
 # The governed endpoints in turn: from the first after :gafter (where the poller's
 # last governed claim stopped) up, then around from the least bigint up to :gafter
 # (``lap`` 1), at most GOVERNED_WALK of them, and only as far as the statement reads
 # them (as CLAIM_BATCH's PENDING_IN_TURN). A recursive CTE named ``walk``.
 GOVERNED_IN_TURN = f"""
         (SELECT first.id, first.lap, 1 AS step FROM (
-            SELECT {_next_governed("CAST(:gafter AS bigint)", _GREATEST)} AS id, 0 AS lap
+            SELECT {_next_governed(_GAFTER, _GREATEST)} AS id, 0 AS lap
             UNION ALL
-            SELECT {_next_governed(_LEAST, "CAST(:gafter AS bigint)", ">=")}, 1
+            SELECT {_AROUND}, 1
          ) AS first WHERE first.id IS NOT NULL LIMIT 1)
         UNION ALL
         SELECT n.id, n.lap, w.step + 1
         FROM walk w
         CROSS JOIN LATERAL (
             SELECT nx.id, nx.lap FROM (
-                SELECT {
-    _next_governed("w.id", f"CASE WHEN w.lap = 0 THEN {_GREATEST} ELSE CAST(:gafter AS bigint) END")
-} AS id,
-                       w.lap AS lap
+                SELECT {_ONWARD} AS id, w.lap AS lap
                 UNION ALL
-                SELECT {_next_governed(_LEAST, "CAST(:gafter AS bigint)", ">=")}, 1
-                WHERE w.lap = 0
+                SELECT {_AROUND}, 1 WHERE w.lap = 0
             ) AS nx WHERE nx.id IS NOT NULL LIMIT 1
         ) AS n
         WHERE w.step < {GOVERNED_WALK}
