@@ -19,8 +19,43 @@ _PARAM = re.compile(r"(?<![:\w]):(\w+)")
 def psycopg_sql(sql: str) -> str:
     """``sql`` in psycopg's paramstyle: ``%`` doubled, ``:name`` as ``%(name)s`` (statements
     use ``CAST``, never ``::``, and no colon in a literal: tests/integration/test_queries.py
-    checks every statement's parameters come out the same)."""
-    return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
+    checks every statement's parameters come out the same), :func:`compact`."""
+    return _PARAM.sub(r"%(\1)s", compact(sql).replace("%", "%%"))
+
+
+_TIGHT = frozenset("(),")  # no space needed on either side of these
+
+
+def compact(sql: str) -> str:
+    """``sql`` without its ``--`` comments and with no more whitespace than it needs,
+    literals ('…') and quoted names ("…") untouched. psycopg parses a statement's text
+    on every execution when it is over 4,096 bytes (it caches shorter ones): the
+    claim's 5,140 bytes cost 30 µs a claim; compacted, 3,960."""
+    out: list[str] = []
+    space = False  # whitespace (or a comment) seen since the last character kept
+    i, n = 0, len(sql)
+    while i < n:
+        char = sql[i]
+        if char in "'\"":  # a literal or a quoted name, to its closing quote ('' and "" inside)
+            end = i + 1
+            while end < n and not (sql[end] == char and sql[end + 1 : end + 2] != char):
+                end += 2 if sql[end] == char else 1
+            token, i = sql[i : end + 1], end + 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end < 0 else end
+            space = True
+            continue
+        elif char.isspace():
+            i, space = i + 1, True
+            continue
+        else:
+            token, i = char, i + 1
+        if space and out and out[-1][-1] not in _TIGHT and token[0] not in _TIGHT:
+            out.append(" ")
+        out.append(token)
+        space = False
+    return "".join(out)
 
 
 class Statement(TextClause):
