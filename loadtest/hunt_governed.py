@@ -153,6 +153,15 @@ class Governed:
                     )
                 ).all()
             )
+            delivered = {
+                key
+                for (key,) in conn.execute(
+                    text(
+                        "SELECT idempotency_key FROM poller_outbox "
+                        "WHERE status = 'delivered' AND idempotency_key LIKE 'governed-%'"
+                    )
+                )
+            }
         by_endpoint: dict[str, list[float]] = {}
         posted: dict[str, int] = {}
         for at, key in self.posts:
@@ -167,16 +176,6 @@ class Governed:
         )
         if faster:
             problems.append(f"{len(faster)} sent faster than their rate limit: {faster[:5]}")
-        with engine.connect() as conn:
-            delivered = {
-                key
-                for (key,) in conn.execute(
-                    text(
-                        "SELECT idempotency_key FROM poller_outbox "
-                        "WHERE status = 'delivered' AND idempotency_key LIKE 'governed-%'"
-                    )
-                )
-            }
         lost = sorted(delivered - set(posted))
         if lost:
             problems.append(f"{len(lost)} delivered but never POSTed (lost): {lost[:5]}")
