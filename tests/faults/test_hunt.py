@@ -1,8 +1,10 @@
 """The fault hunt (loadtest/hunt.py), small: random hostile answers and faults, then invariants.
 
-Seeds 1 and 2 always run; outside CI a fresh random seed runs too, so every
-developer's ``make test`` explores a new schedule (a failure prints the
-command that replays it). ``POLLER_HUNT_SEEDS=7,8`` runs exactly those.
+Seeds 1, 2 and 8 always run (8 is the first to draw the rate-limited endpoints of
+loadtest/hunt_governed.py, which a third of the seeds draw); outside CI a fresh
+random seed runs too, so every developer's ``make test`` explores a new schedule
+(a failure prints the command that replays it). ``POLLER_HUNT_SEEDS=7,8`` runs
+exactly those.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from loadtest.hunt_check import check
 from tests.integration.helpers import seed as seed_messages
 
 MESSAGES = 250
+FIXED = (1, 2, 8)
 PLAN = SimpleNamespace(seed=0, disable_after=0.0, processes=1)
 
 
@@ -28,12 +31,12 @@ def _seeds() -> list[int]:
     if chosen:
         return [int(s) for s in chosen.split(",")]
     if os.environ.get("CI"):
-        return [1, 2]
+        return list(FIXED)
     # One fresh seed per run, the same in every pytest-xdist worker (they must collect the
     # same tests): drawn from the run's id when there is one.
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     fresh = random.Random(run).randrange(2**31) if run else random.randrange(2**31)
-    return [1, 2, fresh]
+    return [*FIXED, fresh]
 
 
 @pytest.mark.slow
@@ -458,3 +461,10 @@ def test_the_watcher_catches_an_aged_out_backlog_held_back(engine, endpoint, hel
     # a backlog failed a claim's worth at a time, however long it takes, is not stuck
     run.idle_circuits = [(AGED + name, now - STUCK - 1, now, int(AGED_RATE * (STUCK + 1)))]
     assert stuck_circuits(run) == []
+
+
+def test_a_fixed_seed_draws_the_rate_limited_endpoints() -> None:
+    """CI runs only the fixed seeds: one of them must put the governed claim in the hunt."""
+    from loadtest.hunt_governed import drawn
+
+    assert any(drawn(seed) for seed in FIXED)
