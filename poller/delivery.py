@@ -93,9 +93,14 @@ ORDERING_SEQ_HEADER = "webhook-ordering-seq"
 
 
 def webhook_headers(
-    endpoint: Endpoint, idempotency_key: str, body: bytes, user_agent: str
+    endpoint: Endpoint,
+    idempotency_key: str,
+    body: bytes,
+    user_agent: str,
+    now: datetime | None = None,
 ) -> dict[str, str]:
-    now = datetime.now(UTC)
+    """The headers of a request, signed at ``now`` (default: the clock's)."""
+    now = now or datetime.now(UTC)
     timestamp = int(now.timestamp())
     return {
         **dict(endpoint.headers),  # the endpoint's own (poller/headers.py): never ours
@@ -131,8 +136,8 @@ async def _exchange(
     headers: Mapping[str, str],
     body: bytes,
     timeout: float,
-) -> tuple[Reply | SendError, datetime, float]:
-    started_at = datetime.now(UTC)
+) -> tuple[Reply | SendError, float]:
+    """The sender's answer (or why there was none), and how long it took in ms."""
     began = time.perf_counter()
     try:  # with the endpoint's client certificate and CA (poller/tls.py)
         result: Reply | SendError = await sender.request(
@@ -140,7 +145,7 @@ async def _exchange(
         )
     except SendError as exc:
         result = exc
-    return result, started_at, (time.perf_counter() - began) * 1000
+    return result, (time.perf_counter() - began) * 1000
 
 
 def _failed_exchange(error: SendError, started_at: datetime, duration_ms: float) -> Attempt:
@@ -163,13 +168,14 @@ async def send(
     """POST the message to the endpoint once and classify the result; ``trace``: the
     ``traceparent`` headers to send (poller/tracing.py)."""
     body = msg.payload.encode("utf-8")
-    headers = webhook_headers(endpoint, msg.idempotency_key, body, user_agent)
+    started_at = datetime.now(UTC)  # the attempt's start, and the signature's time
+    headers = webhook_headers(endpoint, msg.idempotency_key, body, user_agent, started_at)
     if trace:
         headers.update(trace)
     if msg.ordering_key is not None:  # poller/ordering.py: a receiver can check the order
         headers[ORDERING_KEY_HEADER] = msg.ordering_key
         headers[ORDERING_SEQ_HEADER] = str(msg.position or msg.id)
-    reply, started_at, duration_ms = await _exchange(
+    reply, duration_ms = await _exchange(
         sender, "POST", endpoint, endpoint.url, headers, body, timeout
     )
     if isinstance(reply, SendError):
@@ -201,13 +207,12 @@ async def lookup(
     """Ask the endpoint whether it processed the message (signed GET on its lookup_url)."""
     assert endpoint.lookup_url is not None
     url = endpoint.lookup_url.replace(LOOKUP_PLACEHOLDER, quote(msg.idempotency_key, safe=""))
-    headers = webhook_headers(endpoint, msg.idempotency_key, b"", user_agent)
+    started_at = datetime.now(UTC)
+    headers = webhook_headers(endpoint, msg.idempotency_key, b"", user_agent, started_at)
     headers.pop("Content-Type")
     if trace:
         headers.update(trace)
-    reply, started_at, duration_ms = await _exchange(
-        sender, "GET", endpoint, url, headers, b"", timeout
-    )
+    reply, duration_ms = await _exchange(sender, "GET", endpoint, url, headers, b"", timeout)
     if isinstance(reply, SendError):
         return LookupAnswer.ERROR, _failed_exchange(reply, started_at, duration_ms)
     status = reply.status

@@ -25,7 +25,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from poller import __version__, delivery, metrics, outcomes
@@ -197,12 +197,13 @@ class Dispatcher:
     # -- one delivery ---------------------------------------------------------------
 
     async def _deliver(self, msg: ClaimedMessage) -> None:
-        started_at = datetime.now(UTC)
         began = time.perf_counter()
         try:
             outcome = await self._exchange(msg)
         except Exception as exc:  # a crash after the claim is an attempt, never a refund
-            outcome = self._crash(msg, exc, (time.perf_counter() - began) * 1000, started_at)
+            spent = time.perf_counter() - began  # the clock is read for a crash only
+            started_at = datetime.now(UTC) - timedelta(seconds=spent)
+            outcome = self._crash(msg, exc, spent * 1000, started_at)
         if msg.id in self._released:  # the shutdown released it while a client swallowed
             return  # the cancellation: one outcome per claim
         self._record(outcome, msg)
@@ -414,14 +415,16 @@ class Dispatcher:
         if outcome.status == "delivered":
             meters = self._meters(name)
             meters.delivered.inc()
-            latency = (datetime.now(UTC) - msg.created_at).total_seconds()
+            # commit to the answer: the attempt's start and duration, no clock read
+            latency = (outcome.started_at or datetime.now(UTC)) - msg.created_at
+            latency_s = latency.total_seconds() + (outcome.duration_ms or 0.0) / 1000
             # an exemplar names the delivery's trace (OpenMetrics scrapes show it)
             exemplar = (
                 {"trace_id": msg.traceparent[3:35], "span_id": span_id or msg.traceparent[36:52]}
                 if msg.traceparent is not None and valid_traceparent(msg.traceparent)
                 else None
             )
-            meters.latency.observe(max(0.0, latency), exemplar)
+            meters.latency.observe(max(0.0, latency_s), exemplar)
             return
         # Final states by their name (a last attempt's "unknown" or "crashed" is "failed"),
         # so alerts on outcome="failed" count exactly the messages that failed for good.
