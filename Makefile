@@ -49,10 +49,11 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
 
-bench: $(STAMP) ## Benchmarks (not tests): each HTTP client's cost per request, claims vs raw psycopg, the governed claim over 10,000 endpoints, deliveries per CPU s with each client vs raw aiohttp and raw pyreqwest, where commit→receipt goes, the poller's own CPU per delivery, ordered vs unordered, beside a dead endpoint, a key held open, publish vs enqueue, a 1M backlog and the purge, the dashboard on 1M rows, tracing off/on/dead collector
+bench: $(STAMP) ## Benchmarks (not tests): each HTTP client's cost per request, claims vs raw psycopg, the governed claim over 10,000 endpoints, the plain claim by a poller's share of the shards, deliveries per CPU s with each client vs raw aiohttp and raw pyreqwest, where commit→receipt goes, the poller's own CPU per delivery, ordered vs unordered, beside a dead endpoint, a key held open, publish vs enqueue, a 1M backlog and the purge, the dashboard on 1M rows, tracing off/on/dead collector
 	$(BIN)/python -m loadtest.clients
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.governed
+	$(BIN)/python -m loadtest.scopes
 	$(BIN)/python -m loadtest.deliveries --processes 1,2
 	$(BIN)/python -m loadtest.latency
 	$(BIN)/python -m loadtest.overhead

@@ -17,6 +17,8 @@ import argparse
 import re
 import statistics
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import psycopg
 from sqlalchemy import text
@@ -79,15 +81,20 @@ def _seed(url: str, endpoints: int) -> None:
     engine.dispose()
 
 
-def median_ms(url: str, runs: int) -> tuple[float, int]:
-    """CLAIM_GOVERNED's median time and the rows it claimed (the same every run)."""
+def median_ms(
+    url: str,
+    runs: int,
+    statement: queries.Statement = queries.CLAIM_GOVERNED,
+    params: Mapping[str, Any] = PARAMS,
+) -> tuple[float, int]:
+    """A claim statement's median time and the rows it claimed (the same every run)."""
     numbers: dict[str, int] = {}
     sql = re.sub(  # the psycopg text, its parameters numbered for PREPARE
         r"%\((\w+)\)s",
         lambda m: f"${numbers.setdefault(m.group(1), len(numbers) + 1)}",
-        queries.CLAIM_GOVERNED.psycopg,
+        statement.psycopg,
     ).replace("%%", "%")
-    values = [PARAMS[name] for name in numbers]
+    values = [params[name] for name in numbers]
     with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         for setting in QUEUE_SETTINGS + GENERIC_PLAN_SETTINGS:
             conn.execute(setting)
