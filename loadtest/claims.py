@@ -33,7 +33,7 @@ from sqlalchemy import text
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_due, insert_history
 from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID, Claims
+from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID, NO_BUCKET, Claims
 from poller.db import async_engine, autocommit_connection, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
 from poller.health import HealthPolicy
@@ -89,6 +89,7 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
         "claim_lease": 60.0,
         "in_flight": "[]",
         "default_max_in_flight": 1000,
+        "after_bucket": NO_BUCKET,
         "after": LEAST_ID,
         "fences": None,
         "shards": 1,
@@ -176,6 +177,7 @@ def claim_median_ms(url: str, history: int, due: int = 1000, runs: int = 40) -> 
         "claim_lease": 60.0,
         "in_flight": "[]",
         "default_max_in_flight": 1000,
+        "after_bucket": NO_BUCKET,
         "after": LEAST_ID,
         "fences": None,
         "shards": 1,

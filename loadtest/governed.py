@@ -26,7 +26,7 @@ from sqlalchemy import text
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_due
 from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID
+from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID, NO_BUCKET
 from poller.db import GENERIC_PLAN_SETTINGS, QUEUE_SETTINGS, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
 
@@ -37,6 +37,7 @@ PARAMS = {
     "claim_lease": 60.0,
     "in_flight": "[]",
     "default_max_in_flight": 16,
+    "after_bucket": NO_BUCKET,
     "after": LEAST_ID,
     "gafter": LEAST_ID,
     "fences": None,

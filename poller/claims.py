@@ -78,12 +78,14 @@ def _stale_endpoints(
 
 
 def buckets_literal(buckets: Sequence[int]) -> str:
-    """A PostgreSQL array literal: far cheaper to send every claim than a list to adapt."""
-    return "{" + ",".join(str(int(b)) for b in buckets) + "}"
+    """A PostgreSQL array literal, in ascending order (the claim's walk takes the buckets
+    in the array's order): far cheaper to send every claim than a list to adapt."""
+    return "{" + ",".join(str(b) for b in sorted({int(b) for b in buckets})) + "}"
 
 
 ALL_BUCKETS_LITERAL = buckets_literal(ALL_BUCKETS)
 LEAST_ID = -(2**63)  # the least bigint: an endpoint's identity takes any id it is given
+NO_BUCKET = -1  # below every bucket: the claim's walk starts at the first of its buckets
 
 
 class Claims:
@@ -121,7 +123,7 @@ class Claims:
         self._literals: dict[tuple[int, ...], str] = {}  # buckets -> buckets_literal
         # CLAIM_BATCH takes endpoints in turn: the next claim starts after the last
         # endpoint this one took from (the first, at the least bigint: any id)
-        self._after = LEAST_ID
+        self._after = (NO_BUCKET, LEAST_ID)  # (bucket, endpoint): where the walk goes on
         self._gafter = LEAST_ID  # CLAIM_GOVERNED's, as it says
 
     async def claim_batch(
@@ -173,6 +175,7 @@ class Claims:
         """
         if buckets is not None and not buckets:
             return ClaimBatch([], [])
+        after = self._cursor(buckets)
         params = {
             "buckets": self._buckets_literal(buckets),
             "limit": limit,
@@ -182,7 +185,8 @@ class Claims:
                 [{"endpoint_id": e, "n": n} for e, n in (in_flight or {}).items() if n]
             ),
             "default_max_in_flight": default_max_in_flight or limit,
-            "after": self._after,
+            "after_bucket": after[0],
+            "after": after[1],
             "gafter": self._gafter,
             "fences": None,
             "shards": shards,
@@ -230,12 +234,21 @@ class Claims:
         self._gafter = rows[0][-2]
         return int(rows[0][-3])
 
+    def _cursor(self, buckets: Sequence[int] | None) -> tuple[int, int]:
+        """Where the claim's walk goes on: after the last endpoint a claim took from, if
+        its bucket is still the claim's (the walk goes into no bucket it was not given
+        but the cursor's own); else from the first bucket."""
+        after = self._after
+        if buckets is not None and after[0] not in buckets:
+            return NO_BUCKET, LEAST_ID
+        return after
+
     def _in_turn(self, rows: Sequence[Sequence[Any]]) -> list[ClaimedMessage]:
         """CLAIM_BATCH's messages (the row of NULLs of an empty claim dropped), in the
         order it took their endpoints; the next claim starts after the last one."""
         claimed = [ClaimedMessage(*row[:-1]) for row in rows if row[0] is not None]
         if claimed:
-            self._after = claimed[-1].endpoint_id
+            self._after = (claimed[-1].bucket, claimed[-1].endpoint_id)
         return claimed
 
     def _buckets_literal(self, buckets: Sequence[int] | None) -> str:
@@ -286,6 +299,7 @@ class Claims:
                 if not allowed:
                     return ClaimBatch([], [])
                 params["buckets"] = buckets_literal(allowed)
+                params["after_bucket"], params["after"] = self._cursor(allowed)
             messages: list[ClaimedMessage] = []
             governed_count = None
             if governed:

@@ -272,6 +272,15 @@ outbox = Table(
         "id",
         postgresql_where=text("status = 'pending'"),
     ),
+    # The claim's walk takes the endpoints with pending rows by bucket (its own only).
+    Index(
+        "ix_poller_outbox_bucket_due",
+        "bucket",
+        "endpoint_id",
+        "next_attempt_at",
+        "id",
+        postgresql_where=text("status = 'pending'"),
+    ),
     # The reclaim path reads only in-flight rows, by lease expiry.
     Index(
         "ix_poller_outbox_reclaim",

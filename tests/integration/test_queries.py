@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 
 from loadtest.fixtures import insert_due, insert_history, insert_waiting
 from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL
+from poller.claims import ALL_BUCKETS_LITERAL, buckets_literal
 from poller.db import GENERIC_PLAN_SETTINGS, QUEUE_SETTINGS
 from poller.endpoints import CreatedEndpoint
 from poller.health import HealthPolicy
@@ -87,7 +87,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "ENQUEUE_MANY": MANY,
     "ENQUEUE_MANY_EXISTING": MANY,
     "NOTIFY_BUCKETS": {"buckets": [1, 2]},
-    "CLAIM_BATCH": {**CLAIM, "after": 0, "fences": '[{"shard": 0, "fence": 3}]', "shards": 8},
+    "CLAIM_BATCH": {**CLAIM, "after_bucket": -1, "after": 0, "fences": '[{"shard": 0, "fence": 3}]', "shards": 8},
     "CLAIM_GOVERNED": {**CLAIM, "gafter": 0, "fences": None, "shards": 8},
     "HEALTH_REPORT": {"name": None, "after": None, "contains": None, "limit": 50},
     "RESET_HEALTH": {"endpoint_id": 1},
@@ -342,10 +342,22 @@ def test_a_claim_walks_only_as_far_as_it_takes(engine: Engine) -> None:
             text("UPDATE poller_endpoints SET rate_limit = 100 WHERE id = :id"), {"id": source.id}
         )
         conn.execute(text("ANALYZE"))
-    params = {**CLAIM, "after": source.id, "gafter": source.id, "fences": None, "shards": 1}
+    params = {
+        **CLAIM,
+        "after_bucket": source.bucket,
+        "after": source.id,
+        "gafter": source.id,
+        "fences": None,
+        "shards": 1,
+    }
     plan = _executed_plan(engine, "CLAIM_BATCH", params)
     walked = _nodes(plan, "Recursive Union")
-    assert len(walked) == 1 and walked[0]["Actual Rows"] <= 10, walked[0]["Actual Rows"]
+    assert len(walked) == 1 and walked[0]["Actual Rows"] <= 11, walked[0]["Actual Rows"]
+    # A poller that leads one bucket walks its endpoints only (1 or 2 of the 300), never
+    # the others' (walked by endpoint, it read all 300 to find them).
+    alone = {**params, "buckets": buckets_literal([source.bucket])}
+    (walk,) = _nodes(_executed_plan(engine, "CLAIM_BATCH", alone), "Recursive Union")
+    assert walk["Actual Rows"] <= 4, walk["Actual Rows"]
     governed = _executed_plan(engine, "CLAIM_GOVERNED", params)
     read = sum(
         node["Actual Rows"] * node["Actual Loops"]
