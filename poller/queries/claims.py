@@ -79,8 +79,11 @@ PENDING_IN_TURN = f"""
              ORDER BY o.endpoint_id, o.next_attempt_at, o.id
              LIMIT 1)
             UNION ALL
-            {_NEXT_IN.format(lap="p.lap", lap_one="p.lap = 1 AND ",
-                             which="u.b > p.b AND (p.lap = 0 OR u.b <= p.ab)")}
+            {
+    _NEXT_IN.format(
+        lap="p.lap", lap_one="p.lap = 1 AND ", which="u.b > p.b AND (p.lap = 0 OR u.b <= p.ab)"
+    )
+}
             UNION ALL
             {_NEXT_IN.format(lap="1", lap_one="", which="p.lap = 0 AND u.b <= p.ab")}
             LIMIT 1
@@ -88,10 +91,10 @@ PENDING_IN_TURN = f"""
     """
 
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.
-# The endpoints considered are those with pending messages, in turn
-# (PENDING_IN_TURN: from the one after (:after_bucket, :after), the last the poller's
-# previous claim took from, around, in the claim's buckets only), and only until the claim has its rows: most of a
-# product's customers have nothing due at a given moment, and a claim that
+# The endpoints considered are those with pending messages in the claim's buckets,
+# in turn (PENDING_IN_TURN: from the one after (:after_bucket, :after), the last the
+# poller's previous claim took from, around), and only until the claim has its
+# rows: most of a product's customers have nothing due at a given moment, and a claim that
 # visited all of 10,000 idle endpoints took 15-24 ms, one that visited 10,000
 # with messages 12 ms (45 ms walking them all), where this takes 0.9. Each
 # claimed row's endpoint updated_at is read by its key, so no plan joins the
