@@ -264,15 +264,10 @@ outbox = Table(
         "status <> 'in_flight' OR (claim_token IS NOT NULL AND claim_expires_at IS NOT NULL)",
         name="in_flight_is_claimed",
     ),
-    # The claim path reads each endpoint's due pending rows, in due order.
-    Index(
-        "ix_poller_outbox_endpoint_due",
-        "endpoint_id",
-        "next_attempt_at",
-        "id",
-        postgresql_where=text("status = 'pending'"),
-    ),
-    # The claim's walk takes the endpoints with pending rows by bucket (its own only).
+    # The claim path reads each endpoint's due pending rows, in due order, by bucket and
+    # endpoint; the claim's walk takes the endpoints with pending rows by bucket (a
+    # poller walks its own buckets only). Every read of an endpoint's pending rows
+    # gives its bucket.
     Index(
         "ix_poller_outbox_bucket_due",
         "bucket",

@@ -57,15 +57,14 @@ _NEXT_IN = """(SELECT f.* FROM unnest(CAST(:buckets AS smallint[])) AS u(b)
                 FROM poller_outbox o
                 WHERE o.status = 'pending' AND o.bucket = u.b AND o.endpoint_id <= CASE
                     WHEN {lap_one}u.b = p.ab THEN p.ae ELSE p.top END
-                ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+                ORDER BY o.endpoint_id, o.next_attempt_at
                 LIMIT 1) AS f
              WHERE {which}
              LIMIT 1)"""
 # The walk starts from a row for the cursor itself (its NULL due time keeps it out
 # of ``ready``), and every row carries the cursor (ab, ae) and the greatest bigint.
 PENDING_IN_TURN = f"""
-        SELECT c.ab, c.ae, CAST(NULL AS timestamptz), 0, c.ab, c.ae,
-               CAST(9223372036854775807 AS bigint)
+        SELECT c.ab, c.ae, CAST(NULL AS timestamptz), 0, c.ab, c.ae, 9223372036854775807
         FROM (SELECT CAST(:after_bucket AS smallint) AS ab, CAST(:after AS bigint) AS ae) AS c
         UNION ALL
         SELECT n.*, p.top
@@ -76,7 +75,7 @@ PENDING_IN_TURN = f"""
              WHERE o.status = 'pending' AND o.bucket = p.b
                AND o.endpoint_id > p.id AND o.endpoint_id <= CASE
                    WHEN p.lap = 1 AND p.b = p.ab THEN p.ae ELSE p.top END
-             ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+             ORDER BY o.endpoint_id, o.next_attempt_at
              LIMIT 1)
             UNION ALL
             {
@@ -138,7 +137,7 @@ CLAIM_BATCH = _statement(
             AS b(endpoint_id bigint, n integer)
     ), pending (b, id, due, lap, ab, ae, top) AS (
         {PENDING_IN_TURN}), ready AS (
-        SELECT e.id,
+        SELECT e.id, p.b,
                coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
                    - coalesce((SELECT busy.n FROM busy WHERE busy.endpoint_id = e.id), 0)
                    AS room
@@ -155,7 +154,7 @@ CLAIM_BATCH = _statement(
         FROM ready
         CROSS JOIN LATERAL (
             SELECT o.id FROM poller_outbox o
-            WHERE o.endpoint_id = ready.id
+            WHERE o.bucket = ready.b AND o.endpoint_id = ready.id
               AND o.status = 'pending'
               AND o.next_attempt_at <= now()
             ORDER BY o.next_attempt_at, o.id

@@ -139,7 +139,8 @@ CLAIM_GOVERNED = _statement(
         -- that hashed the walk read it whole), until :limit are found
         SELECT g.* FROM walk w
         CROSS JOIN LATERAL (
-            SELECT e.id, w.step, e.rate_limit, h.state <> 'closed' AS probing, e.max_age,
+            SELECT e.id, e.bucket, w.step, e.rate_limit, h.state <> 'closed' AS probing,
+                   e.max_age,
                    coalesce(e.max_in_flight, CAST(:default_max_in_flight AS integer))
                        - coalesce((SELECT busy.n FROM busy WHERE busy.endpoint_id = e.id), 0)
                        AS room,
@@ -148,8 +149,8 @@ CLAIM_GOVERNED = _statement(
             JOIN poller_endpoint_health h ON h.endpoint_id = e.id
             CROSS JOIN LATERAL (  -- its first pending message
                 SELECT o.next_attempt_at, o.created_at, o.needs_lookup FROM poller_outbox o
-                WHERE o.status = 'pending' AND o.endpoint_id = e.id
-                ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+                WHERE o.status = 'pending' AND o.bucket = e.bucket AND o.endpoint_id = e.id
+                ORDER BY o.next_attempt_at, o.id
                 LIMIT 1
             ) AS f
             WHERE e.id = w.id AND f.next_attempt_at <= now()
@@ -177,7 +178,8 @@ CLAIM_GOVERNED = _statement(
         FROM gov
         JOIN poller_outbox o ON o.id = ANY(ARRAY(
             SELECT f.id FROM poller_outbox f
-            WHERE f.endpoint_id = gov.id AND f.status = 'pending' AND f.next_attempt_at <= now()
+            WHERE f.bucket = gov.bucket AND f.endpoint_id = gov.id AND f.status = 'pending'
+              AND f.next_attempt_at <= now()
             ORDER BY f.next_attempt_at, f.id
             LIMIT :limit
         ))
@@ -186,7 +188,7 @@ CLAIM_GOVERNED = _statement(
           AND extract(epoch FROM now() - o.created_at) > gov.max_age  -- 1e308 overflows an interval
         FOR UPDATE OF o SKIP LOCKED
     ), allow AS (
-        SELECT id, rate_limit, tokens, probing, max_age,
+        SELECT id, bucket, rate_limit, tokens, probing, max_age,
                greatest(0, least(room, CASE
                    WHEN NOT probing THEN CAST(floor(tokens) AS integer)
                    -- the first :limit due all aged: no probe among them (the next
@@ -200,7 +202,7 @@ CLAIM_GOVERNED = _statement(
          FROM allow
          CROSS JOIN LATERAL (
              SELECT o.id FROM poller_outbox o
-             WHERE o.endpoint_id = allow.id
+             WHERE o.bucket = allow.bucket AND o.endpoint_id = allow.id
                AND o.status = 'pending'
                AND o.next_attempt_at <= now()
                AND o.id NOT IN (SELECT id FROM aged)  -- locked above: SKIP LOCKED keeps them
@@ -259,8 +261,9 @@ CLAIM_GOVERNED = _statement(
                           AND (e.paused_until IS NULL OR e.paused_until <= now())
                           AND {_IN_SCOPE}
                           AND (SELECT o.next_attempt_at FROM poller_outbox o
-                               WHERE o.status = 'pending' AND o.endpoint_id = e.id
-                               ORDER BY o.endpoint_id, o.next_attempt_at, o.id
+                               WHERE o.status = 'pending' AND o.bucket = e.bucket
+                                 AND o.endpoint_id = e.id
+                               ORDER BY o.next_attempt_at, o.id
                                LIMIT 1) <= now()
                         LIMIT 1
                     ) AS waiting) THEN 1
@@ -296,7 +299,7 @@ HEALTH_REPORT = _statement(
     "HEALTH_REPORT",
     """
     WITH page AS (
-        SELECT e.id FROM poller_endpoints e
+        SELECT e.id, e.bucket FROM poller_endpoints e
         WHERE (CAST(:name AS text) IS NULL OR e.name = CAST(:name AS text))
           AND (CAST(:after AS text) IS NULL OR e.name > CAST(:after AS text))
           AND (CAST(:contains AS text) IS NULL
@@ -337,7 +340,7 @@ HEALTH_REPORT = _statement(
     LEFT JOIN (
         SELECT o.endpoint_id, count(*) AS pending
         FROM poller_outbox o
-        WHERE o.status = 'pending' AND o.endpoint_id IN (SELECT id FROM page)
+        WHERE o.status = 'pending' AND (o.bucket, o.endpoint_id) IN (SELECT bucket, id FROM page)
         GROUP BY o.endpoint_id
     ) AS p ON p.endpoint_id = e.id
     ORDER BY e.name

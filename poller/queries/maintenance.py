@@ -96,7 +96,8 @@ GAUGE_ENDPOINTS = _statement(
                 ELSE extract(epoch FROM now() - h.opened_at) END AS open_seconds,
            CASE WHEN e.enabled THEN 0
                 ELSE (SELECT count(*) FROM poller_outbox o
-                      WHERE o.endpoint_id = e.id AND o.status = 'pending') END AS disabled_pending
+                      WHERE o.bucket = e.bucket AND o.endpoint_id = e.id
+                        AND o.status = 'pending') END AS disabled_pending
     FROM shown
     JOIN poller_endpoints e ON e.id = shown.endpoint_id
     LEFT JOIN poller_endpoint_health h ON h.endpoint_id = e.id

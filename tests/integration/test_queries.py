@@ -225,7 +225,7 @@ def test_claim_and_reclaim_use_their_partial_indexes_over_large_history(
         head = conn.execute(text("SELECT min(head_id) FROM poller_ordering_keys")).scalar_one()
     advance = {"ids": [head], "skipped": [], "notify": False}
     for name, index in [
-        ("CLAIM_BATCH", "ix_poller_outbox_endpoint_due"),
+        ("CLAIM_BATCH", "ix_poller_outbox_bucket_due"),
         ("RECLAIM_EXPIRED", "ix_poller_outbox_reclaim"),
         ("ADVANCE_KEYS", "ix_poller_outbox_waiting"),
     ]:
