@@ -359,11 +359,11 @@ def test_a_claim_walks_only_as_far_as_it_takes(engine: Engine) -> None:
     plan = _executed_plan(engine, "CLAIM_BATCH", params)
     walked = _nodes(plan, "Recursive Union")
     assert len(walked) == 1 and walked[0]["Actual Rows"] <= 11, walked[0]["Actual Rows"]
-    # A poller that leads one bucket walks its endpoints only (1 or 2 of the 300), never
-    # the others' (walked by endpoint, it read all 300 to find them).
+    # A poller that leads one bucket walks its endpoints only (1 or 2 of the 300) and
+    # jumps over the others' buckets (walked by endpoint, it read all 300).
     alone = {**params, "buckets": buckets_literal([source.bucket])}
     (walk,) = _nodes(_executed_plan(engine, "CLAIM_BATCH", alone), "Recursive Union")
-    assert walk["Actual Rows"] <= 4, walk["Actual Rows"]
+    assert walk["Actual Rows"] <= 8, walk["Actual Rows"]
     governed = _executed_plan(engine, "CLAIM_GOVERNED", params)
     read = sum(
         node["Actual Rows"] * node["Actual Loops"]
