@@ -8,7 +8,10 @@ past their cool-down; a thousand or all rate limited, with a token each, with
 none, or one in a hundred with one). Each figure is the median wall time of
 CLAIM_GOVERNED (a claim of 64) as the claim connection runs it — prepared once,
 planned for all values (poller/db.py) — each run rolled back, so every run sees
-the same rows.
+the same rows. Then, with every endpoint rate limited (a token each; one in a
+hundred with one) or behind an open circuit, the same claim by a poller's share
+of the shards (as loadtest/scopes.py): what it costs and how many it finds, its
+walk being bounded (GOVERNED_WALK).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from sqlalchemy import text
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_due
 from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID, NO_BUCKET
+from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID, NO_BUCKET, buckets_literal
 from poller.db import GENERIC_PLAN_SETTINGS, QUEUE_SETTINGS, libpq_url, sync_engine
 from poller.endpoints import create_endpoint
+from poller.schema import BUCKETS
 
 PARAMS = {
     "buckets": ALL_BUCKETS_LITERAL,
@@ -39,6 +43,7 @@ PARAMS = {
     "default_max_in_flight": 16,
     "after_bucket": NO_BUCKET,
     "after": LEAST_ID,
+    "gafter_bucket": NO_BUCKET,
     "gafter": LEAST_ID,
     "fences": None,
     "shards": 1,
@@ -59,10 +64,22 @@ SCENARIOS = {  # what governs the endpoints (after a reset: none governed, no to
     "all rate limited, 1 in 100 a token": "UPDATE poller_endpoints SET rate_limit = 0.001;"
     "UPDATE poller_endpoint_health SET tokens = 1 WHERE endpoint_id % 100 = 0",
 }
+BY_SCOPE = {  # scenarios measured by a poller's share of the shards
+    "all rate limited, a token each": SCENARIOS["all rate limited, a token each"],
+    # one in a hundred by a hash: ``endpoint_id % 100`` picks none of some shards
+    "all rate limited, 1 in 100 a token": "UPDATE poller_endpoints SET rate_limit = 0.001;"
+    "UPDATE poller_endpoint_health SET tokens = 1 WHERE hashint8(endpoint_id) % 100 = 0",
+    "all open circuits": "UPDATE poller_endpoint_health SET state = 'open', open_until = now()",
+}
 RESET = (
     "UPDATE poller_endpoints SET rate_limit = NULL;"
     "UPDATE poller_endpoint_health SET state = 'closed', tokens = 0, tokens_at = now()"
 )
+
+
+def shard_buckets(shards: int) -> str:
+    """The buckets of shard 0 of ``shards``, as a claim's literal."""
+    return buckets_literal([b for b in range(BUCKETS) if b % shards == 0])
 
 
 def _seed(url: str, endpoints: int) -> None:
@@ -113,6 +130,16 @@ def median_ms(
     return statistics.median(timings[3:]), claimed
 
 
+def govern(engine: Any, statements: str) -> None:
+    """Reset what governs the endpoints, then run ``statements`` (``;`` between them),
+    then VACUUM ANALYZE, as every scenario starts."""
+    with engine.begin() as conn:
+        for statement in (RESET + ";" + statements).split(";"):
+            conn.execute(text(statement))
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoints", type=int, default=10_000)
@@ -126,13 +153,17 @@ def main() -> None:
         engine = sync_engine(url)
         print(f"CLAIM_GOVERNED, a claim of 64, {args.endpoints:,} endpoints with 3 due each")
         for name, statements in SCENARIOS.items():
-            with engine.begin() as conn:
-                for statement in (RESET + ";" + statements).split(";"):
-                    conn.execute(text(statement))
-            with engine.connect() as conn:
-                conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+            govern(engine, statements)
             ms, claimed = median_ms(url, args.runs)
             print(f"{name:>36} {ms:8.2f} ms {claimed:4d} claimed")
+        print("\nby a poller's share of the shards")
+        for name, statements in BY_SCOPE.items():
+            govern(engine, statements)
+            for scope, shards in (("every bucket", 1), ("a shard of 8", 8), ("of 256", 256)):
+                params = {**PARAMS, "buckets": shard_buckets(shards)}
+                ms, claimed = median_ms(url, args.runs, params=params)
+                label = f"{name}, {scope}"
+                print(f"{label:>52} {ms:8.2f} ms {claimed:4d} claimed")
         engine.dispose()
 
 
