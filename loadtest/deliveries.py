@@ -147,12 +147,6 @@ def add_idle_endpoints(engine: Any, count: int) -> None:
             ),
             {"n": count - 1},
         )
-        conn.execute(
-            text(
-                "INSERT INTO poller_endpoint_health (endpoint_id) SELECT id FROM poller_endpoints"
-                " ON CONFLICT DO NOTHING"
-            )
-        )
         conn.execute(text("ANALYZE"))
 
 

@@ -56,7 +56,7 @@ class ClaimBatch:
 
 
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
-_GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed", "gafter", "accepted")
+_GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed", "gafter_bucket", "gafter", "accepted")
 _FENCED_FIELDS = (*_CLAIMED_FIELDS, "accepted")
 
 
@@ -124,7 +124,7 @@ class Claims:
         # CLAIM_BATCH takes endpoints in turn: the next claim starts after the last
         # endpoint this one took from (the first, at the least bigint: any id)
         self._after = (NO_BUCKET, LEAST_ID)  # (bucket, endpoint): where the walk goes on
-        self._gafter = LEAST_ID  # CLAIM_GOVERNED's, as it says
+        self._gafter = (NO_BUCKET, LEAST_ID)  # CLAIM_GOVERNED's, as it says
 
     async def claim_batch(
         self, limit: int, buckets: Sequence[int] | None = None, **options: Any
@@ -187,7 +187,8 @@ class Claims:
             "default_max_in_flight": default_max_in_flight or limit,
             "after_bucket": after[0],
             "after": after[1],
-            "gafter": self._gafter,
+            "gafter_bucket": self._gafter[0],
+            "gafter": self._gafter[1],
             "fences": None,
             "shards": shards,
         }
@@ -206,7 +207,7 @@ class Claims:
             )
             governed_count = self._governed(found)
             accepted.intersection_update(found[0][-1] or ())
-            messages = [ClaimedMessage(*row[:-3]) for row in found if row[0] is not None]
+            messages = [ClaimedMessage(*row[:-4]) for row in found if row[0] is not None]
             params["limit"] = limit - len(messages)
         try:
             if limit > len(messages) and (accepted or not fences):
@@ -230,9 +231,9 @@ class Claims:
 
     def _governed(self, rows: Sequence[Sequence[Any]]) -> int:
         """CLAIM_GOVERNED's ``governed``; the next governed claim starts after its
-        ``gafter``."""
-        self._gafter = rows[0][-2]
-        return int(rows[0][-3])
+        (``gafter_bucket``, ``gafter``)."""
+        self._gafter = (rows[0][-3], rows[0][-2])
+        return int(rows[0][-4])
 
     def _cursor(self, buckets: Sequence[int] | None) -> tuple[int, int]:
         """Where the claim's walk goes on: after the last endpoint a claim took from, if
@@ -305,7 +306,7 @@ class Claims:
             if governed:
                 found = await fetch(conn, queries.CLAIM_GOVERNED, params, columns=_GOVERNED_FIELDS)
                 governed_count = self._governed(found)
-                messages = [ClaimedMessage(*row[:-3]) for row in found if row[0] is not None]
+                messages = [ClaimedMessage(*row[:-4]) for row in found if row[0] is not None]
                 params["limit"] = limit - len(messages)
             if limit > len(messages):
                 claimed = await fetch(conn, queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)

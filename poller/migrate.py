@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 VERSION_TABLE = "poller_alembic_version"
-HEAD = "0024"
+HEAD = "0025"
 """The newest revision of the scripts, which this code needs (tests/integration/
 test_migrations.py checks it against them)."""
 

@@ -163,9 +163,12 @@ endpoints = Table(
         postgresql_using="gin",
         postgresql_with={"fastupdate": "off"},
     ),
-    # The governed claim (queries/health.py) starts from the rate-limited endpoints.
+    # The governed claim (queries/health.py) walks the rate-limited endpoints by bucket.
     Index(
-        "ix_poller_endpoints_rate_limited", "id", postgresql_where=text("rate_limit IS NOT NULL")
+        "ix_poller_endpoints_rate_limited",
+        "bucket",
+        "id",
+        postgresql_where=text("rate_limit IS NOT NULL"),
     ),
 )
 
@@ -391,7 +394,7 @@ ordering_keys = Table(
 
 
 # Each endpoint's health, shared by every poller (poller/health.py); a row per
-# endpoint, made with it by a trigger (migration 0007). ``state``: closed
+# endpoint, made with it by a trigger (migrations 0007, 0025). ``state``: closed
 # (deliver), open (claim nothing until ``open_until``), half_open (one probe out
 # since ``probe_at``). ``cooldown``: the open period in force, doubled (capped) on
 # each failed probe. ``failing_since``: the first failed send after the last
@@ -422,10 +425,14 @@ endpoint_health = Table(
     # Every failed request the breaker counted, ever (never reset): the fault hunt
     # checks it against the attempt rows.
     Column("failed_requests", BigInteger, nullable=False, server_default=text("0")),
+    # Its endpoint's bucket (the trigger writes it, and keeps it if the endpoint's
+    # changes): the governed claim walks the circuits not closed of its own buckets.
+    Column("bucket", SmallInteger, nullable=False),
     CheckConstraint("state IN ('closed', 'open', 'half_open')", name="state_valid"),
-    # ... and from the circuits not closed.
+    # ... and the circuits not closed.
     Index(
         "ix_poller_endpoint_health_not_closed",
+        "bucket",
         "endpoint_id",
         postgresql_where=text("state <> 'closed'"),
     ),

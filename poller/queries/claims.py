@@ -35,6 +35,39 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
          ELSE (SELECT ev.tracestate FROM poller_events ev WHERE ev.id = o.event_id) END
         AS tracestate"""
 
+
+def bucket_step(walk: str, found: str = "c.b, c.id", none: str = "") -> str:
+    """The end of a step of a walk in turn by (bucket, id) through an index led by the
+    bucket (PENDING_IN_TURN; the governed claim's GOVERNED_IN_TURN). Given the walk's
+    last row ``walk`` (with ``lap``, the cursor ``ab``, ``ae`` and ``top``, the
+    greatest bigint) and the next pair the step found, ``c`` (``b``, ``id``; NULLs
+    for none), the row the step adds, ``x``: ``found`` (``c``'s columns) when its
+    bucket is one of :buckets; else a jump to just before the next of them, ``(nb -
+    1, top)`` and ``none`` (the NULLs of ``found``'s other columns), that the next
+    step's descent starts after; past the last of them, or when nothing is found,
+    ``(-1, top)`` to go around (``lap`` 1) from the first; nothing when the lap
+    around reached the cursor."""
+    return f"""CROSS JOIN LATERAL (
+            SELECT c.b IS NOT NULL AND ({walk}.lap = 0 OR (c.b, c.id) <= ({walk}.ab, {walk}.ae))
+                       AS ok,
+                   c.b = ANY(CAST(:buckets AS smallint[])) AS ours
+        ) AS k
+        CROSS JOIN LATERAL (  -- the next of :buckets, read only past one not ours
+            SELECT CASE WHEN NOT k.ours THEN (
+                SELECT min(u) FROM unnest(CAST(:buckets AS smallint[])) AS u WHERE u > c.b)
+            END AS nb
+        ) AS j
+        CROSS JOIN LATERAL (
+            SELECT {found}, {walk}.lap WHERE k.ok AND k.ours
+            UNION ALL
+            SELECT CAST(j.nb - 1 AS smallint), {walk}.top{none}, {walk}.lap
+            WHERE k.ok AND NOT k.ours AND j.nb IS NOT NULL
+            UNION ALL
+            SELECT CAST(-1 AS smallint), {walk}.top{none}, 1
+            WHERE {walk}.lap = 0 AND NOT (k.ok AND (k.ours OR j.nb IS NOT NULL))
+        ) AS x"""
+
+
 # The endpoints with pending messages in the claim's buckets, each with its first
 # one's due time (the earliest: the index is in due order within an endpoint), in
 # turn (round robin) by (bucket, endpoint) through the pending index led by the
@@ -51,7 +84,7 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
 # 2.1 ms a claim, 28 ms for a shard of 256, 40 ms for an idle shard beside busy
 # ones: loadtest/scopes.py). A recursive CTE (the statement says WITH RECURSIVE)
 # named ``pending``; every row carries the cursor (ab, ae) and the greatest bigint.
-PENDING_IN_TURN = """
+PENDING_IN_TURN = f"""
         SELECT c.ab, c.ae, CAST(NULL AS timestamptz), 0, c.ab, c.ae, 9223372036854775807
         FROM (SELECT CAST(:after_bucket AS smallint) AS ab, CAST(:after AS bigint) AS ae) AS c
         UNION ALL
@@ -67,25 +100,7 @@ PENDING_IN_TURN = """
             SELECT NULL, NULL, NULL  -- none: a row of NULLs, to go around or end
             LIMIT 1
         ) AS c
-        CROSS JOIN LATERAL (
-            SELECT c.b, c.id, c.due,
-                   c.b IS NOT NULL AND (p.lap = 0 OR (c.b, c.id) <= (p.ab, p.ae)) AS ok,
-                   c.b = ANY(CAST(:buckets AS smallint[])) AS ours
-        ) AS k
-        CROSS JOIN LATERAL (  -- the next of :buckets, read only past one not ours
-            SELECT CASE WHEN NOT k.ours THEN (
-                SELECT min(u) FROM unnest(CAST(:buckets AS smallint[])) AS u WHERE u > c.b)
-            END AS nb
-        ) AS j
-        CROSS JOIN LATERAL (
-            SELECT k.b, k.id, k.due, p.lap WHERE k.ok AND k.ours
-            UNION ALL
-            SELECT CAST(j.nb - 1 AS smallint), p.top, NULL, p.lap
-            WHERE k.ok AND NOT k.ours AND j.nb IS NOT NULL
-            UNION ALL
-            SELECT CAST(-1 AS smallint), p.top, NULL, 1
-            WHERE p.lap = 0 AND NOT (k.ok AND (k.ours OR j.nb IS NOT NULL))
-        ) AS x
+        {bucket_step("p", "c.b, c.id, c.due", ", NULL")}
     """
 
 # Claim up to :limit due rows of the given buckets, fairly between endpoints.

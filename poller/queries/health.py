@@ -10,54 +10,53 @@ for endpoints that are neither.
 from __future__ import annotations
 
 from poller.queries._registry import statement as _statement
-from poller.queries.claims import CLAIMED, CLAIMING
+from poller.queries.claims import CLAIMED, CLAIMING, bucket_step
 from poller.queries.cluster import OFFERED_FENCES, fencing
 
 GOVERNED_WALK = 1000
-"""Governed endpoints a governed claim walks past at most (in turn, from where the last
-one stopped): a bound on its reads where thousands are rate limited and few have a
-token."""
-_LEAST, _GREATEST = "CAST(-9223372036854775808 AS bigint)", "CAST(9223372036854775807 AS bigint)"
+"""Steps a governed claim's walk takes at most (in turn, from where the last one
+stopped): a bound on its reads where thousands are rate limited and few have a
+token. A step is a governed endpoint of the claim's buckets, or a jump past
+buckets that are not."""
 
-
-def _next_governed(lower: str, upper: str, above: str = ">") -> str:
-    """The least governed endpoint id ``above`` ``lower`` and up to ``upper`` — rate
-    limited, or a circuit not closed: a descent of each one's partial index (NULL:
-    none)."""
-    return f"""least(
-            (SELECT e.id FROM poller_endpoints e
-             WHERE e.rate_limit IS NOT NULL AND e.id {above} {lower} AND e.id <= {upper}
-             ORDER BY e.id LIMIT 1),
-            (SELECT h.endpoint_id FROM poller_endpoint_health h
-             WHERE h.state <> 'closed' AND h.endpoint_id {above} {lower}
-               AND h.endpoint_id <= {upper}
-             ORDER BY h.endpoint_id LIMIT 1))"""
-
-
-_GAFTER = "CAST(:gafter AS bigint)"
-_AROUND = _next_governed(_LEAST, _GAFTER, ">=")  # lap 1: the first from the least bigint
-_ONWARD = _next_governed("w.id", f"CASE WHEN w.lap = 0 THEN {_GREATEST} ELSE {_GAFTER} END")
-
-# The governed endpoints in turn: from the first after :gafter (where the poller's
-# last governed claim stopped) up, then around from the least bigint up to :gafter
-# (``lap`` 1), at most GOVERNED_WALK of them, and only as far as the statement reads
-# them (as CLAIM_BATCH's PENDING_IN_TURN). A recursive CTE named ``walk``.
+# The governed endpoints in turn, by (bucket, endpoint): from the pair after
+# (:gafter_bucket, :gafter) — where the poller's last governed claim stopped — up,
+# then around from the first bucket up to that pair (``lap`` 1), at most
+# GOVERNED_WALK steps, and only as far as the statement reads them (as CLAIM_BATCH's
+# PENDING_IN_TURN). A step is one descent of each one's partial index, both led by
+# the bucket (rate limited; a circuit not closed), to the next governed pair
+# (``c``). In one of :buckets, that is the next endpoint; in another, the walk
+# jumps to just before the next of :buckets past it (a row whose id is the
+# greatest bigint, which no endpoint has), so a poller leading some shards reads
+# no other shard's governed endpoints; past the last, it goes around once. Walked
+# in id order, with every endpoint of 10,000 rate limited, a poller leading a
+# shard of 256 spent the walk's bound on other shards' endpoints and found at most
+# 4 a claim. A recursive CTE (the statement says WITH RECURSIVE) named ``walk``,
+# whose first row (``step`` 0) is the cursor itself, not walked.
 GOVERNED_IN_TURN = f"""
-        (SELECT first.id, first.lap, 1 AS step FROM (
-            SELECT {_next_governed(_GAFTER, _GREATEST)} AS id, 0 AS lap
-            UNION ALL
-            SELECT {_AROUND}, 1
-         ) AS first WHERE first.id IS NOT NULL LIMIT 1)
+        SELECT c.ab, c.ae, 0, 0, c.ab, c.ae, CAST(9223372036854775807 AS bigint)
+        FROM (SELECT CAST(:gafter_bucket AS smallint) AS ab,
+                     CAST(:gafter AS bigint) AS ae) AS c
         UNION ALL
-        SELECT n.id, n.lap, w.step + 1
+        SELECT x.*, w.step + 1, w.ab, w.ae, w.top
         FROM walk w
         CROSS JOIN LATERAL (
-            SELECT nx.id, nx.lap FROM (
-                SELECT {_ONWARD} AS id, w.lap AS lap
+            (SELECT n.b, n.id FROM (
+                (SELECT e.bucket AS b, e.id FROM poller_endpoints e
+                 WHERE e.rate_limit IS NOT NULL AND (e.bucket, e.id) > (w.b, w.id)
+                 ORDER BY e.bucket, e.id
+                 LIMIT 1)
                 UNION ALL
-                SELECT {_AROUND}, 1 WHERE w.lap = 0
-            ) AS nx WHERE nx.id IS NOT NULL LIMIT 1
-        ) AS n
+                (SELECT h.bucket, h.endpoint_id FROM poller_endpoint_health h
+                 WHERE h.state <> 'closed' AND (h.bucket, h.endpoint_id) > (w.b, w.id)
+                 ORDER BY h.bucket, h.endpoint_id
+                 LIMIT 1)
+             ) AS n ORDER BY n.b, n.id LIMIT 1)
+            UNION ALL
+            SELECT NULL, NULL  -- none: a row of NULLs, to go around or end
+            LIMIT 1
+        ) AS c
+        {bucket_step("w")}
         WHERE w.step < {GOVERNED_WALK}
     """
 
@@ -102,22 +101,23 @@ _TOKENS = """least(coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),
 # times max_age failed at the rate, the messages behind it aged out in turn, and
 # while messages kept coming at the rate none was sent.
 #
-# Which governed endpoints: those that can take something now (a token and room,
-# a probe due, aged messages at the head), found by walking the governed ones in
-# turn (GOVERNED_IN_TURN: each one's partial index, rate limited or a circuit not
-# closed) until :limit are found, each with its first pending message (one descent
-# of the pending index). Only those health rows are locked and written (their
-# tokens spent, a probe's state). Every governed endpoint was read, its health row
-# locked and written, on every governed claim: where all of 10,000 endpoints with
-# messages were rate limited, 97-102 ms a claim, ten times a second. The next
-# governed claim starts after the last endpoint this one took messages from when
-# it is full (a burst can fill it from a few endpoints: starting after the last one
-# found, an endpoint whose tokens refill between claims took every claim), else
-# after the last one found or walked: ``gafter`` on every row. ``governed`` (on every row, and
-# on a row of NULLs when nothing was claimed) is not 0 while governed work is due
-# in this poller's scope — an endpoint taken from, or one waiting for a token or
-# for room, or a walk that stopped at GOVERNED_WALK — so the caller comes back
-# soon; ``accepted``, the shards whose :fences it accepted (as CLAIM_BATCH does).
+# Which governed endpoints: those that can take something now (a token and room, a
+# probe due, aged messages at the head), found by walking the governed ones in turn
+# by bucket (GOVERNED_IN_TURN: each one's partial index, rate limited or a circuit
+# not closed, in the claim's buckets only) until :limit are found, each with its
+# first pending message (one descent of the pending index). Only those health rows
+# are locked and written (their tokens spent, a probe's state). Every governed
+# endpoint was read, its health row locked and written, on every governed claim:
+# where all of 10,000 endpoints with messages were rate limited, 97-102 ms a claim,
+# ten times a second. The next governed claim starts after the last endpoint this
+# one took messages from when it is full (a burst can fill it from a few endpoints:
+# starting after the last one found, an endpoint whose tokens refill between claims
+# took every claim), else after the last one found or walked: (``gafter_bucket``,
+# ``gafter``) on every row. ``governed`` (on every row, and on a row of NULLs when
+# nothing was claimed) is not 0 while governed work is due in this poller's scope —
+# an endpoint taken from, or one waiting for a token or for room, or a walk that
+# stopped at GOVERNED_WALK — so the caller comes back soon; ``accepted``, the shards
+# whose :fences it accepted (as CLAIM_BATCH does).
 #
 # Planned once for all values, as CLAIM_BATCH is: the outbox is read through its
 # indexes only (each walked endpoint's first pending message, the aged heads and
@@ -134,7 +134,8 @@ CLAIM_GOVERNED = _statement(
     ), busy AS MATERIALIZED (
         SELECT * FROM jsonb_to_recordset(CAST(:in_flight AS jsonb))
             AS b(endpoint_id bigint, n integer)
-    ), walk AS ({GOVERNED_IN_TURN}), gov AS (
+    ), walk (b, id, lap, step, ab, ae, top) AS (
+        {GOVERNED_IN_TURN}), gov AS (
         -- each walked endpoint read by its id, in the walk's order (LATERAL: a plan
         -- that hashed the walk read it whole), until :limit are found
         SELECT g.* FROM walk w
@@ -153,7 +154,7 @@ CLAIM_GOVERNED = _statement(
                 ORDER BY o.next_attempt_at, o.id
                 LIMIT 1
             ) AS f
-            WHERE e.id = w.id AND f.next_attempt_at <= now()
+            WHERE w.step > 0 AND e.id = w.id AND f.next_attempt_at <= now()
               AND {_IN_SCOPE}
               AND ((h.state = 'closed' AND e.rate_limit IS NOT NULL
                     AND (e.paused_until IS NULL OR e.paused_until <= now())
@@ -248,6 +249,23 @@ CLAIM_GOVERNED = _statement(
             o.id = ANY(CAST((SELECT aged FROM queue) AS bigint[])) AS expired
     ), found AS (
         SELECT count(*) AS n, max(step) AS last FROM gov
+    ), place AS (  -- where the next governed claim's walk starts after: the first of
+        -- these, in this order (an Append under a LIMIT reads the next only when the
+        -- one before found none: ordered, the walk was read to its end)
+        -- the last endpoint taken from, when the claim is full (a rate limit's burst
+        -- can fill it from a few)
+        (SELECT gov.bucket AS b, gov.id FROM gov JOIN taken ON taken.endpoint_id = gov.id
+         WHERE taken.n > 0 AND (SELECT count(*) FROM due) >= greatest(:limit, 1)
+         ORDER BY gov.step DESC LIMIT 1)
+        UNION ALL  -- the last one found, when as many were found as it takes
+        SELECT gov.bucket, gov.id FROM gov, found
+        WHERE found.n > 0 AND found.n >= :limit AND gov.step = found.last
+        UNION ALL  -- the last one walked (the lap or its bound ended)
+        (SELECT walk.b, walk.id FROM walk
+         WHERE walk.step > 0 AND walk.id < walk.top ORDER BY walk.step DESC LIMIT 1)
+        UNION ALL
+        SELECT CAST(:gafter_bucket AS smallint), CAST(:gafter AS bigint)
+        LIMIT 1
     )
     SELECT claimed.*,
            CASE WHEN found.n > 0 THEN found.n
@@ -257,7 +275,8 @@ CLAIM_GOVERNED = _statement(
                     CROSS JOIN LATERAL (
                         SELECT 1 FROM poller_endpoints e
                         JOIN poller_endpoint_health h ON h.endpoint_id = e.id
-                        WHERE e.id = w.id AND h.state = 'closed' AND e.rate_limit IS NOT NULL
+                        WHERE w.step > 0 AND e.id = w.id AND h.state = 'closed'
+                          AND e.rate_limit IS NOT NULL
                           AND (e.paused_until IS NULL OR e.paused_until <= now())
                           AND {_IN_SCOPE}
                           AND (SELECT o.next_attempt_at FROM poller_outbox o
@@ -268,19 +287,10 @@ CLAIM_GOVERNED = _statement(
                         LIMIT 1
                     ) AS waiting) THEN 1
                 ELSE 0 END AS governed,
-           coalesce(  -- the next claim's place: after the last endpoint taken from, when
-               -- the claim is full (a rate limit's burst can fill it from a few)
-               CASE WHEN (SELECT count(*) FROM due) >= greatest(:limit, 1) THEN (
-                   SELECT gov.id FROM gov JOIN taken ON taken.endpoint_id = gov.id
-                   WHERE taken.n > 0 ORDER BY gov.step DESC LIMIT 1) END,
-               -- after the last one found, when as many were found as it takes
-               CASE WHEN found.n > 0 AND found.n >= :limit
-                    THEN (SELECT id FROM gov WHERE step = found.last) END,
-               -- else after the last one walked (the lap or its bound ended)
-               (SELECT id FROM walk ORDER BY step DESC LIMIT 1),
-               CAST(:gafter AS bigint)) AS gafter,
+           place.b AS gafter_bucket, place.id AS gafter,
            f.accepted
     FROM found
+    CROSS JOIN place
     CROSS JOIN (SELECT array_agg(shard) AS accepted FROM fenced) AS f
     LEFT JOIN claimed ON true
     """,

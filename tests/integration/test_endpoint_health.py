@@ -455,13 +455,15 @@ async def test_a_governed_claim_writes_only_the_health_rows_it_takes_from(
 
 async def test_rate_limited_endpoints_are_taken_in_turn(engine: Engine, breaker: Claims) -> None:
     """Three rate-limited endpoints whose bursts refill between claims, claims of 10:
-    each claim takes from the next endpoint. The next claim started after the last
-    endpoint found, and the first, its burst refilled, took every claim."""
+    each claim takes from the next endpoint, by (bucket, endpoint). The next claim
+    started after the last endpoint found, and the first, its burst refilled, took
+    every claim."""
     names = ["a", "b", "c"]
-    ids = [
-        make_endpoint(engine, n, max_attempts=10, rate_limit=1_000_000.0, rate_burst=10).endpoint.id
+    made = [
+        make_endpoint(engine, n, max_attempts=10, rate_limit=1_000_000.0, rate_burst=10).endpoint
         for n in names
     ]
+    ids = [e.id for e in sorted(made, key=lambda e: (e.bucket, e.id))]
     for n in names:
         seed(engine, 30, endpoint=n)
     taken = [{m.endpoint_id for m in await claim(breaker, 10)} for _ in range(4)]

@@ -114,11 +114,9 @@ async def test_the_gauges_show_the_endpoints_with_something_to_show(
         conn.execute(text("UPDATE poller_endpoints SET enabled = false WHERE name = 'gauge-off'"))
         conn.execute(
             text(
-                "INSERT INTO poller_endpoint_health (endpoint_id, state, opened_at)"
-                " SELECT id, 'open', now() - interval '1 minute' FROM poller_endpoints"
-                " WHERE name = 'gauge-open'"
-                " ON CONFLICT (endpoint_id) DO UPDATE SET state = 'open', opened_at = now()"
-                " - interval '1 minute'"
+                "UPDATE poller_endpoint_health SET state = 'open',"
+                " opened_at = now() - interval '1 minute'"
+                " WHERE endpoint_id = (SELECT id FROM poller_endpoints WHERE name = 'gauge-open')"
             )
         )
     refresher = GaugeRefresher(aengine)

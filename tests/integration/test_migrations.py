@@ -86,3 +86,33 @@ def test_0022_raises_a_stored_rate_limit_to_the_floor(empty_db_url: str) -> None
         assert stored == MIN_RATE
     finally:
         engine.dispose()
+
+
+def test_0025_gives_every_health_row_its_endpoints_bucket(empty_db_url: str) -> None:
+    """The governed claim walks the circuits not closed by bucket: the upgrade writes
+    each existing health row's bucket; an endpoint made after has its own, and one
+    whose bucket plain SQL changed has the new one."""
+    from sqlalchemy import text
+
+    from poller.endpoints import create_endpoint
+
+    buckets = text(
+        "SELECT e.name, e.bucket, h.bucket FROM poller_endpoints e"
+        " JOIN poller_endpoint_health h ON h.endpoint_id = e.id ORDER BY e.name"
+    )
+    migrate.upgrade(empty_db_url, "0024")
+    engine = sync_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            for name in ("billing", "crm"):
+                create_endpoint(conn, name, "https://example.com/hook")
+        migrate.upgrade(empty_db_url)
+        with engine.begin() as conn:
+            create_endpoint(conn, "orders", "https://example.com/hook")
+            conn.execute(text("UPDATE poller_endpoints SET bucket = 7 WHERE name = 'crm'"))
+            rows = conn.execute(buckets).all()
+        assert [name for name, _, _ in rows] == ["billing", "crm", "orders"]
+        assert all(ours == theirs for _, ours, theirs in rows), rows
+        assert rows[1][1] == 7
+    finally:
+        engine.dispose()

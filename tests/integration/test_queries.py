@@ -94,7 +94,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
         "fences": '[{"shard": 0, "fence": 3}]',
         "shards": 8,
     },
-    "CLAIM_GOVERNED": {**CLAIM, "gafter": 0, "fences": None, "shards": 8},
+    "CLAIM_GOVERNED": {**CLAIM, "gafter_bucket": 0, "gafter": 0, "fences": None, "shards": 8},
     "HEALTH_REPORT": {"name": None, "after": None, "contains": None, "limit": 50},
     "RESET_HEALTH": {"endpoint_id": 1},
     "ENDPOINTS_BY_ID": {"ids": [1, 2]},
@@ -352,6 +352,7 @@ def test_a_claim_walks_only_as_far_as_it_takes(engine: Engine) -> None:
         **CLAIM,
         "after_bucket": source.bucket,
         "after": source.id,
+        "gafter_bucket": source.bucket,
         "gafter": source.id,
         "fences": None,
         "shards": 1,
@@ -375,13 +376,22 @@ def test_a_claim_walks_only_as_far_as_it_takes(engine: Engine) -> None:
         conn.execute(text("UPDATE poller_endpoints SET rate_limit = 100"))
     governed = _executed_plan(engine, "CLAIM_GOVERNED", params)
     (walk,) = _nodes(governed, "Recursive Union")
-    assert walk["Actual Rows"] <= 10, walk["Actual Rows"]
+    assert walk["Actual Rows"] <= 11, walk["Actual Rows"]  # the cursor's row, and ten
     (spent,) = [
         node
         for node in _nodes(governed, "ModifyTable")
         if node.get("Relation Name") == "poller_endpoint_health"
     ]
     assert spent["Actual Rows"] <= 10, spent["Actual Rows"]
+    # ... and a poller that leads one bucket walks that bucket's governed endpoints only,
+    # rate limited or with a circuit not closed (walked by id, it read all 300)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoint_health SET state = 'open'"))
+    for governing in ("UPDATE poller_endpoints SET rate_limit = NULL", "SELECT 1"):
+        with engine.begin() as conn:
+            conn.execute(text(governing))
+        (walk,) = _nodes(_executed_plan(engine, "CLAIM_GOVERNED", alone), "Recursive Union")
+        assert walk["Actual Rows"] <= 8, (governing, walk["Actual Rows"])
 
 
 def _copy_endpoint(conn: Any, prefix: str, count: int) -> None:
