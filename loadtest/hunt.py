@@ -64,6 +64,8 @@ checks them):
   nor did a circuit due a probe, or an endpoint with a rate limit, wait that
   long behind messages past ``max_age`` (the governed claims take those in a
   claim's worth, with no probe and no token);
+* every message and every health row is in its endpoint's bucket (the claims walk
+  a poller's buckets through them);
 * the breaker counted every failed request: the health rows' ``failed_requests``
   (plus its backlog) equal the attempt rows that record a failed send or lookup;
 * with ``POLLER_DISABLE_AFTER`` drawn, no failure streak (no delivery, enable or

@@ -353,6 +353,19 @@ def check(
                 )
             )
         )
+        # A message's bucket is its endpoint's, and so is its health row's: the claims
+        # walk each poller's buckets through them.
+        misfiled = sorted(
+            r.what
+            for r in conn.execute(
+                text(
+                    "SELECT 'message ' || o.idempotency_key AS what FROM poller_outbox o "
+                    "JOIN poller_endpoints e ON e.id = o.endpoint_id WHERE o.bucket <> e.bucket "
+                    "UNION ALL SELECT 'health row of ' || e.name FROM poller_endpoint_health h "
+                    "JOIN poller_endpoints e ON e.id = h.endpoint_id WHERE h.bucket <> e.bucket"
+                )
+            )
+        )
         behind_blocked = {
             r.idempotency_key
             for r in conn.execute(
@@ -440,6 +453,7 @@ def check(
         ("published but not fanned out to their subscriber", unfanned),
         ("crashed in the poller", crashed),
         ("with attempts that do not name their endpoint", misnamed),
+        ("in a bucket other than their endpoint's", misfiled),
         (
             "delivered but never applied (lost)",
             sorted(

@@ -121,7 +121,8 @@ def test_the_checker_catches_what_the_application_and_operator_actors_are_for(
     engine, endpoint, db_url
 ) -> None:  # type: ignore[no-untyped-def]
     """A live poller's claim expiring, a failed send the breaker missed, POSTs past the
-    budget, a wrong position, and a failure streak past POLLER_DISABLE_AFTER."""
+    budget, a wrong position, a failure streak past POLLER_DISABLE_AFTER, and a
+    message and a health row outside their endpoint's bucket."""
     import time
 
     from sqlalchemy import text
@@ -131,6 +132,8 @@ def test_the_checker_catches_what_the_application_and_operator_actors_are_for(
     with engine.begin() as conn:
         key = conn.execute(text("SELECT idempotency_key FROM poller_outbox")).scalar_one()
         conn.execute(text("UPDATE poller_outbox SET status = 'delivered', attempts = 2"))
+        for table in ("poller_outbox", "poller_endpoint_health"):
+            conn.execute(text(f"UPDATE {table} SET bucket = (bucket + 1) % 256"))
         for outcome, status, ago in [("lease_expired", None, 9), ("retry", 503, 8),
                                      ("retry", None, 1)]:  # fmt: skip
             conn.execute(
@@ -157,6 +160,10 @@ def test_the_checker_catches_what_the_application_and_operator_actors_are_for(
     assert any("more often than their attempts and refunds allow" in p for p in problems)
     assert any("position other than their event's" in p for p in problems)
     assert any("past POLLER_DISABLE_AFTER" in p for p in problems)
+    assert any(
+        "other than their endpoint's" in p and "message " in p and "health row of " in p
+        for p in problems
+    )
     # the same run, excused: p1 was killed; the pollers did disable it
     run.fault_log.append(("kill", 1, now - 10, now - 10))
     run.auto_disabled.append((now - 2, "failing since ... with no success"))
