@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -257,7 +258,10 @@ async def test_an_ordered_key_aged_out_behind_an_open_circuit_ends_at_the_pace_o
     ``skip`` endpoint: each is due only once the one before has failed. The claim the
     hand-over wakes is a governed one, so they go as fast as their outcomes are
     written; at ten governed claims a second they took 4 s (and no probe could go,
-    nothing else being due)."""
+    nothing else being due). Judged by the median time between two of them failing
+    (0.1 s at that pace, about 0.01 s now), which a loaded machine's stalls move less
+    than the whole run's time (0.4-0.5 s, 3.0 s on a machine running four
+    benchmarks beside the suite)."""
     make_endpoint(engine, "billing", max_age=60.0, on_failed_head="skip")
     seed(engine, 40, ordering_key="k")
     with engine.begin() as conn:
@@ -272,7 +276,13 @@ async def test_an_ordered_key_aged_out_behind_an_open_circuit_ends_at_the_pace_o
 
         await wait_for(failed, timeout=20, interval=0.05)
         took = time.monotonic() - began
-    assert took < 2.0, took
+    with engine.connect() as conn:
+        ended = conn.execute(
+            text("SELECT extract(epoch FROM updated_at) FROM poller_outbox ORDER BY 1")
+        ).scalars()
+        times = [float(t) for t in ended]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    assert gaps[len(gaps) // 2] < 0.05, (took, gaps)
     assert health(engine).probes == 0  # every message past max_age: none was a probe
 
 
