@@ -13,6 +13,8 @@ a shard of 256 found at most 4 endpoints a claim, its walk's bound of 1,000 spen
 on other shards). It now walks its own buckets' only, as the plain claim does
 since 0024. Both tables hold a row per endpoint: the column and the indexes are
 written in moments, under a lock that endpoint writes wait for meanwhile.
+Pollers of the version before stop first: their governed claim walks by id,
+which these indexes do not serve.
 
 Revision ID: 0025
 Revises: 0024
