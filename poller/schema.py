@@ -425,8 +425,9 @@ endpoint_health = Table(
     # Every failed request the breaker counted, ever (never reset): the fault hunt
     # checks it against the attempt rows.
     Column("failed_requests", BigInteger, nullable=False, server_default=text("0")),
-    # Its endpoint's bucket (the trigger writes it, and keeps it if the endpoint's
-    # changes): the governed claim walks the circuits not closed of its own buckets.
+    # Its endpoint's bucket (a trigger fills it in, however the row is made, and
+    # another keeps it if the endpoint's changes): the governed claim walks the
+    # circuits not closed of its own buckets.
     Column("bucket", SmallInteger, nullable=False),
     CheckConstraint("state IN ('closed', 'open', 'half_open')", name="state_valid"),
     # ... and the circuits not closed.

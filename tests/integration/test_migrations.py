@@ -90,8 +90,9 @@ def test_0022_raises_a_stored_rate_limit_to_the_floor(empty_db_url: str) -> None
 
 def test_0025_gives_every_health_row_its_endpoints_bucket(empty_db_url: str) -> None:
     """The governed claim walks the circuits not closed by bucket: the upgrade writes
-    each existing health row's bucket; an endpoint made after has its own, and one
-    whose bucket plain SQL changed has the new one."""
+    each existing health row's bucket; an endpoint made after has its own, one whose
+    bucket plain SQL changed has the new one, and a row made by hand, naming no
+    bucket, its endpoint's."""
     from sqlalchemy import text
 
     from poller.endpoints import create_endpoint
@@ -110,6 +111,9 @@ def test_0025_gives_every_health_row_its_endpoints_bucket(empty_db_url: str) -> 
         with engine.begin() as conn:
             create_endpoint(conn, "orders", "https://example.com/hook")
             conn.execute(text("UPDATE poller_endpoints SET bucket = 7 WHERE name = 'crm'"))
+            billing = "(SELECT id FROM poller_endpoints WHERE name = 'billing')"
+            conn.execute(text(f"DELETE FROM poller_endpoint_health WHERE endpoint_id = {billing}"))
+            conn.execute(text(f"INSERT INTO poller_endpoint_health (endpoint_id) SELECT {billing}"))
             rows = conn.execute(buckets).all()
         assert [name for name, _, _ in rows] == ["billing", "crm", "orders"]
         assert all(ours == theirs for _, ours, theirs in rows), rows
