@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -54,16 +54,25 @@ class EndpointCache:
     def __init__(self) -> None:
         self._by_id: dict[int, Endpoint] = {}
         self.versions: dict[int, datetime] = {}  # id -> updated_at, passed to every claim
-        self.rate_limited: set[int] = set()  # ids of the cached endpoints with a rate limit
+        self.rate_limited: dict[int, int] = {}  # id -> bucket, of the cached rate-limited ones
+        self._limited_buckets: Counter[int] = Counter()  # their buckets, with how many
 
     def update(self, endpoints: list[Endpoint]) -> None:
         for endpoint in endpoints:
             self._by_id[endpoint.id] = endpoint
             self.versions[endpoint.id] = endpoint.updated_at
-            if endpoint.rate_limit is None:
-                self.rate_limited.discard(endpoint.id)
-            else:
-                self.rate_limited.add(endpoint.id)
+            bucket = self.rate_limited.pop(endpoint.id, None)
+            if bucket is not None:
+                self._limited_buckets[bucket] -= 1
+                if not self._limited_buckets[bucket]:
+                    del self._limited_buckets[bucket]
+            if endpoint.rate_limit is not None:
+                self.rate_limited[endpoint.id] = endpoint.bucket
+                self._limited_buckets[endpoint.bucket] += 1
+
+    def rate_limited_in(self, bucket: int) -> bool:
+        """Whether a cached endpoint of ``bucket`` has a rate limit."""
+        return bucket in self._limited_buckets
 
     def __getitem__(self, endpoint_id: int) -> Endpoint:
         return self._by_id[endpoint_id]

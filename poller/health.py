@@ -131,15 +131,17 @@ def is_endpoint_failure(status_code: int | None, outcome: str) -> bool:
 
 GOVERN_INTERVAL = 0.1
 """Seconds between two governed claims of one poller while there may be governed work:
-its last governed claim found some, it knows a rate-limited endpoint, or one of its
-requests failed in the last :data:`GOVERN_QUIET` seconds (a circuit may open)."""
+its last governed claim found some, a NOTIFY came for the bucket of a rate-limited
+endpoint it knows since (or, without NOTIFY, it knows one), or one of its requests
+failed in the last :data:`GOVERN_QUIET` seconds (a circuit may open)."""
 GOVERN_IDLE_INTERVAL = 1.0
 """Seconds between two governed claims otherwise. A poller whose endpoints are all
 healthy and unlimited then claims with one statement, not two: at 100 messages/s the
 governed claim ran before nearly every plain one and was a third of commit→receipt
 (docs/explanation/performance.md). What it costs: a circuit another poller opened is
-probed up to a second later, and a rate-limited endpoint this poller has never claimed
-for waits up to a second for its first governed claim."""
+probed up to a second later, a rate-limited endpoint this poller has never claimed
+for waits up to a second for its first governed claim, and so does a known one's
+message that becomes due by time (a retry) while nothing else of it is due."""
 GOVERN_QUIET = 30.0
 """Seconds after a poller's last failed request during which it keeps governing often."""
 

@@ -895,3 +895,51 @@ def test_health_settings_and_the_health_command(db_url: str, engine: Engine) -> 
     assert json.loads(out)["rate_limit"] is None
     code, out = cli_run(db_url, "endpoints", "health", "nosuch")
     assert code == 1 and "nosuch" in out and "Traceback" not in out
+
+
+async def test_an_idle_rate_limited_endpoint_is_not_walked_ten_times_a_second(
+    engine: Engine, db_url: str
+) -> None:
+    """A busy poller that knows a rate-limited endpoint with nothing due makes the
+    governed claim about once a second, not ten times (each walked every idle
+    rate-limited endpoint: 1,000 of them, 11 ms of PostgreSQL a claim); a message
+    for that endpoint's bucket, NOTIFYed, is counted for the next governed claim,
+    and goes."""
+
+    def enqueue(endpoint: str, key: str) -> None:
+        with Session(engine) as session, session.begin():
+            enqueue_many(session, [Message(endpoint, "test.event", {"k": key}, key)])
+
+    def delivered(n: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return counts(engine).get("delivered", 0) == n
+
+        return check
+
+    async with running_receiver() as (_, url):
+        make_endpoint(engine, "limited", url=url, max_attempts=3, rate_limit=1000.0)
+        make_endpoint(engine, "plain", url=url, max_attempts=3)
+        async with running_poller(db_url, fast_settings()) as poller:
+            governed = 0
+            claim = poller.claims.claim
+
+            async def counted(*args: Any, **options: Any) -> Any:
+                nonlocal governed
+                governed += bool(options.get("governed"))
+                return await claim(*args, **options)
+
+            poller.claims.claim = counted  # type: ignore[method-assign]
+            enqueue("limited", "limited:0")  # known to the poller once delivered
+            await wait_for(delivered(1), timeout=10)
+            assert poller.claimer.endpoints.rate_limited
+            # 1.5 s of plain messages, one every 20 ms: each NOTIFYed, each a claim
+            began, governed = time.monotonic(), 0
+            for i in range(75):
+                enqueue("plain", f"plain:{i}")
+                await asyncio.sleep(0.02)  # the feed's pace, not a wait for the poller
+            took = time.monotonic() - began
+            assert governed <= took + 2, (governed, took)  # ten a second: about 15
+            notes = poller.claimer._limited_notes
+            enqueue("limited", "limited:1")
+            await wait_for(delivered(77), timeout=10)
+            assert poller.claimer._limited_notes > notes  # its bucket's NOTIFY counted

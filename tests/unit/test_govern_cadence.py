@@ -12,18 +12,22 @@ from poller.dispatcher import EndpointCache
 from poller.endpoints import Endpoint
 from poller.health import GOVERN_IDLE_INTERVAL, GOVERN_INTERVAL, GOVERN_QUIET
 from poller.settings import load_settings
+from poller.shards import ClaimScope
 
 
 def _claimer(endpoints: EndpointCache, failed_at: float) -> Claimer:
     dispatcher: Any = SimpleNamespace(failed_at=failed_at)
-    return Claimer(load_settings(), Any, dispatcher, Any, endpoints, scope=Any)  # type: ignore[arg-type]
+    scope = lambda: ClaimScope(None, None, 1, maintenance=True)  # noqa: E731  (every bucket)
+    claimer = Claimer(load_settings(), Any, dispatcher, Any, endpoints, scope=scope)  # type: ignore[arg-type]
+    claimer._limited_seen = claimer._limited_notes  # as after its first governed claim
+    return claimer
 
 
-def _endpoint(rate_limit: float | None) -> Endpoint:
+def _endpoint(rate_limit: float | None, bucket: int = 0) -> Endpoint:
     now = datetime.now(UTC)
     return Endpoint(
-        1, "a", "http://127.0.0.1:9/", None, True, None, None, None, None, 0, now, now, "s",
-        rate_limit=rate_limit,
+        1, "a", "http://127.0.0.1:9/", None, True, None, None, None, None, bucket, now, now,
+        "s", rate_limit=rate_limit,
     )  # fmt: skip
 
 
@@ -39,6 +43,30 @@ def test_a_quiet_poller_governs_once_a_second_and_often_when_there_may_be_work()
     endpoints.update([_endpoint(rate_limit=5.0)])  # a rate-limited endpoint is known
     assert quiet._govern_every(now) == GOVERN_INTERVAL
     quiet._governed_busy = False
-    assert quiet._govern_every(now) == GOVERN_INTERVAL
+    assert quiet._govern_every(now) == GOVERN_INTERVAL  # no NOTIFY to say when it has one
     endpoints.update([_endpoint(rate_limit=None)])  # its limit was removed
     assert quiet._govern_every(now) == GOVERN_IDLE_INTERVAL
+
+
+def test_a_listening_poller_governs_often_only_after_a_notify_for_a_rate_limited_bucket() -> None:
+    """With LISTEN on, a known rate-limited endpoint alone no longer makes the governed
+    claim come ten times a second: a busy poller walked every idle rate-limited
+    endpoint that often, with nothing to take. A NOTIFY for its bucket does, until the
+    next governed claim has begun."""
+    now = time.monotonic()
+    endpoints = EndpointCache()
+    endpoints.update([_endpoint(rate_limit=5.0, bucket=7)])
+    claimer = _claimer(endpoints, failed_at=now - GOVERN_QUIET - 1)
+    claimer.listening = True
+    assert claimer._govern_every(now) == GOVERN_IDLE_INTERVAL
+    assert claimer._idle_for() == claimer.settings.poll_interval
+    claimer._notified("8")  # another bucket's message
+    assert claimer._govern_every(now) == GOVERN_IDLE_INTERVAL
+    claimer._notified("7")
+    assert claimer._govern_every(now) == GOVERN_INTERVAL
+    assert claimer._idle_for() <= GOVERN_INTERVAL
+    claimer._limited_seen = claimer._limited_notes  # a governed claim began after it
+    assert claimer._govern_every(now) == GOVERN_IDLE_INTERVAL
+    endpoints.update([_endpoint(rate_limit=None, bucket=7)])  # its limit was removed
+    claimer._notified("7")
+    assert claimer._govern_every(now) == GOVERN_IDLE_INTERVAL
