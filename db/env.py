@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from poller import schema_api  # noqa: F401  (its tables, on the same metadata)
+from poller import schema_api, schema_election  # noqa: F401  (their tables, on the same metadata)
 from poller.db import sqlalchemy_url, sync_engine
 from poller.migrate import VERSION_TABLE
 from poller.schema import metadata

@@ -2,7 +2,9 @@
 
 Tables carry a ``poller_`` prefix so they can live in the application's own
 database beside tables called ``outbox`` or ``endpoints``; the Alembic version
-table is ``poller_alembic_version`` for the same reason.
+table is ``poller_alembic_version`` for the same reason. The election's tables are
+in poller/schema_election.py, the management API's in poller/schema_api.py, on the
+same metadata.
 
 Row state machine of ``poller_outbox.status`` (every write after a claim is
 fenced by ``claim_token``, see poller/claims.py)::
@@ -459,43 +461,3 @@ CIRCUIT_STATES = ("closed", "open", "half_open")
 # ``paused_until`` while a circuit is not closed: far enough to mean "until a probe
 # closes it", near enough that every client reads it as a datetime ('infinity' is not).
 CIRCUIT_HOLD = "9000-01-01 UTC"  # no colon: raw-psycopg rewrites (loadtest) would see a parameter
-
-
-# --- election (docs/explanation/election.md) -------------------------------------
-
-# The last fence PostgreSQL accepted for each shard. A claim under a smaller
-# fence comes from a superseded leader and is refused (poller/claims.py).
-shard_fences = Table(
-    "poller_shard_fences",
-    metadata,
-    Column("shard", Integer, primary_key=True),
-    Column("fence", BigInteger, nullable=False, server_default=text("0")),
-    Column("holder", Text),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-)
-
-# Leases of the postgres election backend, on the database clock.
-leases = Table(
-    "poller_leases",
-    metadata,
-    Column("key", Text, primary_key=True),
-    Column("holder", Text, nullable=False),
-    Column("fence", BigInteger, nullable=False),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-)
-
-# Live pollers (heartbeats) of the postgres election backend, for balancing.
-members = Table(
-    "poller_members",
-    metadata,
-    Column("poller_id", Text, primary_key=True),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-)
-
-# Cluster-wide facts every poller must agree on, e.g. the number of shards.
-cluster = Table(
-    "poller_cluster",
-    metadata,
-    Column("key", Text, primary_key=True),
-    Column("value", Text, nullable=False),
-)

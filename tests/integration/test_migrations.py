@@ -9,6 +9,7 @@ from sqlalchemy import inspect
 from poller import (
     migrate,
     schema_api,  # noqa: F401  (its tables, on the same metadata)
+    schema_election,  # noqa: F401  (its tables, on the same metadata)
 )
 from poller.db import sync_engine
 from poller.schema import metadata
