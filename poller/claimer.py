@@ -295,15 +295,19 @@ class Claimer:
         endpoint of that bucket is rate limited (_govern_every)."""
         if self._wants(payload):
             self.wake.set()
-            if (
-                payload.isascii()
-                and payload.isdigit()
-                and self.endpoints.rate_limited_in(int(payload))
-            ):
+            bucket = _bucket(payload)
+            if bucket is not None and self.endpoints.rate_limited_in(bucket):
                 self._limited_notes += 1
 
     def _wants(self, payload: str) -> bool:
         buckets = self.scope().buckets
-        return buckets is None or (
-            payload.isascii() and payload.isdigit() and int(payload) in buckets
-        )
+        return buckets is None or _bucket(payload) in buckets
+
+
+def _bucket(payload: str) -> int | None:
+    """The bucket a NOTIFY names, or None: anyone who can NOTIFY on the channel writes
+    its payload, and ``int()`` of a string of over 4,300 digits raises (it ended the
+    listener, and with it the poller)."""
+    if len(payload) <= 3 and payload.isascii() and payload.isdigit():
+        return int(payload)
+    return None

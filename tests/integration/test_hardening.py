@@ -321,7 +321,9 @@ async def test_healthz_turns_unhealthy_when_a_loop_crashes(engine: Engine, db_ur
     assert counts(engine) == {"delivered": 1}  # the drain let it finish
 
 
-@pytest.mark.parametrize("payload", ["²", "٣", "-1", "", "1e3", "999999999999999999999", "x"])
+@pytest.mark.parametrize(
+    "payload", ["²", "٣", "-1", "", "1e3", "999999999999999999999", "x", "1" * 5000]
+)
 def test_a_notify_payload_that_is_not_a_bucket_is_ignored(payload: str) -> None:
     from types import SimpleNamespace
 
@@ -330,6 +332,16 @@ def test_a_notify_payload_that_is_not_a_bucket_is_ignored(payload: str) -> None:
 
     claimer = SimpleNamespace(scope=lambda: ClaimScope((1, 2), None, 1, maintenance=False))
     assert Claimer._wants(claimer, payload) is False  # type: ignore[arg-type]
+    # nor does it count for the governed claim where every bucket is the poller's
+    everything = SimpleNamespace(
+        scope=lambda: ClaimScope(None, None, 1, maintenance=True),
+        wake=asyncio.Event(),
+        endpoints=SimpleNamespace(rate_limited_in=lambda bucket: True),
+        _limited_notes=0,
+    )
+    everything._wants = lambda payload: Claimer._wants(everything, payload)  # type: ignore[arg-type]
+    Claimer._notified(everything, payload)  # type: ignore[arg-type]
+    assert everything.wake.is_set() and everything._limited_notes == 0
 
 
 async def deliver(batch: Any, completer: Any, settings: Any) -> dict[int, Any]:
