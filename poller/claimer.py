@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import psycopg
 
 from poller import metrics, outcomes
-from poller.claims import Claims
+from poller.claims import ClaimBatch, Claims
 from poller.completer import Completer
 from poller.db import OutageLog, is_transient, libpq_url
 from poller.dispatcher import Dispatcher, EndpointCache
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("poller.claimer")
 
 LISTEN_BACKOFF_MAX = 5.0
+LIMITED_DUE_KEPT = 10_000  # retries' due times kept (Claimer.written); past it, the cadence
 
 
 class Claimer:
@@ -81,6 +83,11 @@ class Claimer:
         # the last governed claim started after (_govern_every)
         self._limited_notes = 1  # from the start: anything may have been committed
         self._limited_seen = 0
+        # Messages of rate-limited endpoints governed claims took (id -> ordered), until
+        # their outcomes are written: what comes due after them no NOTIFY announces
+        # (written); and when retries of such messages come due (monotonic, a heap)
+        self._limited_out: dict[int, bool] = {}
+        self._limited_due: list[float] = []
         # Messages past max_age governed claims took, until the first governed claim
         # after their outcomes were written (_govern_every)
         self._aged: set[int] = set()
@@ -155,18 +162,21 @@ class Claimer:
         endpoints (rate limited, probing) have due messages that wait for their turn, or
         may have (a NOTIFY for a rate-limited endpoint's bucket came since the last
         governed claim began)."""
-        if not (self._governed_busy or self._limited_noted()):
+        now = time.monotonic()
+        if not (self._governed_busy or self._limited_noted(now)):
+            if self._limited_due:  # a rate-limited endpoint's retry: its time
+                return min(self.settings.poll_interval, max(self._limited_due[0] - now, 0.0))
             return self.settings.poll_interval
-        wait = self._governed_last + GOVERN_INTERVAL - time.monotonic()
+        wait = self._governed_last + GOVERN_INTERVAL - now
         return min(self.settings.poll_interval, max(wait, 0.0))
 
     def _govern_every(self, now: float) -> float:
         """Seconds between governed claims: GOVERN_INTERVAL while there may be governed
         work (the last one found some, a request failed within GOVERN_QUIET seconds, or
         a NOTIFY came for the bucket of a cached rate-limited endpoint since the last
-        one began — without NOTIFY, a cached rate-limited endpoint is enough), else
-        GOVERN_IDLE_INTERVAL: a rate-limited endpoint's message that becomes due by
-        time (a retry) waits for it. Ten a second for as long as a cached endpoint was
+        one began, or a message of such an endpoint came due without one: see
+        :meth:`written` — without NOTIFY, a cached rate-limited endpoint is enough),
+        else GOVERN_IDLE_INTERVAL. Ten a second for as long as a cached endpoint was
         rate limited made a busy poller walk its idle rate-limited endpoints ten times
         a second with nothing to take (1,000 of them: 11 ms of PostgreSQL a claim, on
         the claim cycle it preceded). And none once
@@ -183,17 +193,47 @@ class Claimer:
         if (
             self._governed_busy
             or now - self.dispatcher.failed_at < GOVERN_QUIET
-            or self._limited_noted()
+            or self._limited_noted(now)
             or (self.endpoints.rate_limited and not self.listening)
         ):
             return GOVERN_INTERVAL
         return GOVERN_IDLE_INTERVAL
 
-    def _limited_noted(self) -> bool:
-        """A NOTIFY came for the bucket of a cached rate-limited endpoint (or LISTEN
-        reconnected) since the last governed claim began, and some cached endpoint is
-        rate limited: its message may be due."""
-        return bool(self.endpoints.rate_limited) and self._limited_notes != self._limited_seen
+    def _limited_noted(self, now: float) -> bool:
+        """Since the last governed claim began, a NOTIFY came for the bucket of a cached
+        rate-limited endpoint (or LISTEN reconnected, or a message of such an endpoint
+        came due: :meth:`written`), and some cached endpoint is rate limited: its
+        message may be due."""
+        if not self.endpoints.rate_limited:
+            return False
+        due = self._limited_due
+        return self._limited_notes != self._limited_seen or bool(due and due[0] <= now)
+
+    def written(self, batch: Sequence[outcomes.Outcome]) -> None:
+        """Outcomes were written. For a rate-limited endpoint's message a governed claim
+        took, what comes due after it is announced by no NOTIFY, and only a governed
+        claim takes it: its key's next message (due now, once it has ended), itself
+        handed back (due now), its retry (due at its time). Counted like a NOTIFY for
+        its bucket, or kept for its time: at the idle cadence each waited up to a
+        second (a key whose receiver took 0.15 s went one message a second)."""
+        if not self._limited_out:
+            return
+        for outcome in batch:
+            ordered = self._limited_out.pop(outcome.message_id, None)
+            if ordered is None:
+                continue
+            if outcome.status != "pending":
+                self._limited_notes += ordered  # the key's next message is due now
+            elif not outcome.retry_delay:
+                self._limited_notes += 1  # handed back: due now
+            elif len(self._limited_due) < LIMITED_DUE_KEPT:
+                heapq.heappush(self._limited_due, time.monotonic() + outcome.retry_delay)
+
+    def reclaimed(self) -> None:
+        """Rows were reclaimed: due now, and a rate-limited endpoint's among them only a
+        governed claim takes."""
+        self._limited_notes += 1
+        self.wake.set()
 
     async def _claim(self, limit: int) -> int:
         self._drained = False  # until this claim says otherwise
@@ -216,15 +256,10 @@ class Claimer:
             governed=governed,
         )
         metrics.CLAIM_SECONDS.observe(time.monotonic() - asked)
-        if batch.governed is not None:
-            self._governed_last = asked
-            self._limited_seen = notes
-            self._governed_busy = batch.governed > 0
-            held = self.completer.held
-            self._aged = {i for i in self._aged if i in held}
-            self._aged.update(m.id for m in batch.messages if m.expired)
         # Committed: from here to the last start, no I/O and no await.
         self.endpoints.update(batch.endpoints)
+        if batch.governed is not None:
+            self._governed_claimed(batch, asked, notes)
         if batch.unready:  # claimed, but their endpoints could not be read: back, unsent
             log.warning(
                 "%d claimed messages handed back unsent: their endpoints could not be read",
@@ -253,6 +288,21 @@ class Claimer:
             log.debug("claimed %d messages", len(batch.messages))
         self._drained = len(batch.messages) < limit and not self._capped()
         return len(batch.messages)
+
+    def _governed_claimed(self, batch: ClaimBatch, asked: float, notes: int) -> None:
+        """A governed claim (begun at ``asked``, after ``notes``) committed ``batch``."""
+        self._governed_last = asked
+        self._limited_seen = notes
+        while self._limited_due and self._limited_due[0] <= asked:
+            heapq.heappop(self._limited_due)
+        self._governed_busy = bool(batch.governed)
+        held = self.completer.held
+        self._aged = {i for i in self._aged if i in held}
+        self._aged.update(m.id for m in batch.messages if m.expired)
+        if limited := self.endpoints.rate_limited:
+            for msg in batch.messages:
+                if msg.endpoint_id in limited and not msg.expired:
+                    self._limited_out[msg.id] = msg.ordering_key is not None
 
     async def _sleep(self, seconds: float) -> None:
         """Until a wake-up (NOTIFY, freed room, stop) or ``seconds`` pass."""

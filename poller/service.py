@@ -162,11 +162,12 @@ class Poller:
 
     def _written(self, batch: Sequence[Outcome]) -> None:
         self.dispatcher.written(batch)  # failed requests give their slots back
+        self.claimer.written(batch)  # a rate-limited endpoint's next may be due
         self.claimer.room_freed()
 
     def _reclaimed(self, count: int) -> None:
         if count:
-            self._room_freed()  # reclaimed rows are due now
+            self.claimer.reclaimed()  # reclaimed rows are due now
 
     def in_flight_for_shard(self, shard: int) -> int:
         return self.dispatcher.in_flight_for_shard(shard, self.scope().shards)

@@ -943,3 +943,30 @@ async def test_an_idle_rate_limited_endpoint_is_not_walked_ten_times_a_second(
             enqueue("limited", "limited:1")
             await wait_for(delivered(77), timeout=10)
             assert poller.claimer._limited_notes > notes  # its bucket's NOTIFY counted
+
+
+async def test_a_rate_limited_keys_next_message_goes_when_the_one_before_has_ended(
+    engine: Engine, db_url: str
+) -> None:
+    """An ordering key on a rate-limited endpoint whose receiver takes 0.15 s: a key's
+    next message is due once the one before has ended, with no NOTIFY, and only a
+    governed claim takes it. The governed claim comes at once after such an outcome
+    (or a handed-back message) is written; at the idle cadence each waited up to a
+    second. Judged by the median time between two deliveries (about 0.25 s; 1 s at the
+    idle cadence)."""
+    async with running_receiver(Faults(latency=0.15)) as (_, url):
+        make_endpoint(engine, "billing", url=url, max_attempts=3, rate_limit=1000.0)
+        seed(engine, 6, ordering_key="k")
+        async with running_poller(db_url, fast_settings()):
+
+            async def delivered() -> bool:
+                return counts(engine).get("delivered", 0) == 6
+
+            await wait_for(delivered, timeout=20, interval=0.05)
+    with engine.connect() as conn:
+        ended = conn.execute(
+            text("SELECT extract(epoch FROM updated_at) FROM poller_outbox ORDER BY 1")
+        ).scalars()
+        times = [float(t) for t in ended]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    assert gaps[len(gaps) // 2] < 0.6, gaps
