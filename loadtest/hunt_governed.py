@@ -3,7 +3,11 @@
 In a third of the seeds (drawn apart from the plan's other draws, which stay as
 they were), :data:`COUNT` endpoints ``governed-N`` beside the hunt's one, each
 with a rate limit of :data:`RATE` a second and a burst of :data:`BURST`, get
-:data:`PER` messages each at the start, answered 200 by a receiver of their own.
+:data:`PER` messages each at the start, answered 200 by a receiver of their own;
+every :data:`ORDERED_EVERY`-th endpoint's messages are on two ordering keys (a
+key's next message is due once the one before has ended, with no NOTIFY: only a
+governed claim takes it, and the poller that wrote the outcome must come back for
+it, poller/claimer.py ``Claimer.written``).
 The governed claim takes them walking the governed endpoints in turn from where
 its last claim stopped (poller/queries/health.py), under the hunt's kills,
 freezes, restarts and cut connections. Then (:func:`disagrees`):
@@ -17,6 +21,8 @@ freezes, restarts and cut connections. Then (:func:`disagrees`):
   does not;
 * no message was POSTed more often than sends are recorded for it, and every
   delivered one was POSTed;
+* an ordering key's messages were first POSTed in the order of their positions
+  (``webhook-ordering-seq``), each with its own position;
 * and, as every message (loadtest/hunt_check.py), each settles: none is starved
   behind the others.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import threading
 import time
@@ -42,6 +49,7 @@ RATE = 4.0
 BURST = 1
 PER = 24  # 5.75 s of tokens at RATE: spent twice over, 24 come in half that
 SLACK = 1.0  # seconds from a claim to its POST: the request timeout
+ORDERED_EVERY = 4  # every 4th endpoint's messages are ordered, on two keys
 
 
 def governed(key: str) -> bool:
@@ -61,7 +69,8 @@ class Governed:
 
     def __init__(self, seed: int) -> None:
         self.on = drawn(seed)
-        self.posts: list[tuple[float, str]] = []  # (time.time(), webhook-id) per POST
+        # (time.time(), webhook-id, webhook-ordering-key, webhook-ordering-seq) per POST
+        self.posts: list[tuple[float, str, str, str]] = []
         self.port = 0
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,7 +129,14 @@ class Governed:
                 }
                 await reader.readexactly(int(headers.get("content-length", "0") or 0))
                 if head[0].startswith("POST"):
-                    self.posts.append((time.time(), headers.get("webhook-id", "")))
+                    self.posts.append(
+                        (
+                            time.time(),
+                            headers.get("webhook-id", ""),
+                            headers.get("webhook-ordering-key", ""),
+                            headers.get("webhook-ordering-seq", ""),
+                        )
+                    )
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
                 await writer.drain()
 
@@ -147,7 +163,13 @@ class Governed:
             enqueue_many(
                 session,
                 [
-                    Message(f"governed-{n}", "governed.event", {"i": i}, f"governed-{n}:{i}")
+                    Message(
+                        f"governed-{n}",
+                        "governed.event",
+                        {"i": i},
+                        f"governed-{n}:{i}",
+                        ordering_key=f"k{i % 2}" if n % ORDERED_EVERY == 0 else None,
+                    )
                     for i in range(PER)
                     for n in range(COUNT)
                 ],
@@ -168,6 +190,14 @@ class Governed:
                     )
                 ).all()
             )
+            ordered = dict(
+                conn.execute(
+                    text(
+                        "SELECT idempotency_key, id FROM poller_outbox "
+                        "WHERE ordering_key IS NOT NULL AND idempotency_key LIKE 'governed-%'"
+                    )
+                ).all()
+            )
             delivered = {
                 key
                 for (key,) in conn.execute(
@@ -179,7 +209,7 @@ class Governed:
             }
         by_endpoint: dict[str, list[float]] = {}
         posted: dict[str, int] = {}
-        for at, key in self.posts:
+        for at, key, _, _ in self.posts:
             by_endpoint.setdefault(key.partition(":")[0], []).append(at)
             posted[key] = posted.get(key, 0) + 1
         problems = []
@@ -199,7 +229,27 @@ class Governed:
         )
         if over:
             problems.append(f"{len(over)} POSTed more often than sends recorded: {over[:5]}")
+        if wrong := _out_of_order(self.posts, ordered):
+            problems.append(f"{len(wrong)} ordered messages out of order: {wrong[:5]}")
         return problems
+
+
+def _out_of_order(posts: list[tuple[float, str, str, str]], ordered: dict[str, int]) -> list[str]:
+    """Ordered messages first POSTed after a later one of their key, or POSTed with
+    another position or key than theirs (an enqueued message's position is its id)."""
+    wrong: list[str] = []
+    first: dict[str, tuple[str, str]] = {}  # webhook-id -> (endpoint, key), by first POST
+    for _, key, ordering_key, seq in posts:
+        if key in ordered and seq != str(ordered[key]):
+            wrong.append(f"{key} (position {seq!r}, key {ordering_key!r})")
+        first.setdefault(key, (key.partition(":")[0], ordering_key))
+    by_key: dict[tuple[str, str], list[str]] = {}
+    for key, group in first.items():  # dicts keep the first POSTs' order
+        if key in ordered:
+            by_key.setdefault(group, []).append(key)
+    for keys in by_key.values():
+        wrong += [f"{b} before {a}" for a, b in itertools.pairwise(keys) if ordered[b] < ordered[a]]
+    return sorted(wrong)
 
 
 def _fastest(times: list[float]) -> tuple[int, float] | None:

@@ -62,6 +62,21 @@ def test_the_checker_catches_a_rate_limit_outrun() -> None:
     assert _fastest([i / (2 * RATE) for i in range(24)]) == (10, 1.125)
 
 
+def test_the_checker_catches_a_rate_limited_key_out_of_order() -> None:
+    """The rate-limited endpoints' ordering keys: a head sent again before its next
+    passes; a next message first POSTed before its head, or a wrong position, does not."""
+    from loadtest.hunt_governed import _out_of_order
+
+    ordered = {"governed-0:0": 10, "governed-0:2": 30, "governed-0:1": 20}
+    post = lambda key, k="k0": (0.0, key, k, str(ordered.get(key, 0)))  # noqa: E731
+    fine = [post("governed-0:0"), post("governed-0:0"), post("governed-0:1", "k1")]
+    assert _out_of_order([*fine, post("governed-0:2")], ordered) == []
+    late = [post("governed-0:2"), post("governed-0:0")]
+    assert _out_of_order(late, ordered) == ["governed-0:0 before governed-0:2"]
+    wrong = [(0.0, "governed-0:1", "k1", "21")]
+    assert _out_of_order(wrong, ordered) == ["governed-0:1 (position '21', key 'k1')"]
+
+
 def test_the_checker_catches_an_unrecorded_send_a_loss_and_a_bad_signature(
     engine, endpoint, db_url
 ) -> None:  # type: ignore[no-untyped-def]
