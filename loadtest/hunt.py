@@ -38,8 +38,9 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   out behind it; half give the endpoint a rate limit of 15/s, so the backlog
   ages out behind the limit too;
 * a third of the seeds add 20 rate-limited endpoints with 24 messages each
-  (loadtest/hunt_governed.py): none may be sent faster than its limit, across
-  pollers, and every message settles.
+  (loadtest/hunt_governed.py), every fourth with its messages on two ordering
+  keys: none may be sent faster than its limit, across pollers, a key's
+  messages go in order, and every message settles.
 
 When all is settled the rows and the receiver must agree (loadtest/hunt_check.py
 checks them):
