@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("poller.claimer")
 
 LISTEN_BACKOFF_MAX = 5.0
-LIMITED_DUE_KEPT = 10_000  # retries' due times kept (Claimer.written); past it, the cadence
 
 
 class Claimer:
@@ -85,9 +83,7 @@ class Claimer:
         self._limited_seen = 0
         # Messages of rate-limited endpoints governed claims took (id -> ordered), until
         # their outcomes are written: what comes due after them no NOTIFY announces
-        # (written); and when retries of such messages come due (monotonic, a heap)
         self._limited_out: dict[int, bool] = {}
-        self._limited_due: list[float] = []
         # Messages past max_age governed claims took, until the first governed claim
         # after their outcomes were written (_govern_every)
         self._aged: set[int] = set()
@@ -162,12 +158,9 @@ class Claimer:
         endpoints (rate limited, probing) have due messages that wait for their turn, or
         may have (a NOTIFY for a rate-limited endpoint's bucket came since the last
         governed claim began)."""
-        now = time.monotonic()
-        if not (self._governed_busy or self._limited_noted(now)):
-            if self._limited_due:  # a rate-limited endpoint's retry: its time
-                return min(self.settings.poll_interval, max(self._limited_due[0] - now, 0.0))
+        if not (self._governed_busy or self._limited_noted()):
             return self.settings.poll_interval
-        wait = self._governed_last + GOVERN_INTERVAL - now
+        wait = self._governed_last + GOVERN_INTERVAL - time.monotonic()
         return min(self.settings.poll_interval, max(wait, 0.0))
 
     def _govern_every(self, now: float) -> float:
@@ -193,29 +186,27 @@ class Claimer:
         if (
             self._governed_busy
             or now - self.dispatcher.failed_at < GOVERN_QUIET
-            or self._limited_noted(now)
+            or self._limited_noted()
             or (self.endpoints.rate_limited and not self.listening)
         ):
             return GOVERN_INTERVAL
         return GOVERN_IDLE_INTERVAL
 
-    def _limited_noted(self, now: float) -> bool:
+    def _limited_noted(self) -> bool:
         """Since the last governed claim began, a NOTIFY came for the bucket of a cached
         rate-limited endpoint (or LISTEN reconnected, or a message of such an endpoint
         came due: :meth:`written`), and some cached endpoint is rate limited: its
         message may be due."""
-        if not self.endpoints.rate_limited:
-            return False
-        due = self._limited_due
-        return self._limited_notes != self._limited_seen or bool(due and due[0] <= now)
+        return bool(self.endpoints.rate_limited) and self._limited_notes != self._limited_seen
 
     def written(self, batch: Sequence[outcomes.Outcome]) -> None:
         """Outcomes were written. For a rate-limited endpoint's message a governed claim
-        took, what comes due after it is announced by no NOTIFY, and only a governed
-        claim takes it: its key's next message (due now, once it has ended), itself
-        handed back (due now), its retry (due at its time). Counted like a NOTIFY for
-        its bucket, or kept for its time: at the idle cadence each waited up to a
-        second (a key whose receiver took 0.15 s went one message a second)."""
+        took, what is due now after it is announced by no NOTIFY, and only a governed
+        claim takes it: its key's next message, once it has ended, or itself, handed
+        back. Counted like a NOTIFY for its bucket: at the idle cadence each waited up to
+        a second (a key whose receiver took 0.15 s went one message a second). A retry
+        needs nothing of this: it follows a failed request, after which the poller
+        governs often for GOVERN_QUIET seconds."""
         if not self._limited_out:
             return
         for outcome in batch:
@@ -226,8 +217,6 @@ class Claimer:
                 self._limited_notes += ordered  # the key's next message is due now
             elif not outcome.retry_delay:
                 self._limited_notes += 1  # handed back: due now
-            elif len(self._limited_due) < LIMITED_DUE_KEPT:
-                heapq.heappush(self._limited_due, time.monotonic() + outcome.retry_delay)
 
     def reclaimed(self) -> None:
         """Rows were reclaimed: due now, and a rate-limited endpoint's among them only a
@@ -293,8 +282,6 @@ class Claimer:
         """A governed claim (begun at ``asked``, after ``notes``) committed ``batch``."""
         self._governed_last = asked
         self._limited_seen = notes
-        while self._limited_due and self._limited_due[0] <= asked:
-            heapq.heappop(self._limited_due)
         self._governed_busy = bool(batch.governed)
         held = self.completer.held
         self._aged = {i for i in self._aged if i in held}

@@ -140,9 +140,10 @@ healthy and unlimited then claims with one statement, not two: at 100 messages/s
 governed claim ran before nearly every plain one and was a third of commit→receipt
 (docs/explanation/performance.md). What it costs: a circuit another poller opened is
 probed up to a second later, a rate-limited endpoint this poller has never claimed
-for waits up to a second for its first governed claim, and so does a retry another
-poller wrote and left (it stopped): what comes due after the messages this poller
-took, it knows (``Claimer.written``)."""
+for waits up to a second for its first governed claim, and so does a retry due
+more than GOVERN_QUIET seconds after its failure; what comes due now after the
+messages this poller took (a key's next, a hand-back), it knows
+(``Claimer.written``)."""
 GOVERN_QUIET = 30.0
 """Seconds after a poller's last failed request during which it keeps governing often."""
 
