@@ -44,14 +44,17 @@ CLIENTS = (
     "httpx",
     "pyreqwest",
     "rnet",
+    "curl_cffi",
     "pyreqwest-streamed",
     "poller-reqwest",
     "pyreqwest-readahead",
 )
-"""The last two are the wire as the poller uses it: pyreqwest's streamed exchange (the
-status as soon as it arrives, then the body: what the sender's contract needs), and the
-poller's own ReqwestSender around it (guard, pinned client, classification). The
-last reads ahead: cheaper, but a body that stalls after the status costs the status."""
+"""The first five are the candidates for the wire, as their users call them (curl_cffi
+is libcurl). The next two are the wire as the poller uses it: pyreqwest's streamed
+exchange (the status as soon as it arrives, then the body: what the sender's contract
+needs), and the poller's own ReqwestSender around it (guard, pinned client,
+classification). The last reads ahead: cheaper, but a body that stalls after the status
+costs the status."""
 BODY = json.dumps({"type": "order.paid", "data": {"order": 7, "pad": "x" * 220}}).encode()
 HEADERS = {
     "content-type": "application/json",
@@ -152,6 +155,18 @@ def _rnet(url: str, concurrency: int) -> tuple[Post, Close]:
     return post, close
 
 
+def _curl_cffi(url: str, concurrency: int) -> tuple[Post, Close]:
+    from curl_cffi.requests import AsyncSession
+
+    session: Any = AsyncSession(max_clients=concurrency)
+
+    async def post() -> int:
+        answer = await session.post(url, data=BODY, headers=HEADERS)
+        return int(answer.status_code)
+
+    return post, session.close
+
+
 def _pyreqwest_streamed(url: str, concurrency: int) -> tuple[Post, Close]:
     from datetime import timedelta
 
@@ -200,6 +215,7 @@ POSTERS = {
     "httpx": _httpx,
     "pyreqwest": _pyreqwest,
     "rnet": _rnet,
+    "curl_cffi": _curl_cffi,
     "pyreqwest-streamed": _pyreqwest_streamed,
     "poller-reqwest": _poller_reqwest,
     "pyreqwest-readahead": _pyreqwest_readahead,
