@@ -16,9 +16,11 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   burst;
 * the operator replays, retries failed messages, skips blocked heads,
   disables and re-enables the endpoint, changes its URL, rotates its secret
-  (to the other signature scheme), cancels open messages and pauses the
-  endpoint for 1.5 s — through the functions the CLI and the dashboard call —
-  and re-enables the endpoint when the pollers disabled it;
+  (to the other signature scheme), cancels open messages, pauses the
+  endpoint for 1.5 s and rate-limits it to 5/s for 2 s — through the functions
+  the CLI and the dashboard call — and re-enables the endpoint when the
+  pollers disabled it; a step of an actor that fails other than while
+  PostgreSQL restarts fails the seed;
 * a tenant (loadtest/hunt_tenant.py) calls the management API with a
   ``tenant:acme`` token, mostly at the hunt's endpoint, messages and events
   (none of them acme's) on every route that takes a name or an id, and
@@ -200,6 +202,9 @@ class Plan:
     # The endpoint's rate limit (requests per second): with max_age 8 s, a backlog ages
     # out behind it, and what is past max_age must take no token (loadtest/hunt_watch.py).
     rate_limit: float | None = None
+    # When the operator puts a rate limit of 5/s on the endpoint for 2 s (its ordered
+    # keys' next messages then come due with no NOTIFY, for the governed claim alone)
+    limits: list[float] = field(default_factory=list)
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -255,6 +260,8 @@ class Plan:
             plan.outage = (at, plan.max_age + 2.0)
         if plan.max_age == 8.0 and rng.random() < 0.5:
             plan.rate_limit = 15.0  # 250 messages: over 16 s of tokens, twice max_age
+        if rng.random() < 1 / 3:  # drawn last: every other draw stays as it was
+            plan.limits = sorted(rng.uniform(1.0, duration) for _ in range(rng.randint(1, 2)))
         return plan
 
     def describe(self) -> str:
@@ -276,7 +283,12 @@ class Plan:
             )
             + (f", burst@{self.burst_at:.1f}s" if self.burst_at else "")
             + "; operator: "
-            + ", ".join(f"{action}@{at:.1f}s" for at, action in sorted(self.operator + self.holds))
+            + ", ".join(
+                f"{action}@{at:.1f}s"
+                for at, action in sorted(
+                    self.operator + self.holds + [(at, "limit") for at in self.limits]
+                )
+            )
             + "; tenant: "
             + ", ".join(f"{kind}@{at:.1f}s" for at, kind in self.tenant)
             + "; dba: "
@@ -314,6 +326,10 @@ class Run:
     health_resets: list[float] = field(default_factory=list)  # enables and URL changes
     auto_disabled: list[tuple[float, str]] = field(default_factory=list)
     disabled_windows: list[tuple[float, float]] = field(default_factory=list)  # (from, to)
+    # The endpoint's row's last write when the watcher first saw the pollers had disabled
+    # it (loadtest/hunt_watch.py), until it is seen enabled: where its disabled window
+    # begins, whatever edits of the row follow before the operator is on call
+    disabled_seen: float | None = None
     url_changes: int = 0
     cancel_times: dict[int, float] = field(default_factory=dict)  # id -> last cancel's commit
     trace_ids: dict[str, str] = field(default_factory=dict)  # key -> the span it was fed in

@@ -46,9 +46,11 @@ from sqlalchemy.orm import Session
 from poller import Event, Message, enqueue_many, publish_many
 from poller.admin import retry_messages
 from poller.cancel import cancel_messages, pause_endpoint
+from poller.db import is_transient
 from poller.endpoint_keys import rotate_secret
 from poller.endpoints import get_endpoint, set_enabled, update_endpoint
-from poller.errors import PollerError
+from poller.errors import EndpointDisabled, PollerError
+from poller.health import DEFAULT
 from poller.keyring import Keyring
 from poller.ordering import blocked_keys, skip_messages
 from poller.replay import replay
@@ -63,6 +65,8 @@ OPERATOR = "hunt-operator"
 BURST = 60  # messages in the application's one big transaction
 OPERATOR_ACTIONS = ("replay", "retry", "skip", "disable_enable", "url", "rotate")
 HOLDS = ("cancel", "pause")  # drawn apart (Plan.holds), after the rest: seeds keep their plans
+LIMIT = 5.0  # requests a second of the rate limit an operator puts on for a while (Plan.limits)
+LIMITED = 2.0  # seconds it holds before the endpoint's own limit (or none) is back
 CANCELLED_AT_ONCE = 12  # open messages one cancel picks at random, with 3 in flight
 PAUSE = 1.5  # seconds an operator's pause holds the endpoint
 CUT = 0.6  # seconds the DBA cuts connections after each endpoint edit
@@ -88,6 +92,14 @@ CUT_COMPLETIONS = text(
     "AND (query LIKE '%jsonb_array_elements(CAST($1 AS jsonb)) AS r%' "
     "OR query LIKE '%WITH fresh AS (%' OR query LIKE '%JOIN poller_ordering_keys k%')"
 )
+
+
+def failure(run: Run, what: str, exc: Exception) -> None:
+    """An actor's step failed. PostgreSQL restarting is part of the hunt; anything else
+    fails the seed (such failures were written down and never read: a bug in an API the
+    actors use went unseen)."""
+    if not is_transient(exc):
+        run.errors.append(f"{what} failed: {exc!r}"[:300])
 
 
 def _wait_until(began: float, at: float, stop: threading.Event) -> bool:
@@ -163,8 +175,11 @@ def _transaction(
                 return
             session.commit()
         run.committed_now(keys)
+    except EndpointDisabled:  # the pollers disabled it (POLLER_DISABLE_AFTER): refused
+        run.app_failures.append(f"{kind}: EndpointDisabled")
     except Exception as exc:  # PostgreSQL restarting: not committed
         run.app_failures.append(f"{kind}: {type(exc).__name__}")
+        failure(run, f"the application's {kind}", exc)
 
 
 def operator(
@@ -177,7 +192,8 @@ def operator(
 ) -> None:
     """The operator's actions at the planned times (plan.operator, plan.holds), then on
     call."""
-    for at, action in sorted(run.plan.operator + run.plan.holds):
+    limits = [(at, "limit") for at in run.plan.limits]
+    for at, action in sorted(run.plan.operator + run.plan.holds + limits):
         if not _wait_until(run.began, at, stop):
             break
         try:
@@ -185,31 +201,48 @@ def operator(
             run.operated.append(action)
         except PollerError as exc:  # e.g. replay refused while the endpoint is disabled
             run.operated.append(f"{action} refused: {type(exc).__name__}")
-        except Exception as exc:  # PostgreSQL restarting
+        except Exception as exc:  # PostgreSQL restarting; anything else is the hunt's failure
             run.operated.append(f"{action} failed: {type(exc).__name__}")
+            failure(run, f"the operator's {action}", exc)
     run.operator_done.set()
     while not stop.wait(0.3):
         on_call(engine, run)
 
 
 def on_call(engine: Any, run: Run) -> None:
-    """An endpoint the pollers disabled is noted and enabled again (its backlog must drain)."""
+    """An endpoint the pollers disabled is noted and enabled again (its backlog must drain).
+
+    It was disabled when its row was last written; but the operator is on call only after
+    the planned actions, and an edit of the row since (a URL, which also clears the
+    health row's failures, a rate limit, the DBA's) moves that moment: the window noted
+    starts at the earliest of the row's last write now, the one the watcher saw when it
+    first found the endpoint disabled (``run.disabled_seen``), and POLLER_DISABLE_AFTER
+    past its failures' start. A publish inside it rightly reached nothing; seed
+    490204949's, after a URL change, was reported as lost."""
     try:
         with engine.begin() as conn:
             row = conn.execute(
                 text(
-                    "SELECT enabled, disabled_reason, extract(epoch FROM updated_at) AS since "
-                    "FROM poller_endpoints WHERE name = :n"
+                    "SELECT e.enabled, e.disabled_reason, "
+                    "extract(epoch FROM e.updated_at) AS since, "
+                    "extract(epoch FROM h.failing_since) AS failing "
+                    "FROM poller_endpoints e "
+                    "LEFT JOIN poller_endpoint_health h ON h.endpoint_id = e.id WHERE e.name = :n"
                 ),
                 {"n": ENDPOINT},
             ).one()
             if row.enabled:
                 return
+            since = float(row.since)
             if row.disabled_reason != f"by {OPERATOR}":  # the operator's own re-enable failed
                 run.auto_disabled.append((time.time(), row.disabled_reason or ""))
+                if row.failing is not None:
+                    since = min(since, float(row.failing) + run.plan.disable_after)
+                if run.disabled_seen is not None:
+                    since = min(since, run.disabled_seen)
             set_enabled(conn, ENDPOINT, True)
             run.health_resets.append(time.time())
-            run.disabled_windows.append((float(row.since), time.time()))
+            run.disabled_windows.append((since, time.time()))
     except Exception:  # PostgreSQL restarting: the next round looks again
         return
 
@@ -268,6 +301,13 @@ def _act(
             until = datetime.now(UTC) + timedelta(seconds=PAUSE)
             pause_endpoint(conn, ENDPOINT, until=until, who=OPERATOR)
         run.pause_windows.append((time.time(), until.timestamp()))
+    elif action == "limit":  # a rate limit for a while: the endpoint's claims go governed
+        with engine.begin() as conn:
+            update_endpoint(conn, ENDPOINT, rate_limit=LIMIT, rate_burst=1)
+        time.sleep(LIMITED)
+        own = run.plan.rate_limit
+        with engine.begin() as conn:
+            update_endpoint(conn, ENDPOINT, rate_limit=own or DEFAULT, rate_burst=DEFAULT)
     elif action == "rotate":  # to the other scheme: both kinds of signature in the overlap
         with engine.begin() as conn:
             current = get_endpoint(conn, ENDPOINT, keyring=keyring).signing
@@ -298,4 +338,5 @@ def dba(engine: Any, run: Run, stop: threading.Event) -> None:
                         run.cut_completions += int(conn.execute(CUT_COMPLETIONS).scalar_one())
         except Exception as exc:  # PostgreSQL restarting
             run.operated.append(f"dba failed: {type(exc).__name__}")
+            failure(run, "the DBA's cuts", exc)
     run.dba_done.set()

@@ -79,7 +79,7 @@ def prepare(conn: Any, receiver_url: str) -> str:
 
 def tenant(engine: Any, run: Run, token: str, stop: threading.Event) -> None:
     """The tenant's API calls and the strict publishes at the planned times."""
-    from loadtest.hunt_actors import _wait_until
+    from loadtest.hunt_actors import _wait_until, failure
 
     rng = random.Random(run.plan.seed * 131 + 5)
     app = create_app(load_settings(), engine, auth.Credentials("hunt-tenant-dashboard-0"))
@@ -97,6 +97,7 @@ def tenant(engine: Any, run: Run, token: str, stop: threading.Event) -> None:
                         _call(engine, run, web, rng, deadline, stop)
             except Exception as exc:  # not PostgreSQL restarting: _call waits that out
                 run.tenant_log.append(f"{kind} failed: {type(exc).__name__}")
+                failure(run, f"the tenant's {kind}", exc)
     run.tenant_done.set()
 
 

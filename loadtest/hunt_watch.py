@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
+from loadtest.hunt_actors import ENDPOINT, OPERATOR
+
 if TYPE_CHECKING:
     from loadtest.hunt import Run
 
@@ -52,6 +54,13 @@ STUCK = 4.0
 # election's TTL (1.5 s) hands the shard on, a governed claim follows within a second,
 # and a poller reconnecting after PostgreSQL restarted backs off for up to a second.
 AFTER_FAULT = 4.0
+
+# The hunt's endpoint disabled by the pollers (POLLER_DISABLE_AFTER, 410 Gone): its row's
+# last write (loadtest/hunt_actors.py ``on_call`` notes the window)
+DISABLED = text(
+    "SELECT extract(epoch FROM updated_at) FROM poller_endpoints "
+    "WHERE name = :n AND NOT enabled AND disabled_reason IS DISTINCT FROM :by"
+)
 
 HALF_OPEN_IDLE = text(
     "SELECT e.name FROM poller_endpoints e "
@@ -100,6 +109,12 @@ def watch_circuits(engine: Any, run: Run, stop: threading.Event) -> None:
     while True:  # a sample, then a wait: stopped before it starts, it samples once
         try:
             with engine.connect() as conn:
+                disabled = conn.execute(DISABLED, {"n": ENDPOINT, "by": f"by {OPERATOR}"})
+                since = disabled.scalar()
+                if since is None:
+                    run.disabled_seen = None
+                elif run.disabled_seen is None:
+                    run.disabled_seen = float(since)
                 names = {name for (name,) in conn.execute(HALF_OPEN_IDLE)}
                 names |= {AGED + name for (name,) in conn.execute(AGED_HEAD)}
                 expired = {AGED + name: n for name, n in conn.execute(EXPIRED)}

@@ -62,6 +62,24 @@ def test_the_checker_catches_a_rate_limit_outrun() -> None:
     assert _fastest([i / (2 * RATE) for i in range(24)]) == (10, 1.125)
 
 
+def test_an_actors_failure_other_than_a_restart_fails_the_seed() -> None:
+    """The application's, operator's, tenant's and DBA's steps that fail while PostgreSQL
+    restarts are part of the hunt; any other failure is reported (they were written down
+    and never read)."""
+    from sqlalchemy.exc import OperationalError
+
+    from loadtest.hunt import Run
+    from loadtest.hunt_actors import failure
+
+    run = Run(PLAN)  # type: ignore[arg-type]
+    failure(run, "the operator's limit", OperationalError("UPDATE", {}, OSError("gone")))
+    assert run.errors == []
+    failure(run, "the operator's limit", TypeError("an unexpected keyword argument"))
+    assert run.errors == [
+        "the operator's limit failed: TypeError('an unexpected keyword argument')"
+    ]
+
+
 def test_the_checker_catches_a_rate_limited_key_out_of_order() -> None:
     """The rate-limited endpoints' ordering keys: a head sent again before its next
     passes; a next message first POSTed before its head, or a wrong position, does not."""
