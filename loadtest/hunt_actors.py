@@ -199,8 +199,11 @@ def operator(
         try:
             _act(engine, run, receiver, base_url, keyring, action)
             run.operated.append(action)
-        except PollerError as exc:  # e.g. replay refused while the endpoint is disabled
+        except EndpointDisabled:  # a replay while the endpoint is disabled: refused, rightly
+            run.operated.append(f"{action} refused: EndpointDisabled")
+        except PollerError as exc:  # no other refusal is expected of these steps
             run.operated.append(f"{action} refused: {type(exc).__name__}")
+            run.errors.append(f"the operator's {action} refused: {exc!r}"[:300])
         except Exception as exc:  # PostgreSQL restarting; anything else is the hunt's failure
             run.operated.append(f"{action} failed: {type(exc).__name__}")
             failure(run, f"the operator's {action}", exc)

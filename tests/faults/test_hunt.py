@@ -80,6 +80,28 @@ def test_an_actors_failure_other_than_a_restart_fails_the_seed() -> None:
     ]
 
 
+def test_an_operator_step_refused_unexpectedly_fails_the_seed(engine) -> None:  # type: ignore[no-untyped-def]
+    """A replay refused because the endpoint is disabled is the API at work; refused for
+    any other reason (here: no such endpoint), it is the seed's failure."""
+    import threading
+    import time
+
+    from loadtest.hunt import Run
+    from loadtest.hunt_actors import operator
+
+    plan = SimpleNamespace(seed=0, operator=[(0.0, "replay")], holds=[], limits=[])
+    run = Run(plan)  # type: ignore[arg-type]
+    run.began = time.monotonic()
+    stop = threading.Event()
+    worker = threading.Thread(target=operator, args=(engine, run, None, "", None, stop))
+    worker.start()
+    assert run.operator_done.wait(10)
+    stop.set()
+    worker.join(10)
+    assert run.operated == ["replay refused: UnknownEndpoint"]
+    assert len(run.errors) == 1 and "the operator's replay refused" in run.errors[0]
+
+
 def test_the_checker_catches_a_rate_limited_key_out_of_order() -> None:
     """The rate-limited endpoints' ordering keys: a head sent again before its next
     passes; a next message first POSTed before its head, or a wrong position, does not."""
