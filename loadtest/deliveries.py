@@ -286,10 +286,19 @@ def drain(
     timeout: float,
     prefix: str = "drain",
     on_committed: Callable[[], object] = lambda: None,
+    keys: int = 0,
 ) -> float:
-    """Commit ``messages`` at once; deliveries/s until all are delivered."""
+    """Commit ``messages`` at once; deliveries/s until all are delivered. ``keys``: that
+    many ordering keys, the messages spread over them in turn (0: unordered)."""
     batch = [
-        Message("bench", "order.created", _payload(n), f"{prefix}:{n}") for n in range(messages)
+        Message(
+            "bench",
+            "order.created",
+            _payload(n),
+            f"{prefix}:{n}",
+            ordering_key=f"k{n % keys}" if keys else None,
+        )
+        for n in range(messages)
     ]
     already = _delivered(engine)
     with Session(engine) as session, session.begin():

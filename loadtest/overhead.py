@@ -1,7 +1,7 @@
 """The poller's own CPU per delivery, with and without the wire.
 
     python -m loadtest.overhead [--messages 20000] [--rounds 3] [--concurrency 64]
-                                [--wire]
+                                [--wire] [--keys 1000]
 
 The service of `poller run` runs in this process (on uvloop), so a profiler
 sees only it (``py-spy record -- python -m loadtest.overhead``). Each round
@@ -14,7 +14,9 @@ Without ``--wire`` the sender answers 200 at once and sends nothing: what is
 left is the poller's own work (claims, each delivery's task, signing, outcomes,
 completions, metrics). With it, requests go through the configured client
 (POLLER_HTTP_CLIENT) to the signature-checking receiver, another process.
-PostgreSQL is another process too, and is not counted.
+PostgreSQL is another process too, and is not counted. With ``--keys`` the
+messages are ordered, spread over that many ordering keys: what handing keys on
+costs.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def _rounds(args: argparse.Namespace, url: str) -> list[tuple[float, float]]:
         figures = []
         for n in range(args.rounds):
             cpu, claims, completions = _threads_cpu(but=me), _claims(), COMPLETIONS[0]
-            rate = drain(engine, args.messages, args.timeout, f"round{n}")
+            rate = drain(engine, args.messages, args.timeout, f"round{n}", keys=args.keys)
             after = _threads_cpu(but=me)
             threads = {k: v - cpu.get(k, 0.0) for k, v in after.items()}
             used = sum(threads.values())
@@ -158,6 +160,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--keys", type=int, default=0, help="ordered: the messages over this many ordering keys"
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument(
