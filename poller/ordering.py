@@ -74,7 +74,6 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from poller import queries
-from poller.db import fetch
 from poller.endpoint_checks import could_be_name
 
 ENDED = frozenset({"delivered", "failed"})  # how a poller's completion ends a message
@@ -133,6 +132,8 @@ async def hand_on(conn: AsyncConnection, ids: Sequence[int], *, notify: bool = T
     the caller's transaction, as the claim path's do (:func:`poller.db.fetch`):
     through SQLAlchemy's async adapter they were a fifth of the event loop's time
     in a drain of ordered messages."""
+    from poller.db import fetch  # here: an application importing poller loads no metrics
+
     if not ids:
         return HandOver()
     taken = [row[0] for row in await fetch(conn, queries.TAKE_KEYS_OF_HEADS, {"ids": list(ids)})]
