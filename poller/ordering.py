@@ -81,7 +81,7 @@ ENDED = frozenset({"delivered", "failed"})  # how a poller's completion ends a m
 
 @dataclass(slots=True)
 class HandOver:
-    promoted: int = 0  # keys whose next message became due
+    promoted: int = 0  # buckets where a key's next message became due (ADVANCE_KEYS)
     busy: list[int] = field(default_factory=list)  # ended heads whose key row was held
 
 
@@ -123,6 +123,10 @@ class Positions:
         }
 
 
+_ID = ("id",)
+_ADVANCED = ("what", "bucket", "woke")  # ADVANCE_KEYS's columns, checked by fetch
+
+
 async def hand_on(conn: AsyncConnection, ids: Sequence[int], *, notify: bool = True) -> HandOver:
     """Hand on the keys whose head is one of ``ids`` (which just ended), in the caller's
     transaction, without waiting: a key whose row someone holds (an application's
@@ -136,17 +140,17 @@ async def hand_on(conn: AsyncConnection, ids: Sequence[int], *, notify: bool = T
 
     if not ids:
         return HandOver()
-    taken = [row[0] for row in await fetch(conn, queries.TAKE_KEYS_OF_HEADS, {"ids": list(ids)})]
+    heads = await fetch(conn, queries.TAKE_KEYS_OF_HEADS, {"ids": list(ids)}, columns=_ID)
+    taken = [head_id for (head_id,) in heads]
     busy = sorted(set(ids) - set(taken))
     if busy:  # skipped, or no key's head (any more): only the first kind is for later
-        still = await fetch(conn, queries.HEADS_AMONG, {"ids": busy})
-        busy = sorted(row[0] for row in still)
+        still = await fetch(conn, queries.HEADS_AMONG, {"ids": busy}, columns=_ID)
+        busy = sorted(head_id for (head_id,) in still)
     if not taken:
         return HandOver(busy=busy)
-    result = await fetch(
-        conn, queries.ADVANCE_KEYS, {"ids": taken, "skipped": [], "notify": notify}
-    )
-    promoted = sum(1 for row in result if row.what == "promoted")
+    params = {"ids": taken, "skipped": [], "notify": notify}
+    result = await fetch(conn, queries.ADVANCE_KEYS, params, columns=_ADVANCED)
+    promoted = sum(1 for row in result if row[0] == "promoted")
     return HandOver(promoted=promoted, busy=busy)
 
 
