@@ -7,17 +7,26 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv browser demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
+.PHONY: help venv upgrade browser demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml tools/install-venv
+$(STAMP): pyproject.toml requirements-dev.lock tools/install-venv
 	$(PYTHON) -m venv $(VENV)
 	tools/install-venv $(VENV)
 	touch $(STAMP)
 
-venv: $(STAMP) ## Create the virtualenv and install the project with dev extras
+venv: $(STAMP) ## Create the virtualenv and install the project with dev extras (at the lock's pins)
+
+# On purpose, never by itself: newer releases of everything the dev extras bring,
+# written to requirements-dev.lock, installed, and the suite run on them. Commit the
+# lock only when the suite passes. UPGRADE="--upgrade-package NAME" takes one package.
+upgrade: $(STAMP) ## Refresh requirements-dev.lock to the newest releases, reinstall, run the suite
+	tools/lock-dev $(VENV) $(or $(UPGRADE),--upgrade)
+	tools/install-venv $(VENV)
+	touch $(STAMP)
+	$(MAKE) test
 
 demo: $(STAMP) ## Run `poller demo` on embedded PostgreSQL + Redis
 	$(BIN)/poller demo

@@ -325,17 +325,34 @@ class EmbeddedPostgres:
         """As root: make the data dir the server user's and let it reach it and the binaries."""
         if self._user is None:
             return
-        try:
-            entry = pwd.getpwnam(self._user)
-        except KeyError:
-            _run(["useradd", "--system", "--no-create-home", self._user], timeout=30)
-            entry = pwd.getpwnam(self._user)
+        entry = _system_user(self._user)
         self.pgdata.chmod(0o700)
         os.chown(self.pgdata, entry.pw_uid, entry.pw_gid)
         for folder in [*self.pgdata.parents, *self._bin.parents]:
             mode = folder.stat().st_mode
             if not mode & 0o001:
                 folder.chmod(mode | 0o001)
+
+
+def _system_user(name: str) -> pwd.struct_passwd:
+    """The system user ``name``, created if missing — by one process at a time.
+
+    Several processes starting servers at once (the suite's xdist workers) each
+    found the user missing and ran ``useradd``; on this kind of filesystem its own
+    lock did not keep them apart, and the last one to write ``/etc/passwd`` dropped
+    the user the first had made, under a server already chowned to its uid
+    ("initdb: could not look up effective user ID 999"). A file lock around the
+    look-up and the creation, and a second look-up inside it, keep one user."""
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
+    lock = Path(tempfile.gettempdir()) / f"poller-useradd-{name}.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            _run(["useradd", "--system", "--no-create-home", name], timeout=30)
+            return pwd.getpwnam(name)
 
 
 class EmbeddedRedis:
