@@ -45,6 +45,15 @@ from poller.schema import BUCKETS
 ALL_BUCKETS: tuple[int, ...] = tuple(range(BUCKETS))
 
 
+@dataclass(frozen=True, slots=True)
+class Extended:
+    """What a heartbeat did (Claims.extend): the rows whose lease it extended, and those
+    still this claim's that someone else held locked (extended at a later beat)."""
+
+    extended: set[int]
+    busy: set[int]
+
+
 @dataclass(slots=True)
 class ClaimBatch:
     messages: list[ClaimedMessage]
@@ -324,14 +333,16 @@ class Claims:
         await self.direct.close()
         await self.completions.close()
 
-    async def extend(self, held: Mapping[int, int]) -> set[int]:
-        """Extend the claim lease of held rows ({id: claim_token}); returns the ids still held.
+    async def extend(self, held: Mapping[int, int]) -> Extended:
+        """Extend the claim lease of held rows ({id: claim_token}).
 
         One statement for all of them, fenced by claim token: a row that was
-        reclaimed (and maybe claimed again) is not extended and not returned.
+        reclaimed (and maybe claimed again), or deleted, is neither extended nor
+        returned. A row someone else holds locked is not waited for: it comes back
+        in ``busy`` (still this claim's, not extended this time).
         """
         if not held:
-            return set()
+            return Extended(set(), set())
         params = {
             "ids": list(held),
             "tokens": list(held.values()),
@@ -339,7 +350,8 @@ class Claims:
         }
         async with self.engine.begin() as conn:
             rows = await fetch(conn, queries.EXTEND_CLAIMS, params)
-        return {row.id for row in rows}
+        extended = {row[0] for row in rows if row[1]}
+        return Extended(extended, {row[0] for row in rows if not row[1]})
 
     async def complete(self, outcomes: Sequence[Outcome]) -> CompletionResult:
         """Apply outcomes of this poller's claims: :meth:`Completions.complete

@@ -130,17 +130,20 @@ class Completer:
         if not held:
             return 0
         asked = time.monotonic()
-        kept = await self.claims.extend(held)
-        for msg_id in kept:
+        beat = await self.claims.extend(held)
+        for msg_id in beat.extended:
             if self.held.get(msg_id) == held[msg_id]:
                 self.lease_until[msg_id] = asked + self.claims.claim_lease
         # A row whose outcome is being written meanwhile is not extended (no longer in
         # flight) yet not lost: its write committed first and is about to unhold it; nor
-        # is one whose write ended (unheld) while the statement was on its way.
+        # is one whose write ended (unheld) while the statement was on its way. A row
+        # someone else holds locked (busy) is still ours: its lease is not extended this
+        # time, so no new request starts for it (can_start) until a beat extends it.
         lost = [
             msg_id
             for msg_id, token in held.items()
-            if msg_id not in kept
+            if msg_id not in beat.extended
+            and msg_id not in beat.busy
             and self.held.get(msg_id) == token
             and self._writing.get(msg_id) != token
         ]
@@ -154,7 +157,7 @@ class Completer:
                 len(lost),
                 lost[:10],
             )
-        return len(kept)
+        return len(beat.extended) + len(beat.busy)
 
     # -- outcomes ------------------------------------------------------------------
 
@@ -170,10 +173,11 @@ class Completer:
         return len(self._waiting)
 
     async def flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for every queued outcome to be written."""
+        """Wait up to ``timeout`` s for every queued outcome to be written (those whose
+        row someone else holds locked too: the idle completer tries them again)."""
         try:
             async with asyncio.timeout(timeout):
-                while self._unwritten:
+                while self._unwritten or self.claims.completions.carried_outcomes:
                     self._all_written.clear()
                     await self._all_written.wait()
         except TimeoutError:
@@ -194,6 +198,7 @@ class Completer:
                         await self._arrival()
                 except TimeoutError:
                     await asyncio.shield(self._write([]))  # hand on what was busy
+                    self._all_written.set()  # flush() looks again at what is carried
                     continue
             else:
                 await self._arrival()
@@ -216,15 +221,19 @@ class Completer:
                 if is_transient(exc):
                     raise
                 result = await self._write_apart(batch, exc)
-            self._unhold(batch)
+            self._unhold(result.ended)
         finally:
             for o in batch:
                 self._writing.pop(o.message_id, None)
         if self.telemetry is not None:
             parents = [self.traces.pop(o.message_id, "") for o in batch]
             self.telemetry.batch("complete", began_ns, [p for p in parents if p])
-        self.on_written(batch)
-        if result.promoted or any(o.status == "pending" and not o.retry_delay for o in batch):
+        # an outcome whose row someone holds stays held, and its room taken, until a
+        # later write ends it (Completions carries it)
+        self.on_written(result.ended)
+        if result.promoted or any(
+            o.status == "pending" and not o.retry_delay for o in result.ended
+        ):
             self.on_promoted()
         if result.opened:
             metrics.CIRCUIT_OPENS.inc(result.opened)
@@ -288,6 +297,8 @@ class Completer:
                 result = await self._complete([stripped])
             total.applied += result.applied
             total.stale += result.stale
+            total.busy = result.busy  # each call carries the ones still busy
+            total.ended += result.ended
             total.promoted += result.promoted
             total.events += result.events
             total.opened += result.opened

@@ -44,7 +44,12 @@ log = logging.getLogger("poller.completions")
 @dataclass(slots=True)
 class CompletionResult:
     applied: list[int] = field(default_factory=list)
-    stale: list[int] = field(default_factory=list)
+    stale: list[int] = field(default_factory=list)  # fenced out, or their row was deleted
+    # outcomes whose row someone else held locked: carried, written by a later call
+    busy: list[int] = field(default_factory=list)
+    # the outcomes this call ended (applied or stale), earlier calls' carried ones too:
+    # their claims are no longer held
+    ended: list[Outcome] = field(default_factory=list)
     promoted: int = 0  # buckets where an ordered message became its key's head (now due)
     events: list[OperationalEvent] = field(default_factory=list)  # for hooks, after commit
     opened: int = 0  # circuits this completion opened
@@ -107,6 +112,10 @@ class Completions:
         # health signals of written rows whose follow-ups met a database away.
         self._carried_heads: set[int] = set()
         self._carried_signals: dict[int, Signal] = {}
+        # Outcomes whose row someone else held locked (an operator's open UPDATE or
+        # DELETE): written again with the next call, until their row is free or gone.
+        self._carried_outcomes: dict[int, Outcome] = {}
+        self._busy_outage = False  # warned about busy rows, not yet all written
         self._follow_up_outage = OutageLog("following up completions")
 
     async def close(self) -> None:
@@ -124,7 +133,10 @@ class Completions:
         (and for messages that failed for good) are enqueued; the events are
         returned for the in-process hooks. A key locked by an application's open
         transaction is carried to the next call (:attr:`carried`), which an idle
-        completer makes soon.
+        completer makes soon; so is an outcome whose own row someone else holds
+        locked (an operator's open ``UPDATE`` or ``DELETE`` on ``poller_outbox``):
+        it is in ``busy``, the others are written at once, and a later call writes
+        it when the lock goes — or finds its row gone (``stale``, nothing recorded).
 
         All in one transaction — unless ``follow_ups_apart`` and every outcome is a
         delivery or sent nothing (:func:`_news_free`): then COMPLETE_BATCH is a
@@ -137,6 +149,8 @@ class Completions:
         hands on what a lost hand-over left: :meth:`sweep_follow_ups`); the rows
         stay written.
         """
+        if self._carried_outcomes:  # rows someone held: tried again with these
+            outcomes = [*self._carried_outcomes.values(), *outcomes]
         if not outcomes and not self.carried:
             return CompletionResult()
         params = outcomes_json(outcomes, self.poller_id)
@@ -150,10 +164,14 @@ class Completions:
                 work = self._follow_ups(outcomes, rows)
                 handed, events, transitions = await self._follow_up(conn, work)
             self._followed_up(handed)
+        busy = self._carry_busy(outcomes, rows)
         applied = {row[0] for row in rows}
+        ended = [o for o in outcomes if o.message_id not in busy]
         result = CompletionResult(
-            applied=[o.message_id for o in outcomes if o.message_id in applied],
-            stale=[o.message_id for o in outcomes if o.message_id not in applied],
+            applied=[o.message_id for o in ended if o.message_id in applied],
+            stale=[o.message_id for o in ended if o.message_id not in applied],
+            busy=sorted(busy),
+            ended=ended,
             promoted=handed.promoted,
             events=events,
             opened=sum(1 for t in transitions if t["was"] == "closed" and t["state"] == "open"),
@@ -166,8 +184,26 @@ class Completions:
         fetch_on: Callable[..., Awaitable[list[Any]]], params: Mapping[str, Any]
     ) -> list[Any]:
         """COMPLETE_BATCH's rows (``_COMPLETED_FIELDS``), through ``fetch_on``: the
-        connection of its own, or the transaction's (:func:`poller.db.fetch`)."""
+        connection of its own, or the transaction's (:func:`poller.db.fetch`); the
+        rows someone else held come back with status ``busy``."""
         return await fetch_on(queries.COMPLETE_BATCH, params, columns=_COMPLETED_FIELDS)
+
+    def _carry_busy(self, outcomes: Sequence[Outcome], rows: list[Any]) -> set[int]:
+        """Keep the outcomes whose row was busy for the next call, take their rows out of
+        ``rows``; returns their ids."""
+        busy = {row[0] for row in rows if row[2] == "busy"}
+        if busy:
+            rows[:] = [row for row in rows if row[2] != "busy"]
+        self._carried_outcomes = {o.message_id: o for o in outcomes if o.message_id in busy}
+        if busy and not self._busy_outage:
+            log.warning(
+                "%d outcomes wait for rows someone else holds locked (an open transaction "
+                "on poller_outbox): written when the lock goes, others go on: %s",
+                len(busy),
+                sorted(busy)[:10],
+            )
+        self._busy_outage = bool(busy)
+        return busy
 
     def _follow_ups(self, outcomes: Sequence[Outcome], rows: Sequence[Any]) -> _FollowUps:
         """What follows from COMPLETE_BATCH's rows, with what earlier calls carried."""
@@ -233,7 +269,12 @@ class Completions:
         """Follow-ups left for the next completion (key hand-overs whose rows were busy,
         health signals the database was away for): the completer makes one soon even
         with no outcome to write."""
-        return len(self._carried_heads) + len(self._carried_signals)
+        return len(self._carried_heads) + len(self._carried_signals) + len(self._carried_outcomes)
+
+    @property
+    def carried_outcomes(self) -> int:
+        """Outcomes whose row someone else held locked, written again by the next call."""
+        return len(self._carried_outcomes)
 
     async def reclaim_expired(self, limit: int = 1000) -> ReclaimResult:
         """Return expired claims to pending + needs_lookup (or failed at max attempts).

@@ -212,17 +212,36 @@ ENDPOINTS_BY_ID = _statement(
 # Claim-lease heartbeat: extend the leases of rows this poller is still working
 # on (delivering, or writing the outcome of), one statement for all of them.
 # Fenced by claim token: a row reclaimed meanwhile is neither extended nor returned.
+# A row someone else holds locked (an operator's open UPDATE or DELETE, an
+# application's transaction) is skipped, never waited for: it comes back with
+# ``extended`` false when its committed version is still this claim's, for the next
+# beat — so one held row cannot hold back the leases of all the others.
 # The rows are found by the ids' array, through the primary key: a plan made while
 # the outbox was analyzed empty walked the whole key to join them to the pairs.
 EXTEND_CLAIMS = _statement(
     "EXTEND_CLAIMS",
     """
-    UPDATE poller_outbox o
-    SET claim_expires_at = now() + make_interval(secs => CAST(:claim_lease AS double precision))
-    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS bigint[])) AS h(id, claim_token)
-    WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.id = h.id
-      AND o.claim_token = h.claim_token AND o.status = 'in_flight'
-    RETURNING o.id
+    WITH h AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS bigint[]))
+            AS h(id, claim_token)
+    ), locked AS (
+        SELECT o.id FROM poller_outbox o
+        WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.status = 'in_flight'
+          AND (o.id, o.claim_token) IN (SELECT id, claim_token FROM h)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), extended AS (
+        UPDATE poller_outbox o
+        SET claim_expires_at = now()
+            + make_interval(secs => CAST(:claim_lease AS double precision))
+        WHERE o.id = ANY(ARRAY(SELECT id FROM locked))
+        RETURNING o.id
+    )
+    SELECT id, true AS extended FROM extended
+    UNION ALL
+    SELECT o.id, false FROM poller_outbox o
+    WHERE o.id = ANY(CAST(:ids AS bigint[])) AND o.status = 'in_flight'
+      AND (o.id, o.claim_token) IN (SELECT id, claim_token FROM h)
+      AND o.id NOT IN (SELECT id FROM locked)
     """,
 )
 
@@ -239,7 +258,14 @@ EXTEND_CLAIMS = _statement(
 # the ids' array through the primary key: the plan otherwise read every entry of
 # the in-flight index, dead ones too, to pick the batch's rows out of it.
 #
-# One job: it locks nothing but the outbox rows this poller's claim holds.
+# One job: it locks nothing but its outcomes' outbox rows, and those with
+# SKIP LOCKED: a row someone else holds locked (an operator's open
+# UPDATE or DELETE of an endpoint's rows, an application's transaction) comes back
+# with status 'busy' — neither applied nor recorded — and the caller writes it
+# again later (poller/completions.py), so one held row never makes the others'
+# completion wait. FOR NO KEY UPDATE: what the UPDATE takes anyway (no key column
+# changes), and it keeps the row for a stale outcome's attempt record, whose
+# foreign key check would otherwise wait on a DELETE in progress.
 # What follows from a completion — the endpoint's health (JUDGE_HEALTH), a
 # key handed on (ADVANCE_KEYS) — are later statements that skip rows someone
 # else holds, so no application or operator transaction can make it wait.
@@ -263,6 +289,10 @@ COMPLETE_BATCH = _statement(
                TIMESTAMPTZ 'epoch' + CAST(r->>15 AS bigint) * INTERVAL '1 microsecond'
                    AS started_at
         FROM jsonb_array_elements(CAST(:outcomes AS jsonb)) AS r
+    ), locked AS (
+        SELECT o.id FROM poller_outbox o
+        WHERE o.id = ANY(ARRAY(SELECT id FROM c))
+        FOR NO KEY UPDATE SKIP LOCKED
     ), done AS (
         UPDATE poller_outbox o
         SET status = c.status,
@@ -282,7 +312,7 @@ COMPLETE_BATCH = _statement(
             failed_at = CASE WHEN c.status = 'failed' THEN now() END,
             updated_at = now()
         FROM c
-        WHERE o.id = ANY(ARRAY(SELECT id FROM c))
+        WHERE o.id = ANY(ARRAY(SELECT id FROM locked))
           AND o.id = c.id AND o.claim_token = c.claim_token AND o.status = 'in_flight'
         RETURNING o.id, o.endpoint_id, o.status, o.ordering_key
     ), recorded AS (
@@ -303,7 +333,7 @@ COMPLETE_BATCH = _statement(
                    c.response_excerpt, d.id IS NULL
             FROM c
             LEFT JOIN done d ON d.id = c.id
-            WHERE c.kind IS NOT NULL
+            WHERE c.kind IS NOT NULL AND c.id IN (SELECT id FROM locked)
         ) AS a
         WHERE a.endpoint_id IS NOT NULL
     )
@@ -313,6 +343,10 @@ COMPLETE_BATCH = _statement(
            EXISTS (SELECT 1 FROM poller_health_backlog) AS backlog
     FROM done d
     LEFT JOIN poller_endpoint_health h ON h.endpoint_id = d.endpoint_id
+    UNION ALL
+    SELECT c.id, NULL, 'busy', NULL, NULL, NULL FROM c
+    WHERE c.id NOT IN (SELECT id FROM locked)
+      AND EXISTS (SELECT 1 FROM poller_outbox x WHERE x.id = c.id)
     """,
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -337,7 +338,7 @@ async def test_the_heartbeat_extends_held_claims_and_not_taken_over_ones(
             text("UPDATE poller_outbox SET claim_token = 999 WHERE id = :i"), {"i": ids[1]}
         )
     kept = await short.extend(held)
-    assert kept == {ids[0]}
+    assert (kept.extended, kept.busy) == ({ids[0]}, set())
     assert row(engine, ids[0]).claim_expires_at > first
 
 
@@ -361,3 +362,55 @@ async def test_the_service_claim_reads_its_times_in_utc(
     msg = (await claims.claim(1, endpoint_versions={})).messages[0]
     assert msg.created_at.tzinfo is UTC and msg.endpoint_updated_at.tzinfo is UTC
     assert abs(datetime.now(UTC) - msg.created_at) < timedelta(minutes=1)
+
+
+async def test_rows_someone_else_holds_neither_stall_the_heartbeat_nor_the_completion(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    """An operator holds `UPDATE poller_outbox … WHERE id = x` open on one of a poller's
+    rows. The heartbeat extends the others at once and reports x busy (still ours); the
+    completion applies the others at once and carries x; once the lock goes, the next
+    completion applies x. (Both used to wait for the operator, every row with them.)"""
+    ids = seed(engine, 3)
+    batch = await claims.claim_batch(limit=3)
+    held = {m.id: m.claim_token for m in batch}
+    operator = engine.connect()
+    operator.begin()
+    operator.execute(
+        text("UPDATE poller_outbox SET last_error = 'edited' WHERE id = :i"), {"i": ids[0]}
+    )
+    try:
+        kept = await asyncio.wait_for(claims.extend(held), timeout=5)
+        assert (kept.extended, kept.busy) == ({ids[1], ids[2]}, {ids[0]})
+        result = await asyncio.wait_for(
+            claims.complete([delivered(m, status_code=200) for m in batch]), timeout=5
+        )
+        assert (sorted(result.applied), result.busy, result.stale) == (ids[1:], [ids[0]], [])
+        assert row(engine, ids[0]).status == "in_flight"
+    finally:
+        operator.commit()
+        operator.close()
+    result = await claims.complete([])
+    assert (result.applied, result.busy, [o.message_id for o in result.ended]) == (
+        [ids[0]],
+        [],
+        [ids[0]],
+    )
+    assert row(engine, ids[0]).status == "delivered"
+    assert [a.outcome for a in attempts_of(engine, ids[0])] == ["delivered"]
+
+
+async def test_a_held_row_deleted_by_its_holder_ends_the_carried_completion(
+    claims: Claims, engine: Engine, endpoint: CreatedEndpoint
+) -> None:
+    """`DELETE FROM poller_outbox …` held open, then committed: the carried outcome finds
+    its row gone, records nothing and is carried no more."""
+    (msg_id,) = seed(engine, 1)
+    batch = await claims.claim_batch(limit=1)
+    with engine.begin() as operator:
+        operator.execute(text("DELETE FROM poller_outbox WHERE id = :i"), {"i": msg_id})
+        result = await asyncio.wait_for(claims.complete([delivered(batch[0])]), timeout=5)
+        assert result.busy == [msg_id]
+    result = await claims.complete([])
+    assert (result.applied, result.busy, result.stale) == ([], [], [msg_id])
+    assert claims.completions.carried == 0

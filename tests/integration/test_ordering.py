@@ -237,7 +237,7 @@ async def test_an_open_transaction_on_a_key_never_makes_a_completion_wait(
     try:
         async with asyncio.timeout(5):  # it used to wait for the commit, however long
             result = await claimer.complete([outcomes.delivered(m) for m in batch])
-            assert await claimer.extend({m.id: m.claim_token for m in batch}) == set()
+            assert (await claimer.extend({m.id: m.claim_token for m in batch})).extended == set()
         assert sorted(result.applied) == sorted([head, *free])
         assert claimer.completions.carried == 1  # the key, for later
         assert key_row(engine, "a").head_id == head
