@@ -17,11 +17,12 @@ with ``bucket % S == s`` (docs/explanation/election.md).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -39,6 +40,7 @@ from poller.endpoint_checks import (
 )
 from poller.endpoint_record import Endpoint as Endpoint  # re-exported: the record
 from poller.errors import (
+    EndpointBusy,
     EndpointExists,
     EndpointInUse,
     InvalidEndpoint,
@@ -380,17 +382,68 @@ def set_enabled(conn: Conn, name: str, enabled: bool, reason: str | None = None)
     return endpoint
 
 
-def remove_endpoint(conn: Conn, name: str, *, force: bool = False) -> int:
-    """Delete an endpoint; with ``force`` its messages too (returns how many)."""
-    endpoint = get_endpoint(conn, name)
-    count = conn.execute(
-        select(func.count()).where(outbox.c.endpoint_id == endpoint.id)
-    ).scalar_one()
-    if count and not force:
-        raise EndpointInUse(
-            f"endpoint {name!r} has {count} messages: remove it with force to delete them "
-            "too (force=True, --force, ?force=true)"
-        )
-    conn.execute(delete(outbox).where(outbox.c.endpoint_id == endpoint.id))
-    conn.execute(delete(endpoints).where(endpoints.c.id == endpoint.id))
-    return int(count)
+def _delete_empty(conn: Connection, params: Mapping[str, Any]) -> bool:
+    """Delete the endpoint if it has no message (a message committed meanwhile fails the
+    foreign key check: not now, then)."""
+    try:
+        with conn.begin_nested():
+            return bool(conn.execute(queries.DELETE_EMPTY_ENDPOINT, params).all())
+    except IntegrityError:
+        return False
+
+
+REMOVAL_MARGIN = 2.0
+"""Seconds a forced removal waits past the longest lease its in-flight messages had."""
+REMOVAL_WAIT_MAX = 300.0
+"""The most a forced removal waits for its messages' claims to end, in seconds."""
+REMOVAL_POLL = 0.05
+
+
+def remove_endpoint(
+    engine: Engine, name: str, *, force: bool = False, wait: float | None = None
+) -> int:
+    """Delete an endpoint; with ``force`` its messages too (returns how many).
+
+    A forced removal never deletes a message in flight under a live claim, and
+    waits on no lock: first the endpoint is disabled (it takes no new message, its
+    subscriptions go, no poller claims its rows again) and every message no live
+    claim holds is deleted; then it waits while its pollers finish the attempts
+    already on the wire — each ends as its attempt says and is deleted then; a
+    claim whose lease expired is deleted at once, its late outcome fenced out —
+    and deletes the endpoint once it has no message left. It waits at most the
+    longest lease one of its messages had, plus :data:`REMOVAL_MARGIN` (or
+    ``wait`` seconds); a message still held then (another transaction has it
+    locked) ends the call with :class:`EndpointBusy`, the endpoint left disabled
+    and "being removed" for a later call to finish.
+    """
+    with engine.begin() as conn:
+        endpoint = get_endpoint(conn, name)
+        count = conn.execute(
+            select(func.count()).where(outbox.c.endpoint_id == endpoint.id)
+        ).scalar_one()
+        if count and not force:
+            raise EndpointInUse(
+                f"endpoint {name!r} has {count} messages: remove it with force to delete "
+                "them too (force=True, --force, ?force=true)"
+            )
+        if count:
+            conn.execute(queries.START_REMOVAL, {"endpoint_id": endpoint.id})
+    deleted, deadline = 0, None
+    params = {"endpoint_id": endpoint.id}
+    while True:
+        with engine.begin() as conn:
+            step = conn.execute(queries.DELETE_UNCLAIMED_MESSAGES, params).one()
+            deleted += step.deleted
+            if not step.remaining and _delete_empty(conn, params):
+                return deleted
+        now = time.monotonic()
+        if deadline is None:
+            left = max(float(step.lease_left or 0), 0.0) + REMOVAL_MARGIN
+            deadline = now + min(left if wait is None else wait, REMOVAL_WAIT_MAX)
+        if now >= deadline:
+            raise EndpointBusy(
+                f"endpoint {name!r}: {step.remaining} of its messages are still held (in "
+                "flight, or locked by another transaction); it stays disabled — remove it "
+                "again to finish"
+            )
+        time.sleep(REMOVAL_POLL)

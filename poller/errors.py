@@ -10,6 +10,7 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     ├── EmbeddedServerError            (RuntimeError)
     ├── EndpointExists
     ├── EndpointInUse
+    │   └── EndpointBusy
     ├── EnqueueError                   (ValueError) refused before anything was written
     │   ├── EndpointDisabled
     │   ├── InvalidEventType
@@ -207,6 +208,11 @@ class TenantFull(PollerError):
 
 class EndpointInUse(PollerError):
     """The endpoint still has messages; remove it with force to delete them too."""
+
+
+class EndpointBusy(EndpointInUse):
+    """A forced removal found messages still held past its wait (in flight, or locked by
+    another transaction): the endpoint stays disabled, and removing it again finishes."""
 
 
 class SecretUnreadable(PollerError):

@@ -390,8 +390,7 @@ def rotate_key(plain: bool, yes: bool) -> None:
 def remove(name: str, force: bool, yes: bool) -> None:
     """Delete an endpoint (refused while it has messages, unless --force)."""
     confirm(f"remove endpoint {name}{' and all its messages' if force else ''}?", yes)
-    with command_engine().begin() as conn:
-        deleted = api.remove_endpoint(conn, name, force=force)
+    deleted = api.remove_endpoint(command_engine(), name, force=force)
     click.echo(f"endpoint {name} removed" + (f" with {deleted} messages" if deleted else ""))
 
 

@@ -134,8 +134,7 @@ async def remove(request: Request, caller: Caller, _: dict[str, Any]) -> Respons
     force = request.query_params.get("force") == "true"
 
     def write() -> int:
-        with board.engine.begin() as conn:
-            return remove_endpoint(conn, found.name, force=force)
+        return remove_endpoint(board.engine, found.name, force=force)
 
     deleted = await run_in_threadpool(write)
     return JSONResponse({"name": found.name, "deleted_messages": deleted})

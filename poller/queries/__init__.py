@@ -15,7 +15,7 @@ migrated schema.
 The statements live in one module per part of the flow — ``enqueue``,
 ``claims``, ``health``, ``cluster`` (election, shards), ``maintenance``, ``ordering``,
 ``publish`` (fan-out, replay), ``reports`` (operational events, stats), ``cancel``
-(operators' holds: cancel, pause) — and are all
+(operators' holds: cancel, pause), ``endpoints`` (the registry) — and are all
 reachable here as ``queries.NAME``.
 """
 
@@ -25,6 +25,7 @@ from poller.queries._registry import STATEMENTS, Statement
 from poller.queries.cancel import *  # noqa: F403
 from poller.queries.claims import *  # noqa: F403
 from poller.queries.cluster import *  # noqa: F403
+from poller.queries.endpoints import *  # noqa: F403
 from poller.queries.enqueue import *  # noqa: F403
 from poller.queries.health import *  # noqa: F403
 from poller.queries.maintenance import *  # noqa: F403

@@ -344,9 +344,8 @@ COMPLETE_BATCH = _statement(
     FROM done d
     LEFT JOIN poller_endpoint_health h ON h.endpoint_id = d.endpoint_id
     UNION ALL
-    SELECT c.id, NULL, 'busy', NULL, NULL, NULL FROM c
-    WHERE c.id NOT IN (SELECT id FROM locked)
-      AND EXISTS (SELECT 1 FROM poller_outbox x WHERE x.id = c.id)
+    SELECT x.id, NULL, 'busy', NULL, NULL, NULL FROM poller_outbox x
+    WHERE x.id = ANY(ARRAY(SELECT id FROM c WHERE id NOT IN (SELECT id FROM locked)))
     """,
 )
 

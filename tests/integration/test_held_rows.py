@@ -6,12 +6,18 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import Message, enqueue_many
+from poller.claims import Claims
+from poller.endpoints import remove_endpoint
+from poller.errors import EndpointBusy, EndpointDisabled
+from poller.outcomes import delivered
 from poller.receiver import Faults
 from tests.conftest import make_endpoint
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import expire_claims, seed, wait_for
 from tests.integration.service_helpers import fast_settings, running_poller, running_receiver
 
 LEASE = 2.0
@@ -121,3 +127,66 @@ async def test_an_operators_open_edit_of_one_endpoints_rows_stalls_no_other(
         "ON e.id = a.endpoint_id WHERE e.name = 'globex' AND a.outcome = 'lease_expired'",
     )
     assert (expired_on_globex, globex.stats.applied, globex.stats.duplicates) == (0, 2000, 0)
+
+
+async def test_a_forced_removal_deletes_no_message_under_a_live_claim(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """`endpoints remove --force` while one of its messages is on the wire: the others go
+    at once, the endpoint takes nothing new, and the claimed one ends as its attempt
+    says — applied, recorded — before it and the endpoint are deleted."""
+    make_endpoint(engine, "acme")
+    seed(engine, 3, endpoint="acme")
+    claims = Claims(aengine, poller_id="p1", claim_lease=30)
+    try:
+        (claimed,) = await claims.claim_batch(limit=1)
+        removal = asyncio.create_task(
+            asyncio.to_thread(remove_endpoint, engine, "acme", force=True)
+        )
+
+        async def only_the_claimed_left() -> bool:
+            return _count(engine, "SELECT count(*) FROM poller_outbox") == 1
+
+        await wait_for(only_the_claimed_left, timeout=10)
+        with pytest.raises(EndpointDisabled):
+            seed(engine, 1, endpoint="acme")
+        assert not removal.done()
+        assert (await claims.complete([delivered(claimed, status_code=200)])).applied == [
+            claimed.id
+        ]
+        assert await asyncio.wait_for(removal, timeout=10) == 3
+    finally:
+        await claims.close()
+    assert _count(engine, "SELECT count(*) FROM poller_endpoints") == 0
+
+
+async def test_a_forced_removal_takes_an_expired_claim_and_fences_its_outcome(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    make_endpoint(engine, "acme")
+    seed(engine, 1, endpoint="acme")
+    claims = Claims(aengine, poller_id="p1", claim_lease=30)
+    try:
+        (claimed,) = await claims.claim_batch(limit=1)
+        expire_claims(engine)  # its poller froze
+        assert await asyncio.to_thread(remove_endpoint, engine, "acme", force=True) == 1
+        assert (await claims.complete([delivered(claimed)])).stale == [claimed.id]
+    finally:
+        await claims.close()
+
+
+def test_a_forced_removal_waits_on_no_lock_and_a_second_one_finishes(engine: Engine) -> None:
+    """A message another transaction holds locked: the removal does not wait on it past
+    its bound; it says so, the endpoint stays disabled, and removing again finishes."""
+    make_endpoint(engine, "acme")
+    seed(engine, 2, endpoint="acme")
+    with engine.connect() as other:
+        other.begin()
+        other.execute(text("SELECT 1 FROM poller_outbox ORDER BY id LIMIT 1 FOR UPDATE"))
+        with pytest.raises(EndpointBusy, match="1 of its messages are still held"):
+            remove_endpoint(engine, "acme", force=True, wait=0.2)
+        other.rollback()
+    with engine.connect() as conn:
+        state = conn.execute(text("SELECT enabled, disabled_reason FROM poller_endpoints"))
+        assert tuple(state.one()) == (False, "being removed")
+    assert remove_endpoint(engine, "acme", force=True) == 1
