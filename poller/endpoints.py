@@ -433,7 +433,7 @@ def remove_endpoint(
     while True:
         with engine.begin() as conn:
             step = conn.execute(queries.DELETE_UNCLAIMED_MESSAGES, params).one()
-            deleted += step.deleted
+            deleted += int(step.deleted)
             if not step.remaining and _delete_empty(conn, params):
                 return deleted
         now = time.monotonic()

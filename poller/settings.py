@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -207,6 +208,13 @@ class Settings(BaseSettings):
     portal_embed_origins: tuple[str, ...] = ()
     """JSON list of origins whose pages may show the portal in an iframe, e.g.
     ``["https://app.example.com"]`` (CSP ``frame-ancestors``); none: no site may."""
+    forwarded_allow_ips: tuple[str, ...] = ()
+    """JSON list of the addresses (or networks, ``10.0.0.0/8``) of the reverse proxies
+    in front of the dashboard, API and portal, e.g. ``["10.0.0.5"]``: a request from one
+    of them is taken to come from the address its ``X-Forwarded-For`` names (the last
+    one not itself listed). Wrong credentials are counted per client address, so behind
+    a proxy set this, or every client shares the proxy's address. None: trust no
+    ``X-Forwarded-For`` (never ``*``: anyone could then pick their address)."""
     retention_delivered: PositiveSeconds = 7 * 86400.0
     """How long a delivered message (and its attempts) is kept before the purge."""
     retention_failed: PositiveSeconds = 30 * 86400.0
@@ -317,6 +325,20 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for proxy in value:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                shown = proxy[:80]
+                raise ValueError(
+                    f"{shown!r} is not an address or network (e.g. 10.0.0.5, 10.0.0.0/8); "
+                    "list the proxies: no wildcard"
+                ) from None
+        return value
+
     @field_validator("portal_key")
     @classmethod
     def _portal_key(cls, value: SecretStr | None) -> SecretStr | None:
@@ -398,6 +420,7 @@ LIST_EXAMPLES = {
     "retry_schedule": "[5, 300, 1800]",
     "permanent_statuses": "[400, 422]",
     "portal_embed_origins": '["https://app.example.com"]',
+    "forwarded_allow_ips": '["10.0.0.5", "10.1.0.0/16"]',
 }
 """What a list setting looks like, for the error that says one is not JSON."""
 

@@ -3,8 +3,11 @@
 **Who.** ``Authorization: Bearer wpt_…``, an API token (poller/tokens.py), or the
 dashboard's operator credentials (its token or basic user), which act as ``admin``.
 Only the ``Authorization`` header counts: the dashboard's session cookie does not,
-so no other site can make a logged-in browser call the API. Wrong credentials are
-counted by the dashboard's throttle, and answered 429 past it.
+so no other site can make a logged-in browser call the API. An API token is checked
+whoever sends it (a right one is never held up by someone else's wrong ones); wrong
+tokens, and wrong operator credentials (throttled before the check, as on the
+pages), are counted per client address and answered 429 past the limit
+(poller/dashboard/auth.py).
 
 **Tenants.** A ``tenant:NAME`` token sees NAME's endpoints alone: any other answers
 404, the answer a name that does not exist gets, so no other tenant's names leak;

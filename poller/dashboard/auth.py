@@ -11,17 +11,25 @@
    ``poller dashboard`` accepts later;
 4. neither, on a configured database: refused. The pages show payloads.
 
-Every comparison is constant-time (:func:`hmac.compare_digest`). Guessing is
-throttled (:class:`Throttle`): past :data:`FAILURES_ALLOWED` wrong credentials
-from one client address in :data:`FAILURE_WINDOW` seconds, that address's
-credential checks are answered 429 until the window has room again. Sessions
-already issued keep working, so an attacker sharing a proxy's address with the
-operator can slow a new login down, never end a session. Only what no other
-site can make the operator's browser send is throttled together: an
-``Authorization`` header and the login form (same-origin checked). A login
-link (``GET /login?token=``) can be fired by any page the operator visits, as
-an image, from the operator's own address: its wrong tokens have a throttle of
-their own, which holds up links and nothing else.
+Every comparison is constant-time (:func:`hmac.compare_digest`). Guessing the
+operator's credentials (which a person chose) is throttled (:class:`Throttle`):
+past :data:`FAILURES_ALLOWED` wrong ones from one client address in
+:data:`FAILURE_WINDOW` seconds, that address's credential checks are answered 429
+until the window has room again. The client address is the peer's, or — from a
+proxy ``POLLER_FORWARDED_ALLOW_IPS`` lists — the one its ``X-Forwarded-For``
+names (:func:`client_address`); so behind a proxy, set it. Sessions already
+issued keep working, so an attacker sharing an address with the operator can
+slow a new login down, never end a session. Only what no other site can make
+the operator's browser send is throttled together: an ``Authorization`` header
+and the login form (same-origin checked). A login link (``GET /login?token=``)
+can be fired by any page the operator visits, as an image, from the operator's
+own address: its wrong tokens have a throttle of their own, which holds up links
+and nothing else.
+
+What nobody guesses — an API token (256 random bits), a signed portal link — is
+checked whoever sends it, so a right one is never held up by anyone's wrong ones
+(tenants behind one ingress share its address); wrong ones are counted per
+address and answered 429 past the limit (``token_failures``).
 
 **Sessions** are cookies ``<issued>.<nonce>.<mac>``: HMAC-SHA256 under a key
 derived from the credential, valid :data:`SESSION_HOURS`. ``HttpOnly``,
@@ -39,6 +47,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import time
 from collections import deque
@@ -141,8 +150,11 @@ class Identity:
     binding: str  # what CSRF tokens are bound to ("" for bearer: none needed)
 
 
-def identify(creds: Credentials, request: HTTPConnection) -> Identity | None:
-    """Who sent this request, or None: a bearer token, basic credentials or a session."""
+def identify(
+    creds: Credentials, request: HTTPConnection, *, cookies: bool = True
+) -> Identity | None:
+    """Who sent this request, or None: a bearer token, basic credentials or (with
+    ``cookies``: the pages, never the API) a session."""
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value:
@@ -156,7 +168,7 @@ def identify(creds: Credentials, request: HTTPConnection) -> Identity | None:
         ok_user = hmac.compare_digest(user.encode(), creds.user.encode())
         ok_password = hmac.compare_digest(password.encode(), creds.password.encode())
         return Identity(user, f"basic:{user}") if sep and ok_user and ok_password else None
-    cookie = request.cookies.get(COOKIE)
+    cookie = request.cookies.get(COOKIE) if cookies else None
     if cookie and session_valid(creds, cookie):
         return Identity("token", f"session:{cookie}")
     return None
@@ -181,6 +193,41 @@ def same_origin(request: HTTPConnection) -> bool:
         return True
     host = request.headers.get("host", "")
     return origin in (f"http://{host}", f"https://{host}")
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def proxies(listed: tuple[str, ...]) -> tuple[Network, ...]:
+    """POLLER_FORWARDED_ALLOW_IPS as networks (the setting checked each is one)."""
+    return tuple(ipaddress.ip_network(proxy, strict=False) for proxy in listed)
+
+
+def _trusted(address: str, trusted: tuple[Network, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.strip().strip("[]"))
+    except ValueError:
+        return False
+    return any(ip in network for network in trusted)
+
+
+def client_address(peer: str, forwarded_for: str | None, trusted: tuple[Network, ...]) -> str:
+    """Whom a request comes from: ``peer``, unless ``peer`` is a trusted proxy; then the
+    last address of ``X-Forwarded-For`` that is not itself a trusted proxy (each proxy
+    appends the address it got the request from, so the ones on the left are whatever
+    the client wrote). A proxy that sent none, or only trusted ones, is the client."""
+    if not trusted or not forwarded_for or not _trusted(peer, trusted):
+        return peer
+    for hop in reversed(forwarded_for.split(",")):
+        hop = hop.strip()
+        if not hop:
+            continue
+        if not _trusted(hop, trusted):
+            try:
+                return str(ipaddress.ip_address(hop.strip("[]")))
+            except ValueError:
+                return peer  # not an address: the proxy's word is worth nothing here
+    return peer
 
 
 class Throttle:

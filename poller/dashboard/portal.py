@@ -183,17 +183,20 @@ async def start(request: Request) -> Response:
     """Open a link: a session for its tenant, then the portal (the link leaves the bar)."""
     board = dashboard(request)
     client = client_of(request)
-    if (wait := board.link_throttle.wait(client)) > 0:
-        answer = refuse(request, 429, "Too many wrong links: wait and try again.")
-        answer.headers["retry-after"] = str(max(1, math.ceil(wait)))
-        return answer
+    # A link is signed (unguessable): it is checked whoever opens it, so a right one is
+    # never held up by anyone's wrong ones (behind one proxy, tenants share an address);
+    # wrong ones are counted per address and answered 429 past the limit.
     try:
         link = portal.read_link(_key(request), request.query_params.get("link", ""))
     except NotConfigured:
         return refuse(request, 503, "The portal is not set up here (POLLER_PORTAL_KEY).")
     except InvalidInput as exc:
-        board.link_throttle.failed(client)
+        board.token_failures.failed(client)
         log.warning("portal: refused a link from %s", client)
+        if (wait := board.token_failures.wait(client)) > 0:
+            answer = refuse(request, 429, "Too many wrong links: wait and try again.")
+            answer.headers["retry-after"] = str(max(1, math.ceil(wait)))
+            return answer
         return refuse(request, 401, str(exc))
 
     def spend() -> None:

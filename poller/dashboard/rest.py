@@ -111,15 +111,21 @@ def as_json(value: Any) -> Any:
 
 
 async def _caller(board: Dashboard, request: Request) -> Caller | Response:
+    """Who calls: an API token, or the operator's own credentials (the dashboard's token as
+    a bearer, or its basic user) — never the dashboard's session cookie, which a browser
+    adds by itself.
+
+    An API token carries 256 random bits: it is checked whoever sends it, so a right one
+    is never held up by anyone's wrong ones (behind one proxy every tenant shares an
+    address). Wrong ones are counted per client address and answered 429 past the
+    limit, 401 before. The operator's credentials may be guessable: their failures are
+    throttled per address before the check, as on the dashboard's pages."""
     header = request.headers.get("authorization", "")
     if not header:
         return problem(
             401, "send Authorization: Bearer <token>", headers={"www-authenticate": "Bearer"}
         )
     client = client_of(request)
-    if (wait := board.throttle.wait(client)) > 0:
-        return problem(429, "too many wrong credentials: wait and try again",
-                       headers={"retry-after": str(max(1, round(wait)))})  # fmt: skip
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip().startswith(tokens.PREFIX):
 
@@ -130,14 +136,21 @@ async def _caller(board: Dashboard, request: Request) -> Caller | Response:
         try:
             token = await run_in_threadpool(check)
         except TokenRefused as exc:
-            board.throttle.failed(client)
+            board.token_failures.failed(client)
             log.warning("api: refused a token from %s", client)
+            if (wait := board.token_failures.wait(client)) > 0:
+                return problem(429, "too many wrong tokens: wait and try again",
+                               headers={"retry-after": str(max(1, round(wait)))})  # fmt: skip
             return problem(
                 401, str(exc), headers={"www-authenticate": 'Bearer error="invalid_token"'}
             )
         return Caller(token.scope, token.read_only, f"token:{token.name}")
-    identity = identify(board, request)  # the dashboard's operator credentials
-    if isinstance(identity, Response) or identity is None:
+    identity = identify(board, request, cookies=False)  # the operator's credentials
+    if isinstance(identity, Response):
+        retry = identity.headers.get("retry-after", "60")
+        return problem(429, "too many wrong credentials: wait and try again",
+                       headers={"retry-after": retry})  # fmt: skip
+    if identity is None:
         return problem(401, "wrong credentials", headers={"www-authenticate": "Bearer"})
     return Caller(tokens.Scope(), board.read_only, f"dashboard:{identity.who}")
 

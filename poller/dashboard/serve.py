@@ -97,7 +97,12 @@ def serve(app: ASGIApp, sock: socket.socket) -> None:
 
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    # proxy_headers off: uvicorn would take X-Forwarded-For from 127.0.0.1 by default,
+    # and the app reads it only from the proxies POLLER_FORWARDED_ALLOW_IPS names
+    # (poller/dashboard/auth.py client_address).
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", proxy_headers=False
+    )
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -68,6 +68,8 @@ class Dashboard:
         self.leases = leases  # poller/shards.py lease_holdings, bound to an elector
         self.throttle = auth.Throttle()  # credentials no other site can make a browser send
         self.link_throttle = auth.Throttle()  # /login?token= links, which any page can
+        self.token_failures = auth.Throttle()  # API tokens and portal links: checked first
+        self.proxies = auth.proxies(settings.forwarded_allow_ips)  # POLLER_FORWARDED_ALLOW_IPS
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,  # every value is text, whatever it contains
@@ -114,7 +116,12 @@ def dashboard(request: Request) -> Dashboard:
 
 
 def client_of(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+    """The client's address: the peer's, or the one a trusted proxy's ``X-Forwarded-For``
+    names (POLLER_FORWARDED_ALLOW_IPS, :func:`poller.dashboard.auth.client_address`)."""
+    peer = request.client.host if request.client else "unknown"
+    return auth.client_address(
+        peer, request.headers.get("x-forwarded-for"), dashboard(request).proxies
+    )
 
 
 def too_many(board: Dashboard, request: Request, wait: float) -> Response:
@@ -123,14 +130,17 @@ def too_many(board: Dashboard, request: Request, wait: float) -> Response:
     return response
 
 
-def identify(board: Dashboard, request: Request) -> auth.Identity | Response | None:
+def identify(
+    board: Dashboard, request: Request, *, cookies: bool = True
+) -> auth.Identity | Response | None:
     """Who sent this request; a 429 response while its address is throttled for
-    guessing; None when it carries no valid credential (a wrong one is counted)."""
+    guessing; None when it carries no valid credential (a wrong one is counted).
+    ``cookies``: whether a session cookie counts (the pages; never the API)."""
     presented = "authorization" in request.headers
     client = client_of(request)
     if presented and (wait := board.throttle.wait(client)) > 0:
         return too_many(board, request, wait)
-    identity = auth.identify(board.creds, request)
+    identity = auth.identify(board.creds, request, cookies=cookies)
     if identity is None and presented:
         board.throttle.failed(client)
         log.warning("dashboard: wrong credentials from %s", client)
@@ -160,8 +170,7 @@ def form_too_big(request: Request) -> bool:
 def who(request: Request) -> str:
     """The actor recorded for an action: ``dashboard:<who>@<client address>``."""
     identity: auth.Identity = request.scope["poller.identity"]
-    client = request.client.host if request.client else "unknown"
-    return f"dashboard:{identity.who}@{client}"
+    return f"dashboard:{identity.who}@{client_of(request)}"
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -28,12 +28,14 @@ TOKEN = "t" * 12 + "-dashboard-token"
 HOSTILE = "<script>alert('pwned')</script>"
 
 
-def client(engine: Engine, **settings: Any) -> TestClient:
+def client(engine: Engine, *, peer: str = "testclient", **settings: Any) -> TestClient:
     creds = auth.Credentials(
         settings.pop("token", TOKEN), settings.pop("user", None), settings.pop("password", None)
     )
     app = create_app(load_settings(**settings), engine, creds)
-    return TestClient(app, base_url="http://127.0.0.1:8188", follow_redirects=False)
+    return TestClient(
+        app, base_url="http://127.0.0.1:8188", follow_redirects=False, client=(peer, 50000)
+    )
 
 
 @pytest.fixture
@@ -195,6 +197,40 @@ def test_served_on_loopback_it_answers_loopback_hosts_only(engine: Engine) -> No
             assert answer.headers["x-frame-options"] == "DENY"
     with client(engine, dashboard_addr="0.0.0.0:8188") as c:  # behind a proxy: any name
         assert c.get("/login", headers={"host": "poller.internal.example"}).status_code == 200
+
+
+def test_behind_a_trusted_proxy_each_client_is_throttled_on_its_own(engine: Engine) -> None:
+    """POLLER_FORWARDED_ALLOW_IPS names the proxy: a guesser behind it is held up, the
+    operator behind the same proxy is not; an untrusted peer's X-Forwarded-For is its
+    own words, and changes nothing."""
+    guesser, operator = {"x-forwarded-for": "203.0.113.7"}, {"x-forwarded-for": "198.51.100.9"}
+    with client(engine, peer="10.0.0.5", forwarded_allow_ips=["10.0.0.0/24"]) as c:
+        for n in range(auth.FAILURES_ALLOWED + 1):
+            last = c.get("/", headers={"Authorization": f"Bearer guess-{n}", **guesser})
+        assert last.status_code == 429
+        right = {"Authorization": f"Bearer {TOKEN}"}
+        assert c.get("/", headers={**right, **guesser}).status_code == 429
+        assert c.get("/", headers={**right, **operator}).status_code == 200
+    with client(engine, peer="192.0.2.1") as c:  # not a trusted proxy: its header is ignored
+        for n in range(auth.FAILURES_ALLOWED + 1):
+            spoofed = {"x-forwarded-for": f"198.51.100.{n}"}
+            last = c.get("/", headers={"Authorization": f"Bearer guess-{n}", **spoofed})
+        assert last.status_code == 429
+
+
+def test_the_client_address_is_the_last_hop_a_trusted_proxy_did_not_add() -> None:
+    trusted = auth.proxies(("10.0.0.0/8", "::1"))
+    assert auth.client_address("10.1.2.3", "1.1.1.1, 203.0.113.7", trusted) == "203.0.113.7"
+    assert auth.client_address("10.1.2.3", "203.0.113.7, 10.9.9.9", trusted) == "203.0.113.7"
+    assert auth.client_address("192.0.2.1", "203.0.113.7", trusted) == "192.0.2.1"
+    assert auth.client_address("::1", "garbage", trusted) == "::1"
+    assert auth.client_address("10.1.2.3", "10.2.2.2", trusted) == "10.1.2.3"
+    assert auth.client_address("10.1.2.3", None, ()) == "10.1.2.3"
+
+
+def test_no_proxy_list_trusts_everyone() -> None:
+    with pytest.raises(ConfigurationError, match="FORWARDED_ALLOW_IPS"):
+        load_settings(forwarded_allow_ips=["*"])
 
 
 def test_throttle_window_and_bounded_memory() -> None:

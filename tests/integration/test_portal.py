@@ -100,6 +100,16 @@ def test_a_link_opens_the_portal_once(engine: Engine) -> None:
         assert conn.execute(text("SELECT count(*) FROM poller_portal_links_used")).scalar() == 1
 
 
+def test_wrong_links_from_an_address_hold_up_no_right_one(engine: Engine) -> None:
+    """Tenants behind one ingress share its address: past the limit its wrong links are
+    answered 429, and another tenant's right link still opens (it used to wait 60 s)."""
+    with client(engine, portal_key=KEY) as web:
+        for n in range(20):
+            last = web.get(f"/portal/start?link=forged-{n}")
+        assert last.status_code == 429 and last.headers["retry-after"]
+        assert web.get(_link("acme").removeprefix("http://127.0.0.1:8188")).status_code == 303
+
+
 def test_a_tenant_sees_and_changes_its_own_endpoints_alone(engine: Engine) -> None:
     with engine.begin() as conn:
         create_endpoint(conn, "globex-hooks", "https://globex.example/in", tenant="globex")
