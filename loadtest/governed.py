@@ -41,6 +41,7 @@ PARAMS = {
     "claim_lease": 60.0,
     "in_flight": "[]",
     "default_max_in_flight": 16,
+    "full_tenants": [],
     "after_bucket": NO_BUCKET,
     "after": LEAST_ID,
     "gafter_bucket": NO_BUCKET,

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("poller.claimer")
 
 LISTEN_BACKOFF_MAX = 5.0
+FULL = 2**30  # what an endpoint shown full to the claim holds (Claimer._in_flight)
 
 
 class Claimer:
@@ -90,6 +92,11 @@ class Claimer:
         # The last claim took less than it asked for while no endpoint was at its cap:
         # nothing else was due, so freed room is no reason to claim (room_freed)
         self._drained = False
+        # A NOTIFY came since the last claim: new work, worth a claim of any room (a
+        # message committed for an endpoint that holds nothing must not wait for a
+        # quarter of the capacity to free)
+        self._news = False
+        self._news_bucket: int | None = None  # the first NOTIFY's bucket since the last claim
         self._outage = OutageLog("claiming")
 
     @property
@@ -131,9 +138,10 @@ class Claimer:
         while not stopping.is_set():
             self.wake.clear()
             room = min(self.dispatcher.room, settings.batch_size)
-            if 0 < room < low_water and self.dispatcher.tasks:
-                await self._sleep(settings.poll_interval)
+            if 0 < room < low_water and self.dispatcher.tasks and not self._news:
+                await self._sleep(self._until_room(settings.poll_interval))
                 continue
+            self._news = False
             claimed = 0
             if room > 0:
                 try:
@@ -151,7 +159,13 @@ class Claimer:
             for callback in self.on_cycle:
                 callback(claimed)
             if claimed < room or room <= 0:
-                await self._sleep(self._idle_for())
+                await self._sleep(self._until_room(self._idle_for()))
+
+    def _until_room(self, seconds: float) -> float:
+        """``seconds``, or less when a delivery at work starts waiting sooner (its room
+        is free then: Dispatcher.room)."""
+        waits_in = self.dispatcher.waits_in()
+        return seconds if waits_in is None else min(seconds, waits_in)
 
     def _idle_for(self) -> float:
         """How long to wait for a wake-up: the poll interval, or less while governed
@@ -236,7 +250,9 @@ class Claimer:
         batch = await self.claims.claim(
             limit,
             scope.buckets,
-            in_flight=dict(self.dispatcher.in_flight),
+            in_flight=self._in_flight(),
+            full_tenants=self._full_tenants(),
+            first_bucket=self._take_news_bucket(),
             default_max_in_flight=self.settings.max_in_flight,
             fences=scope.fences,
             shards=scope.shards,
@@ -261,7 +277,7 @@ class Claimer:
             raise batch.error
         for msg in batch.messages:
             self.completer.hold(msg, claimed_at=asked)
-            self.dispatcher.start(msg)
+            self.dispatcher.start(msg, asked)
         if batch.messages:
             metrics.CLAIMED.inc(len(batch.messages))
             if self.telemetry is not None:
@@ -277,6 +293,35 @@ class Claimer:
             log.debug("claimed %d messages", len(batch.messages))
         self._drained = len(batch.messages) < limit and not self._capped()
         return len(batch.messages)
+
+    def _take_news_bucket(self) -> int | None:
+        bucket, self._news_bucket = self._news_bucket, None
+        return bucket
+
+    def _in_flight(self) -> dict[int, int]:
+        """What this poller holds per endpoint, for the claim's per-endpoint room. Near
+        POLLER_MAX_WAITING, an endpoint with a delivery waiting for its answer is shown
+        full: slow receivers get no more, fast ones keep their room."""
+        dispatcher = self.dispatcher
+        held = dict(dispatcher.in_flight)
+        if dispatcher.near_ceiling:
+            for endpoint_id in dispatcher.slow_endpoints():
+                held[endpoint_id] = FULL
+        return held
+
+    def _full_tenants(self) -> list[str]:
+        """The tenants holding POLLER_TENANT_MAX_IN_FLIGHT deliveries or more here: their
+        endpoints get none in this claim."""
+        ceiling = self.settings.tenant_max_in_flight
+        if not ceiling or len(self.dispatcher.tasks) < ceiling:
+            return []
+        held: Counter[str] = Counter()
+        endpoints = self.endpoints
+        for endpoint_id, n in self.dispatcher.in_flight.items():
+            endpoint = endpoints.get(endpoint_id)
+            if endpoint is not None and endpoint.tenant is not None:
+                held[endpoint.tenant] += n
+        return [tenant for tenant, n in held.items() if n >= ceiling]
 
     def _governed_claimed(self, batch: ClaimBatch, asked: float, notes: int) -> None:
         """A governed claim (begun at ``asked``, after ``notes``) committed ``batch``."""
@@ -331,8 +376,11 @@ class Claimer:
         """A NOTIFY: for one of our buckets, wake the loop, and count it if a cached
         endpoint of that bucket is rate limited (_govern_every)."""
         if self._wants(payload):
+            self._news = True
             self.wake.set()
             bucket = _bucket(payload)
+            if self._news_bucket is None:
+                self._news_bucket = bucket
             if bucket is not None and self.endpoints.rate_limited_in(bucket):
                 self._limited_notes += 1
 

@@ -133,6 +133,7 @@ class Claims:
         # CLAIM_BATCH takes endpoints in turn: the next claim starts after the last
         # endpoint this one took from (the first, at the least bigint: any id)
         self._after = (NO_BUCKET, LEAST_ID)  # (bucket, endpoint): where the walk goes on
+        self._resume: tuple[int, int] | None = None  # the turn, while a claim jumped ahead
         self._gafter = (NO_BUCKET, LEAST_ID)  # CLAIM_GOVERNED's, as it says
 
     async def claim_batch(
@@ -153,11 +154,14 @@ class Claims:
         on_refused: Callable[[list[int]], None] | None = None,
         endpoint_versions: Mapping[int, datetime] | None = None,
         governed: bool = False,
+        full_tenants: Sequence[str] = (),
+        first_bucket: int | None = None,
     ) -> ClaimBatch:
         """Claim up to ``limit`` due rows of ``buckets`` (default: all), fairly per endpoint.
 
         An endpoint gets at most its ``max_in_flight`` (else ``default_max_in_flight``,
-        else ``limit``) minus what ``in_flight`` says this poller holds for it.
+        else ``limit``) minus what ``in_flight`` says this poller holds for it; the
+        endpoints of ``full_tenants`` get none.
         With ``fences`` ({shard: fence}, shard = bucket % ``shards``), PostgreSQL
         first checks and advances each shard's fence in the same transaction; a
         refused shard (a newer leader has it) claims nothing, and its number goes
@@ -181,10 +185,17 @@ class Claims:
         open circuits are claimed first (CLAIM_GOVERNED, poller/health.py), and
         ``governed`` in the result is not 0 while such work is due (taken, or
         waiting for a token or room). Without it, those endpoints are left alone.
+
+        ``first_bucket`` (one a NOTIFY named: a message was just committed there): this
+        claim walks from that bucket's first endpoint, and the turn of the next claims
+        is left where it was. Else a new message for an endpoint that holds nothing
+        waited for the walk to come round to it past every endpoint with a backlog.
         """
         if buckets is not None and not buckets:
             return ClaimBatch([], [])
         after = self._cursor(buckets)
+        if first_bucket is not None and (buckets is None or first_bucket in buckets):
+            after, self._resume = (first_bucket, LEAST_ID), after
         params = {
             "buckets": self._buckets_literal(buckets),
             "limit": limit,
@@ -198,6 +209,7 @@ class Claims:
             "after": after[1],
             "gafter_bucket": self._gafter[0],
             "gafter": self._gafter[1],
+            "full_tenants": list(full_tenants),
             "fences": None,
             "shards": shards,
         }
@@ -257,7 +269,9 @@ class Claims:
         """CLAIM_BATCH's messages (the row of NULLs of an empty claim dropped), in the
         order it took their endpoints; the next claim starts after the last one."""
         claimed = [ClaimedMessage(*row[:-1]) for row in rows if row[0] is not None]
-        if claimed:
+        if self._resume is not None:  # a claim from a NOTIFY's bucket: the turn stays
+            self._after, self._resume = self._resume, None
+        elif claimed:
             self._after = (claimed[-1].bucket, claimed[-1].endpoint_id)
         return claimed
 

@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -110,6 +110,14 @@ class Dispatcher:
         self.user_agent = f"webhook-poller/{__version__}"
         self.tasks: dict[asyncio.Task[None], ClaimedMessage] = {}
         self.in_flight: dict[int, int] = defaultdict(int)  # endpoint id -> deliveries
+        # Capacity that grows with waiting: a delivery counts against concurrency for its
+        # first waiting_after seconds (_young, in start order), then against max_waiting
+        # (waiting) until it ends: a slow receiver's requests cost sockets and memory,
+        # not the CPU the concurrency bounds, and must not take fast receivers' room.
+        self._young: deque[tuple[float, asyncio.Task[None]]] = deque()
+        self.waiting: set[asyncio.Task[None]] = set()
+        self._waiting_after = settings.waiting_after
+        self._ceiling = settings.concurrency + settings.max_waiting
         self._sending: set[int] = set()  # message ids whose request may be on the wire
         self._released: set[int] = set()  # released by drain(): their task writes nothing
         # A failed request keeps its endpoint's slot (in_flight) until its outcome is
@@ -140,26 +148,62 @@ class Dispatcher:
 
     @property
     def room(self) -> int:
-        """Deliveries that may start: ``concurrency`` less those under way, less the
-        outcomes waiting to be written beyond one batch — so claims slow down to what
-        the completer writes (else a drain held ever more delivered, unwritten rows:
-        memory, heartbeats, and duplicates if the process died)."""
+        """Deliveries that may start: ``concurrency`` less those at work (under way and
+        not yet waiting: :meth:`_settle`), less the outcomes waiting to be written beyond
+        one batch — so claims slow down to what the completer writes (else a drain held
+        ever more delivered, unwritten rows: memory, heartbeats, and duplicates if the
+        process died) — and never past ``concurrency + max_waiting`` in all."""
+        self._settle(time.monotonic())
         completer = self.completer
-        waiting = completer.queued - completer.batch_limit
-        return self.settings.concurrency - len(self.tasks) - max(waiting, 0)
+        unwritten = completer.queued - completer.batch_limit
+        tasks = len(self.tasks)
+        room = self.settings.concurrency - (tasks - len(self.waiting)) - max(unwritten, 0)
+        return min(room, self._ceiling - tasks)
+
+    def _settle(self, now: float) -> None:
+        """Deliveries under way for waiting_after seconds are waiting from now on."""
+        young, tasks = self._young, self.tasks
+        since = now - self._waiting_after
+        while young and young[0][0] <= since:
+            task = young.popleft()[1]
+            if task in tasks:
+                self.waiting.add(task)
+
+    def waits_in(self) -> float | None:
+        """Seconds until the oldest delivery at work starts waiting (room for a claim
+        then), or None if none is at work."""
+        young, tasks = self._young, self.tasks
+        while young and young[0][1] not in tasks:
+            young.popleft()
+        if not young:
+            return None
+        return max(young[0][0] + self._waiting_after - time.monotonic(), 0.0)
+
+    def slow_endpoints(self) -> set[int]:
+        """The endpoints with a delivery waiting (near ``max_waiting`` they get no more)."""
+        tasks = self.tasks
+        return {tasks[task].endpoint_id for task in self.waiting}
+
+    @property
+    def near_ceiling(self) -> bool:
+        """Whether waiting deliveries leave less than one concurrency's worth of room."""
+        return len(self.tasks) + self.settings.concurrency >= self._ceiling
 
     def in_flight_for_shard(self, shard: int, shards: int) -> int:
         """Deliveries under way for messages of ``shard`` (a shard being handed over)."""
         return sum(1 for msg in self.tasks.values() if msg.bucket % shards == shard)
 
-    def start(self, msg: ClaimedMessage) -> None:
+    def start(self, msg: ClaimedMessage, started: float) -> None:
+        """Deliver ``msg``, claimed at ``started`` (monotonic: the claim's, read once)."""
         self.in_flight[msg.endpoint_id] += 1
         task = asyncio.create_task(self._deliver(msg), name=f"deliver-{msg.id}")
         self.tasks[task] = msg
+        self._young.append((started, task))
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         msg = self.tasks.pop(task)
+        self.waiting.discard(task)
         self._sending.discard(msg.id)
         if msg.id in self._failing:  # its slot waits for the outcome's write (written())
             self._failing.discard(msg.id)

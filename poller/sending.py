@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 def make_sender(settings: Settings) -> Sender:
     """The shared HTTP sender for deliveries and lookups, as the settings ask."""
-    limit, allow = settings.concurrency, settings.allow_private_targets
+    # connections for the deliveries at work and those waiting for slow receivers
+    limit = settings.concurrency + settings.max_waiting
+    allow = settings.allow_private_targets
     proxy, connect = settings.proxy, settings.connect_timeout
     if settings.http_client == "aiohttp":
         return AiohttpSender(limit=limit, allow_private=allow, connect_timeout=connect, proxy=proxy)

@@ -111,7 +111,21 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=100, ge=1, le=10_000)
     """Most rows one claim statement takes."""
     concurrency: int = Field(default=64, ge=1, le=10_000)
-    """Deliveries in flight per ``poller run`` process, across all endpoints."""
+    """Deliveries at work at once per ``poller run`` process, across all endpoints: a
+    request still waiting for its answer after ``POLLER_WAITING_AFTER`` seconds no longer
+    counts (it costs the process a socket and some memory, not CPU), so slow receivers
+    do not take the room fast ones need."""
+    waiting_after: float = Field(default=0.1, ge=0.01, le=3600)
+    """Seconds after which a delivery still waiting for its receiver's answer stops
+    counting against ``POLLER_CONCURRENCY`` and counts against ``POLLER_MAX_WAITING``."""
+    max_waiting: int = Field(default=2000, ge=0, le=100_000)
+    """Deliveries a process may hold waiting for slow receivers beyond its concurrency
+    (each a socket and some memory). Near it, endpoints with a delivery waiting get no
+    more until some answer, so fast ones keep their room; at it, nothing more starts."""
+    tenant_max_in_flight: int = Field(default=500, ge=0, le=100_000)
+    """Deliveries of one tenant's endpoints a process holds at most (0: no ceiling):
+    past it, that tenant's endpoints get no more until some end (a claim under way may
+    take it past by one batch). Endpoints without a tenant have no ceiling."""
     poll_interval: IntervalSeconds = 1.0
     """Fallback poll when no NOTIFY wake-up comes (at least 0.05 s)."""
     request_timeout: IntervalSeconds = 10.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -160,6 +161,7 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None, coun
         )
         logging.getLogger("poller").info("poller %s starting %d processes", name, count)
         sys.exit(event_loop_run(fleet.run()))
+    settings = _open_files_for(settings)
     logging.getLogger("poller").info(
         "poller %s starting (HTTP client %s)", name, settings.http_client
     )
@@ -170,6 +172,35 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None, coun
     except ServiceCrashed as exc:
         logging.getLogger("poller").critical("poller %s stopped after a crash: %s", name, exc)
         sys.exit(EXIT_CRASHED)
+
+
+FILES_BESIDE_SOCKETS = 256  # the database pool, LISTEN, the metrics server, logs, imports
+
+
+def _open_files_for(settings: Settings) -> Settings:
+    """Room for a socket per delivery (POLLER_CONCURRENCY + POLLER_MAX_WAITING): the soft
+    limit on open files is raised as far as the hard one allows (1,024 is a common
+    default), and where even that is short, fewer deliveries may wait, said once."""
+    import resource
+
+    needed = settings.concurrency + settings.max_waiting + FILES_BESIDE_SOCKETS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return settings
+    fits = max(soft - settings.concurrency - FILES_BESIDE_SOCKETS, 0)
+    logging.getLogger("poller").warning(
+        "open files are limited to %d here (ulimit -n): at most %d deliveries wait for "
+        "slow receivers instead of POLLER_MAX_WAITING=%d",
+        soft,
+        fits,
+        settings.max_waiting,
+    )
+    return settings.model_copy(update={"max_waiting": fits})
 
 
 def event_loop_run(coro: Coroutine[Any, Any, T]) -> T:

@@ -118,8 +118,10 @@ PENDING_IN_TURN = f"""
 # or a slow endpoint at its cap, never starves the others (each claim starts
 # where the last one stopped; an endpoint at its cap is passed), and a disabled
 # endpoint's rows wait, and so do the rows of one an operator paused (held_by, held_until:
-# poller/cancel.py). So do a paused endpoint's (paused_until: its circuit is not
-# closed, or it answered 429/503 with Retry-After) and a rate-limited one's:
+# poller/cancel.py), and those of a tenant that holds its ceiling of deliveries in
+# this poller (:full_tenants, POLLER_TENANT_MAX_IN_FLIGHT). So do a paused
+# endpoint's (paused_until: its circuit is not closed, or it answered 429/503 with
+# Retry-After) and a rate-limited one's:
 # CLAIM_GOVERNED (poller/queries/health.py) takes those, at most ten times a
 # second, so this statement only reads two more columns of each endpoint.
 # Each row comes back with its endpoint's updated_at, so a poller notices an
@@ -167,6 +169,7 @@ CLAIM_BATCH = _statement(
                    OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
               AND (e.held_by IS NULL OR e.held_until <= now())
               AND e.rate_limit IS NULL AND (e.paused_until IS NULL OR e.paused_until <= now())
+              AND (e.tenant IS NULL OR e.tenant <> ALL(CAST(:full_tenants AS text[])))
             LIMIT 1
         ) AS r
     ), due AS (

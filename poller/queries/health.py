@@ -61,11 +61,13 @@ GOVERNED_IN_TURN = f"""
     """
 
 # An endpoint this poller may claim from now, whatever governs it (``e``): enabled,
-# in the claim's buckets and accepted shards, not held by an operator.
+# in the claim's buckets and accepted shards, not held by an operator, not of a
+# tenant at its ceiling in this poller (:full_tenants).
 _IN_SCOPE = """e.enabled AND e.bucket = ANY(CAST(:buckets AS smallint[]))
           AND (CAST(:fences AS jsonb) IS NULL
                OR e.bucket % CAST(:shards AS integer) IN (SELECT shard FROM fenced))
-          AND (e.held_by IS NULL OR e.held_until <= now())"""
+          AND (e.held_by IS NULL OR e.held_until <= now())
+          AND (e.tenant IS NULL OR e.tenant <> ALL(CAST(:full_tenants AS text[])))"""
 # A rate-limited endpoint's tokens now (``e``, ``h``): its bucket refilled at the rate
 # since it was last written, up to the burst (default one second's worth).
 _TOKENS = """least(coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),

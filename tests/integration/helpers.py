@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -62,11 +63,17 @@ def make_due(engine: Engine) -> None:
 
 
 async def wait_for(
-    condition: Callable[[], Awaitable[bool]], timeout: float = 10.0, interval: float = 0.02
+    condition: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0, interval: float = 0.02
 ) -> None:
-    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    """Poll ``condition`` (a coroutine function, or a plain one) until it holds; fail after
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while not await condition():
+    while not await _holds(condition):
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+async def _holds(condition: Callable[[], Awaitable[bool] | bool]) -> bool:
+    held = condition()
+    return bool(await held) if inspect.isawaitable(held) else bool(held)

@@ -338,10 +338,13 @@ def test_a_notify_payload_that_is_not_a_bucket_is_ignored(payload: str) -> None:
         wake=asyncio.Event(),
         endpoints=SimpleNamespace(rate_limited_in=lambda bucket: True),
         _limited_notes=0,
+        _news=False,
+        _news_bucket=None,
     )
     everything._wants = lambda payload: Claimer._wants(everything, payload)  # type: ignore[arg-type]
     Claimer._notified(everything, payload)  # type: ignore[arg-type]
     assert everything.wake.is_set() and everything._limited_notes == 0
+    assert everything._news_bucket is None  # no bucket to walk first
 
 
 async def deliver(batch: Any, completer: Any, settings: Any) -> dict[int, Any]:
@@ -355,7 +358,7 @@ async def deliver(batch: Any, completer: Any, settings: Any) -> dict[int, Any]:
     sender = make_sender(settings)
     dispatcher = Dispatcher(settings, sender, cache, completer)
     for msg in batch.messages:
-        dispatcher.start(msg)
+        dispatcher.start(msg, time.monotonic())
     await asyncio.wait(list(dispatcher.tasks))
     await sender.aclose()
     found = [completer._waiting.popleft() for _ in batch.messages]

@@ -78,6 +78,7 @@ CLAIM = {
     "claim_lease": 30.0,
     "in_flight": '[{"endpoint_id": 1, "n": 3}]',
     "default_max_in_flight": 16,
+    "full_tenants": [],
 }
 
 SAMPLE_PARAMS: dict[str, dict[str, Any]] = {

@@ -149,3 +149,27 @@ def test_the_database_shown_to_people_hides_every_password() -> None:
     shown = where(load_settings(database_url=url), url)
     assert not any(secret in shown for secret in ("pw1", "pw2", "pw3"))
     assert shown.startswith("postgresql://u:***@h/db?") and "application_name=app" in shown
+
+
+def test_open_files_short_of_the_waiting_deliveries_lower_them_and_say_so() -> None:
+    """A hard limit of 600 open files cannot hold 2,064 sockets: fewer may wait."""
+    import resource
+    import subprocess
+    import sys
+
+    script = (
+        "import logging; logging.basicConfig(level='WARNING');"
+        "from poller.cli.run import _open_files_for;"
+        "from poller.settings import load_settings;"
+        "print(_open_files_for(load_settings()).max_waiting)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (600, 600)),
+    )
+    assert done.stdout.strip() == "280"
+    assert "at most 280 deliveries wait" in done.stderr
