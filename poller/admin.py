@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     Table,
@@ -30,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from poller.endpoint_checks import could_be_name
+from poller.endpoint_checks import MAX_COUNT, could_be_name
 from poller.errors import InvalidInput, MessageNotFound, UnknownEndpoint
 from poller.names import could_be_event_type
 from poller.ordering import requeue_keyed
@@ -313,7 +314,11 @@ def retry_messages(
                     status="pending",
                     next_attempt_at=func.now(),
                     needs_lookup=False,
-                    max_attempts=outbox.c.attempts + budget,
+                    # bigint, and at most the column's: a budget stored before
+                    # POLLER_MAX_ATTEMPTS bounded every door (2**31 - 1) overflowed here
+                    max_attempts=func.least(
+                        cast(outbox.c.attempts, BigInteger) + budget, MAX_COUNT
+                    ),
                     failed_at=None,
                     delivered_at=None,
                     cancelled_at=None,

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import re
 import secrets
+from collections.abc import Iterable
 from typing import Any
 
-from poller.errors import InvalidEndpoint
+from poller.errors import InvalidEndpoint, NotAllowed
 from poller.schema import ON_FAILED_HEAD
-from poller.settings import MIN_INTERVAL
+from poller.settings import MAX_ATTEMPTS, MAX_IN_FLIGHT, MIN_INTERVAL
 from poller.signing import Scheme, check_scheme, scheme_of
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -47,6 +48,28 @@ def check_on_failed_head(value: object) -> str | None:
 
 MAX_COUNT = 2**31 - 1  # the columns' integers
 MAX_SECONDS = 365 * 86400.0
+_MOST = {"max_attempts": MAX_ATTEMPTS, "max_in_flight": MAX_IN_FLIGHT}
+
+# What a tenant may set on its own endpoints (the API with a tenant's token, the
+# portal): where its webhooks go and what reaches them, the headers and TLS material
+# its receiver wants, how they are signed. Capacity and retry policy (attempts,
+# timeout, in-flight, rate limit, breaker, retry schedule, age limit, what a key does
+# after a failure, trace context) are the operator's: they decide what one tenant
+# takes of the pollers every tenant shares.
+TENANT_SETTABLE = frozenset(
+    {"url", "lookup_url", "event_types", "payload_filter", "headers", "clear_headers",
+     "client_cert", "client_key", "ca_bundle", "signing"}
+)  # fmt: skip
+
+
+def check_tenant_fields(fields: Iterable[str], caller: str) -> None:
+    """NotAllowed naming the fields of ``fields`` that are not a tenant's to set."""
+    refused = sorted(set(fields) - TENANT_SETTABLE)
+    if refused:
+        raise NotAllowed(
+            f"{', '.join(refused)}: set by the operator, not by {caller} (a tenant sets "
+            "url, lookup_url, event_types, payload_filter, headers and TLS material)"
+        )
 
 
 def positive(value: Any, what: str, *, integer: bool) -> Any:
@@ -57,8 +80,9 @@ def positive(value: Any, what: str, *, integer: bool) -> Any:
         raise InvalidEndpoint(f"{what} must be a positive number")
     if integer and (not isinstance(value, int) or value < 1):
         raise InvalidEndpoint(f"{what} must be a positive integer")
-    if integer and value > MAX_COUNT:
-        raise InvalidEndpoint(f"{what} must be at most {MAX_COUNT}")
+    most = _MOST.get(what, MAX_COUNT)
+    if integer and value > most:
+        raise InvalidEndpoint(f"{what} must be at most {most}")
     if not integer and (not math.isfinite(value) or value <= 0):
         raise InvalidEndpoint(f"{what} must be a positive number of seconds")
     if not integer and value > MAX_SECONDS:

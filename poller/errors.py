@@ -28,6 +28,7 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     │   └── InvalidSubscription
     ├── InvalidInput                   (ValueError) what a person typed
     ├── InvalidReplay                  (ValueError)
+    ├── NotAllowed                     a tenant changing what is the operator's
     ├── NotFound                       (LookupError)
     │   ├── EventNotFound
     │   ├── EventTypeNotFound
@@ -204,6 +205,11 @@ class TenantFull(PollerError):
             "first (an operator can raise POLLER_TENANT_MAX_ENDPOINTS)"
         )
         self.tenant, self.limit = tenant, limit
+
+
+class NotAllowed(PollerError):
+    """The caller may not do this: a tenant setting what is the operator's to set
+    (capacity, retry policy)."""
 
 
 class EndpointInUse(PollerError):

@@ -25,10 +25,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from poller import queries
-from poller.endpoint_checks import MAX_COUNT
 from poller.errors import EnqueueError, IdempotencyConflict, IdempotencyKeySpent, NaiveDatetime
 from poller.ordering import Positions
-from poller.settings import default_settings
+from poller.settings import MAX_ATTEMPTS, default_settings
 from poller.tracing import trace_params
 
 MAX_DELAY = 100 * 365.25 * 86400.0  # seconds: deliver_after as a timedelta
@@ -86,8 +85,8 @@ def check_max_attempts(max_attempts: object) -> int | None:
         return None
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise EnqueueError(f"max_attempts must be a positive integer, not {max_attempts!r}")
-    if max_attempts > MAX_COUNT:  # the column's integer
-        raise EnqueueError(f"max_attempts must be at most {MAX_COUNT}, not {max_attempts}")
+    if max_attempts > MAX_ATTEMPTS:  # as an endpoint's and POLLER_MAX_ATTEMPTS
+        raise EnqueueError(f"max_attempts must be at most {MAX_ATTEMPTS}, not {max_attempts}")
     return max_attempts
 
 

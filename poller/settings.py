@@ -46,6 +46,8 @@ MAX_RETRY_SECONDS = 30 * 86400.0
 """A retry interval, or an honoured Retry-After, is at most 30 days."""
 
 MIN_INTERVAL = 0.05
+MAX_ATTEMPTS = 1000  # an attempt budget's bound, on every door (poller/endpoint_checks.py)
+MAX_IN_FLIGHT = 10_000  # deliveries of one endpoint at once, at most
 """A loop's interval or a request's timeout is at least this: 1e-300 was taken, and a
 sweep or poll loop then ran flat out against the database, every request timed out."""
 
@@ -141,11 +143,11 @@ class Settings(BaseSettings):
     """A receiver's Retry-After is honoured up to this many seconds."""
     permanent_statuses: tuple[Annotated[int, Field(ge=100, le=599)], ...] = ()
     """JSON list of HTTP statuses that fail a message at once, e.g. ``[400, 422]``."""
-    max_attempts: int = Field(default=10, ge=1, le=1000)
+    max_attempts: int = Field(default=10, ge=1, le=MAX_ATTEMPTS)
     """Default attempt budget of a message (endpoint and enqueue can override)."""
     max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=64 * 1024 * 1024)
     """Largest payload (serialised JSON, in bytes) enqueue and publish accept."""
-    max_in_flight: int = Field(default=16, ge=1, le=10_000)
+    max_in_flight: int = Field(default=16, ge=1, le=MAX_IN_FLIGHT)
     """Default per-endpoint limit of deliveries in flight (an endpoint can override it)."""
     http_client: Literal["aiohttp", "httpx", "reqwest"] = "reqwest"
     """HTTP client for deliveries: ``reqwest`` (the default: Rust's, through pyreqwest,

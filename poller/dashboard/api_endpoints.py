@@ -23,7 +23,7 @@ from poller.dashboard.rest import (
     visible,
 )
 from poller.dashboard.web import dashboard
-from poller.endpoint_checks import tenant_endpoint_name
+from poller.endpoint_checks import check_tenant_fields, tenant_endpoint_name
 from poller.endpoint_keys import rotate_secret
 from poller.endpoint_view import public
 from poller.endpoints import (
@@ -36,14 +36,16 @@ from poller.endpoints import (
     set_enabled,
     update_endpoint,
 )
-from poller.errors import (
-    InvalidInput,
-)
+from poller.errors import InvalidInput, UnknownEndpoint
 from poller.outbox import send_test_event
 from poller.replay import replay
 from poller.signing import Scheme
 
 MAX_BODY = 1024 * 1024  # an endpoint's settings: its CA bundle, headers, filter
+REPLAY_NOTE = (
+    "the same request again: this endpoint was made by the first, whose answer alone "
+    "carried its signing secret; if that answer was lost, rotate the secret"
+)
 FORCE = Param("force", "``true``: delete its messages too (409 otherwise)", {"enum": ["true"]})
 
 
@@ -74,13 +76,17 @@ async def endpoint(request: Request, caller: Caller, _: dict[str, Any]) -> Respo
 async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Response:
     """Make an endpoint; its signing secret (or, for ed25519, its public key) is in the
     answer this once. A tenant's token makes one of its tenant's, named for it. With
-    an ``Idempotency-Key``, the same request again answers as the first did
-    (``Idempotent-Replayed: true``) and makes nothing."""
+    an ``Idempotency-Key``, the same request again makes nothing and answers with the
+    endpoint it made (``Idempotent-Replayed: true``), as its caller may see it now:
+    without the secret, which only the first answer carries (``note`` says so; rotate
+    it if that answer was lost), and 404 if the endpoint is gone or no longer the
+    caller's tenant's."""
     board = dashboard(request)
     if caller.scope.tenant is not None:
         for field in ("name", "tenant"):
             if field in body:
                 raise InvalidInput(f"{field}: a {caller.scope} token's endpoints get theirs")
+        check_tenant_fields(body, f"a {caller.scope} token")
         body = {**body, "tenant": caller.scope.tenant}
         name = tenant_endpoint_name()
     elif "name" in body:
@@ -95,9 +101,11 @@ async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
     def write() -> tuple[Endpoint, str, bool]:
         with board.engine.begin() as conn:
             first = None if key is None else once.claim(conn, caller.who, key, body, name)
-            if first is not None:  # the same request again: the same answer
+            if first is not None:  # the same request again: what it made, as seen now
                 found = get_endpoint(conn, first)
-                return found, found.secret, True
+                if caller.scope.tenant is not None and found.tenant != caller.scope.tenant:
+                    raise UnknownEndpoint(first)
+                return found, "", True
             if caller.scope.tenant is not None:
                 make_room(conn, caller.scope.tenant, board.settings.tenant_max_endpoints)
             made = create_endpoint(conn, name, url, **fields)
@@ -105,7 +113,9 @@ async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
 
     made, secret, again = await run_in_threadpool(write)
     shown = public(made)
-    if made.signing is Scheme.HMAC_SHA256:
+    if again:
+        shown["note"] = REPLAY_NOTE
+    elif made.signing is Scheme.HMAC_SHA256:
         shown["secret"] = secret  # this once; ed25519: the public keys above
     replayed = {"idempotent-replayed": "true"} if again else None
     return JSONResponse(as_json(shown), 201, headers=replayed)
@@ -116,8 +126,10 @@ async def change(request: Request, caller: Caller, fields: dict[str, Any]) -> Re
     """Change the fields given (``null`` clears nothing: it is refused)."""
     found = await visible(request, caller, request.path_params["name"])
     board = dashboard(request)
-    if caller.scope.tenant is not None and "tenant" in fields:
-        raise InvalidInput(f"tenant: a {caller.scope} token's endpoints stay its")
+    if caller.scope.tenant is not None:
+        if "tenant" in fields:
+            raise InvalidInput(f"tenant: a {caller.scope} token's endpoints stay its")
+        check_tenant_fields(fields, f"a {caller.scope} token")
 
     def write() -> Endpoint:
         with board.engine.begin() as conn:

@@ -33,6 +33,7 @@ from poller.errors import (
     EndpointInUse,
     IdempotencyConflict,
     InvalidInput,
+    NotAllowed,
     NotFound,
     PollerError,
     RequestConflict,
@@ -221,6 +222,8 @@ def api(
                 return problem(exc.status, exc.detail, errors=exc.errors)
             except NotFound as exc:
                 return problem(404, str(exc))
+            except NotAllowed as exc:
+                return problem(403, str(exc))
             except (
                 IdempotencyConflict,
                 RequestConflict,

@@ -147,6 +147,9 @@ class EndpointKeyed(Endpoint):
 
     secret: NotRequired[str]
     """hmac-sha256: its signing secret, shown this once (``whsec_…``)."""
+    note: NotRequired[str]
+    """A create sent again with its ``Idempotency-Key``: why the secret is not here (only
+    the first answer carried it)."""
 
 
 class EndpointPage(TypedDict):

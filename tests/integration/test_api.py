@@ -396,8 +396,9 @@ def test_a_tenant_makes_changes_and_removes_its_own_endpoints(
     status, shown = _send(web, "GET", f"/api/v1/endpoints/{name}", acme)
     assert status == 200 and "secret" not in shown  # shown once, at creation
     status, changed = _send(web, "PATCH", f"/api/v1/endpoints/{name}", acme,
-                            {"max_attempts": 3, "headers": {"X-Team": "pay"}})  # fmt: skip
-    assert status == 200 and changed["max_attempts"] == 3 and changed["headers"] == ["X-Team"]
+                            {"lookup_url": "https://acme.example/lookup/{idempotency_key}",
+                             "headers": {"X-Team": "pay"}})  # fmt: skip
+    assert status == 200 and changed["headers"] == ["X-Team"]
     assert _send(web, "PATCH", f"/api/v1/endpoints/{name}", acme, {"tenant": "globex"})[0] == 422
     status, off = _send(web, "POST", f"/api/v1/endpoints/{name}/disable", acme)
     assert (
@@ -555,11 +556,49 @@ def test_messages_are_found_by_when_they_were_made(
         assert status in (200, 422) and (status == 200 or kind == PROBLEM), (nasty, body)
 
 
+@pytest.mark.parametrize(
+    "field",
+    [{"max_in_flight": 2**31 - 1}, {"max_attempts": 2**31 - 1}, {"retry_schedule": [0.001]},
+     {"circuit_failures": 0}, {"timeout": 3600}, {"rate_limit": 1000000}, {"max_age": 1},
+     {"on_failed_head": "skip"}, {"trace_context": False}, {"rate_burst": 1}],
+    ids=lambda f: next(iter(f)),
+)  # fmt: skip
+def test_capacity_and_retry_policy_are_the_operators(
+    api: tuple[TestClient, dict[str, str]], field: dict[str, object]
+) -> None:
+    """A tenant's token sets none of them, on a new endpoint or its own: 403 naming the
+    field; nothing changes. (2**31 - 1 in flight went through, and retrying such an
+    endpoint's messages was a 500.)"""
+    web, made = api
+    acme = made["tenant:acme"]
+    status, said = _send(web, "PATCH", "/api/v1/endpoints/acme-hooks", acme, field)
+    assert status == 403 and next(iter(field)) in str(said["detail"])
+    new = {"url": "https://acme.example/new", **field}
+    assert _send(web, "POST", "/api/v1/endpoints", acme, new)[0] == 403
+    assert (
+        _send(web, "GET", "/api/v1/endpoints/acme-hooks", acme)[1]
+        == _send(web, "GET", "/api/v1/endpoints/acme-hooks", made["admin"])[1]
+    )
+
+
+def test_every_door_bounds_capacity_as_the_cli_does(api: tuple[TestClient, dict[str, str]]) -> None:
+    web, made = api
+    for field, most in (("max_in_flight", 10_000), ("max_attempts", 1000)):
+        status, said = _send(web, "PATCH", "/api/v1/endpoints/billing", made["admin"],
+                             {field: most + 1})  # fmt: skip
+        assert status == 422 and f"at most {most}" in str(said["detail"])
+        assert _send(web, "PATCH", "/api/v1/endpoints/billing", made["admin"],
+                     {field: most})[0] == 200  # fmt: skip
+
+
 def test_a_create_sent_again_with_its_key_makes_one_endpoint(
     engine: Engine, api: tuple[TestClient, dict[str, str]]
 ) -> None:
-    """A client that lost the answer and sent the create again gets the first answer,
-    secret included; the key with another body is a conflict; keys are the caller's."""
+    """A client that lost the answer and sent the create again gets the endpoint it made
+    — its secret only in the first answer, the replay says so; the key with another
+    body is a conflict; keys are the caller's; a replay shows only what its caller may
+    still see (the secret of a rotation, or of an endpoint moved to another tenant,
+    never)."""
     web, made = api
     acme, globex = made["tenant:acme"], made["tenant:globex"]
     body = {"url": "https://acme.example/again", "event_types": ["order.*"]}
@@ -572,11 +611,18 @@ def test_a_create_sent_again_with_its_key_makes_one_endpoint(
     first = create(acme, body, "create-1")
     again = create(acme, body, "create-1")
     assert first[0] == again[0] == 201 and (first[2], again[2]) == ("", "true")
-    assert first[1] == again[1] and str(first[1]["secret"]).startswith("whsec_")
+    assert str(first[1]["secret"]).startswith("whsec_") and "secret" not in again[1]
+    assert "first" in str(again[1]["note"]) and again[1]["name"] == first[1]["name"]
+    name = first[1]["name"]
+    assert _send(web, "POST", f"/api/v1/endpoints/{name}/rotate-secret", acme)[0] == 200
+    assert "secret" not in create(acme, body, "create-1")[1]  # not the rotated one either
     code, said, _ = create(acme, {**body, "url": "https://acme.example/other"}, "create-1")
     assert code == 409 and "different request" in str(said["detail"])
     theirs = create(globex, body, "create-1")  # another caller's key space
     assert theirs[0] == 201 and theirs[1]["name"] != first[1]["name"]
+    moved = _send(web, "PATCH", f"/api/v1/endpoints/{name}", made["admin"], {"tenant": "globex"})
+    assert moved[0] == 200
+    assert create(acme, body, "create-1")[0] == 404  # globex's now: not acme's to see
     assert create(acme, body, "\x7f")[0] == 422  # not printable
     with engine.connect() as conn:
         urls = conn.execute(text("SELECT url FROM poller_endpoints WHERE url LIKE "

@@ -237,3 +237,16 @@ def test_the_internal_admin_functions_check_their_own_input(engine: Engine, endp
     assert done.cancelled == [kept] and done.refused == missing
     since = datetime.now(UTC) - timedelta(days=1)
     assert replay.replay(engine, "billing", since=since, event_id=huge).events == 0
+
+
+def test_a_retry_never_overflows_an_attempt_budget_stored_before_the_bound(
+    engine: Engine, endpoint: object
+) -> None:
+    """An endpoint's max_attempts of 2**31 - 1 (a tenant could set it before every door
+    bounded it): retrying its failed message gives the column's most, not a 500."""
+    (msg_id,) = seed(engine, 1)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE poller_endpoints SET max_attempts = 2147483647"))
+        conn.execute(text("UPDATE poller_outbox SET status = 'failed', attempts = 5"))
+    assert retry_messages(engine, [msg_id]) == 1
+    assert row(engine, msg_id).max_attempts == 2**31 - 1
