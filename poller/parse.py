@@ -98,6 +98,12 @@ def deadline(value: str | datetime, now: datetime | None = None) -> datetime:
     return when
 
 
+def shown(text: str, most: int = 40) -> str:
+    """``text`` as an error message quotes it: repr'd, and cut to ``most`` characters (an
+    id of 5,000 digits is not worth 5,000 characters of a message)."""
+    return repr(text) if len(text) <= most else repr(text[:most]) + f"… ({len(text):,} characters)"
+
+
 def row_id(value: str | int, what: str = "message") -> int:
     """A message or event id: a whole number from 1 to 2**63-1."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -105,10 +111,12 @@ def row_id(value: str | int, what: str = "message") -> int:
     else:
         text = str(value).strip()
         if not text.isascii() or not text.isdigit():
-            raise InvalidInput(f"{value!r} is not a {what} id (a whole number from 1)")
-        number = int(text)
+            raise InvalidInput(f"{shown(text)} is not a {what} id (a whole number from 1)")
+        if len(text.lstrip("0")) > len(str(ROW_ID_MAX)):  # int() of 4,300 digits raises
+            raise InvalidInput(f"{shown(text)} is not a {what} id (from 1 to {ROW_ID_MAX})")
+        number = int(text.lstrip("0") or "0")
     if not 0 < number <= ROW_ID_MAX:
-        raise InvalidInput(f"{value!r} is not a {what} id (from 1 to {ROW_ID_MAX})")
+        raise InvalidInput(f"{shown(str(value))} is not a {what} id (from 1 to {ROW_ID_MAX})")
     return number
 
 

@@ -19,7 +19,7 @@ from poller.endpoints import Endpoint, get_endpoint, set_enabled
 from poller.errors import InvalidInput, MessageNotFound, PollerError, UnknownEndpoint
 from poller.ordering import blocked_keys
 from poller.replay import replay
-from poller.schema import ROW_ID_MAX, endpoints
+from poller.schema import endpoints
 
 log = logging.getLogger("poller.dashboard")
 
@@ -71,9 +71,13 @@ def _cursor(value: str) -> tuple[datetime, int] | None:
         at = datetime.fromisoformat(when)
     except ValueError:
         raise BadInput("before: not a page cursor") from None
-    if not ident.isdigit() or int(ident) > ROW_ID_MAX or at.tzinfo is None:
+    try:
+        number = parse.row_id(ident)
+    except InvalidInput:
+        raise BadInput("before: not a page cursor") from None
+    if at.tzinfo is None:
         raise BadInput("before: not a page cursor")
-    return at, int(ident)
+    return at, number
 
 
 def _chart(series: list[dict[str, Any]]) -> dict[str, Any]:
@@ -179,9 +183,12 @@ def _pretty(payload: Any) -> str:
 
 
 def _message_id(request: Request) -> int | None:
-    """The path's message id; None when no row can have it (past bigint)."""
-    message_id = int(request.path_params["id"])
-    return message_id if 0 < message_id <= ROW_ID_MAX else None
+    """The path's message id; None when no row can have it (not a number, past bigint —
+    Starlette's ``int`` converter raised on 4,300 digits: a 500)."""
+    try:
+        return parse.row_id(request.path_params["id"])
+    except InvalidInput:
+        return None
 
 
 async def _message(request: Request) -> dict[str, Any] | Response:
@@ -454,9 +461,9 @@ def routes() -> list[Route]:
         Route("/failed", failed),
         Route("/failed/retry", confirm_retry_many, methods=["GET"]),
         Route("/failed/retry", retry_many, methods=["POST"]),
-        Route("/messages/{id:int}", message),
-        Route("/messages/{id:int}/retry", confirm_retry_one, methods=["GET"]),
-        Route("/messages/{id:int}/retry", retry_one, methods=["POST"]),
+        Route("/messages/{id}", message),
+        Route("/messages/{id}/retry", confirm_retry_one, methods=["GET"]),
+        Route("/messages/{id}/retry", retry_one, methods=["POST"]),
         Route("/endpoints", endpoint_list),
         Route("/endpoints/{name:str}", endpoint_page),
         Route(f"/endpoints/{{name:str}}/{verbs}", _verb(confirm_endpoint), methods=["GET"]),

@@ -87,6 +87,9 @@ def test_endpoint_lifecycle_and_secrets_shown_only_once(run, engine: Engine) -> 
          2, "no event can have it"),
         (("endpoints", "health", "a\x00"), 1, "unknown endpoint"),
         (("admin", "blocked", "--endpoint", "a\x00"), 0, ""),  # an empty list
+        # int() of more than 4,300 digits raises: "unexpected error (a bug)"
+        (("admin", "show", "7" * 5000), 2, "not a message id"),
+        (("admin", "retry", "7" * 5000, "--yes"), 2, "not a message id"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_with_one_line(run, args, code, message) -> None:  # type: ignore[no-untyped-def]
