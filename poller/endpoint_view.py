@@ -3,10 +3,26 @@ public fields, never a secret, a header's value or a key."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
+
+from poller import actors
 
 if TYPE_CHECKING:
     from poller.endpoints import Endpoint
+
+
+def seen_by(endpoint: Endpoint, tenant: str | None) -> Endpoint:
+    """``endpoint`` as a tenant's views show it (the API with a tenant's token, the
+    portal): an operator's identity in its disabled reason or pause is ``operator``
+    (poller/actors.py); ``tenant`` None, an operator's view, sees it all."""
+    if tenant is None or not (endpoint.disabled_reason or endpoint.held_by):
+        return endpoint
+    return dataclasses.replace(
+        endpoint,
+        disabled_reason=actors.seen_by(endpoint.disabled_reason, tenant),
+        held_by=actors.seen_by(endpoint.held_by, tenant),
+    )
 
 
 def public(endpoint: Endpoint) -> dict[str, Any]:

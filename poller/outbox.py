@@ -32,7 +32,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from poller import queries
+from poller import actors, queries
 from poller.errors import (
     EndpointDisabled,
     IdempotencyConflict,
@@ -303,11 +303,15 @@ async def enqueue_many_async(
 TEST_EVENT = "webhook_poller.test"
 
 
-def send_test_event(conn: SyncConn, endpoint: str, sent_by: str) -> tuple[int, str]:
+def send_test_event(
+    conn: SyncConn, endpoint: str, sent_by: str, tenant: str | None = None
+) -> tuple[int, str]:
     """Queue a test event for ``endpoint`` (``webhook_poller.test``, signed and retried
     as any other, by the pollers): its message id and idempotency key. The API's and
-    the portal's "send a test event"."""
+    the portal's "send a test event". The endpoint's receiver is ``tenant``'s: it reads
+    ``sent_by`` as that tenant may see it (an operator is ``operator``)."""
     key = f"test:{secrets.token_hex(8)}"
-    payload = {"test": True, "endpoint": endpoint, "sent_by": sent_by}
+    shown = actors.seen_by(sent_by, tenant)
+    payload = {"test": True, "endpoint": endpoint, "sent_by": shown}
     return enqueue(conn, endpoint=endpoint, event_type=TEST_EVENT, payload=payload,
                    idempotency_key=key), key  # fmt: skip

@@ -47,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from poller import __version__, admin, catalog, parse
+from poller import __version__, actors, admin, catalog, parse
 from poller.cancel import cancel_messages
 from poller.dashboard import api_endpoints as ep
 from poller.dashboard import openapi, shapes
@@ -111,11 +111,19 @@ async def messages(request: Request, caller: Caller, _: dict[str, Any]) -> Respo
             limit=limit + 1,
         )
     )  # fmt: skip
-    page = found[:limit]
+    page = [_seen_by(m, caller) for m in found[:limit]]
     more = len(found) > limit
     return JSONResponse(
         {"data": [as_json(m) for m in page], "next": str(page[-1]["id"]) if more else None}
     )
+
+
+def _seen_by(message: dict[str, Any], caller: Caller) -> dict[str, Any]:
+    """A message as its caller may see it: a tenant sees an operator as ``operator`` in
+    its last error ("cancelled by …": poller/actors.py)."""
+    if caller.scope.tenant is None or not message.get("last_error"):
+        return message
+    return {**message, "last_error": actors.seen_by(message["last_error"], caller.scope.tenant)}
 
 
 @api(answers={200: shapes.MessageDetail})
@@ -123,7 +131,7 @@ async def message(request: Request, caller: Caller, _: dict[str, Any]) -> Respon
     """One message, its payload and every attempt, oldest first."""
     message_id = await _own_message(request, caller)
     found = await dashboard(request).read(lambda conn: admin.message_detail(conn, message_id))
-    shown = {k: found[k] for k in (*admin.MESSAGE_FIELDS, "endpoint", "payload")}
+    shown = _seen_by({k: found[k] for k in (*admin.MESSAGE_FIELDS, "endpoint", "payload")}, caller)
     shown["attempts_log"] = [{k: a[k] for k in ATTEMPT_FIELDS} for a in found["attempts_log"]]
     return JSONResponse(as_json(shown))
 

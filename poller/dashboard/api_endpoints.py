@@ -25,7 +25,7 @@ from poller.dashboard.rest import (
 from poller.dashboard.web import dashboard
 from poller.endpoint_checks import check_tenant_fields, tenant_endpoint_name
 from poller.endpoint_keys import rotate_secret
-from poller.endpoint_view import public
+from poller.endpoint_view import public, seen_by
 from poller.endpoints import (
     Endpoint,
     create_endpoint,
@@ -60,7 +60,10 @@ async def endpoints(request: Request, caller: Caller, _: dict[str, Any]) -> Resp
     page = seen[:limit]
     more = len(seen) > limit
     return JSONResponse(
-        {"data": [as_json(public(e)) for e in page], "next": page[-1].name if more else None}
+        {
+            "data": [as_json(public(seen_by(e, tenant))) for e in page],
+            "next": page[-1].name if more else None,
+        }
     )
 
 
@@ -112,7 +115,7 @@ async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
             return made.endpoint, made.secret, False
 
     made, secret, again = await run_in_threadpool(write)
-    shown = public(made)
+    shown = public(seen_by(made, caller.scope.tenant))
     if again:
         shown["note"] = REPLAY_NOTE
     elif made.signing is Scheme.HMAC_SHA256:
@@ -135,7 +138,9 @@ async def change(request: Request, caller: Caller, fields: dict[str, Any]) -> Re
         with board.engine.begin() as conn:
             return update_endpoint(conn, found.name, **fields)
 
-    return JSONResponse(as_json(public(await run_in_threadpool(write))))
+    return JSONResponse(
+        as_json(public(seen_by(await run_in_threadpool(write), caller.scope.tenant)))
+    )
 
 
 @api(answers={200: shapes.Removed}, query=(FORCE,))
@@ -165,7 +170,9 @@ async def switch(request: Request, caller: Caller, _: dict[str, Any]) -> Respons
         with board.engine.begin() as conn:
             return set_enabled(conn, found.name, enabled, None if enabled else reason)
 
-    return JSONResponse(as_json(public(await run_in_threadpool(write))))
+    return JSONResponse(
+        as_json(public(seen_by(await run_in_threadpool(write), caller.scope.tenant)))
+    )
 
 
 @api(body=shapes.PauseRequest, answers={200: shapes.Endpoint})
@@ -211,7 +218,7 @@ async def rotate(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
             return rotate_secret(conn, found.name, keep, signing=body.get("signing"))
 
     rotated, key = await run_in_threadpool(write)
-    shown = public(rotated)
+    shown = public(seen_by(rotated, caller.scope.tenant))
     if rotated.signing is Scheme.HMAC_SHA256:
         shown["secret"] = key
     return JSONResponse(as_json(shown))
@@ -226,7 +233,7 @@ async def test_event(request: Request, caller: Caller, _: dict[str, Any]) -> Res
 
     def write() -> tuple[int, str]:
         with board.engine.begin() as conn:
-            return send_test_event(conn, found.name, caller.who)
+            return send_test_event(conn, found.name, caller.who, found.tenant)
 
     message_id, key = await run_in_threadpool(write)
     return JSONResponse({"message_id": message_id, "idempotency_key": key}, 202)

@@ -29,12 +29,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from poller import admin, catalog, parse, portal
+from poller import actors, admin, catalog, parse, portal
 from poller.dashboard import auth
 from poller.dashboard.rest import Limits
 from poller.dashboard.web import HEADERS, MAX_FORM_BYTES, client_of, dashboard, form_too_big
 from poller.endpoint_checks import tenant_endpoint_name
 from poller.endpoint_keys import rotate_secret
+from poller.endpoint_view import seen_by
 from poller.endpoints import (
     Endpoint,
     create_endpoint,
@@ -176,7 +177,7 @@ async def _own(request: Request, session: portal.Session) -> Endpoint:
     found = await dashboard(request).read(lambda conn: get_endpoint(conn, name))
     if found.tenant != session.tenant:
         raise UnknownEndpoint(name)
-    return found
+    return seen_by(found, session.tenant)
 
 
 async def start(request: Request) -> Response:
@@ -291,7 +292,7 @@ async def change(request: Request, session: portal.Session) -> Response:
     found = await _own(request, session)
     verb = request.path_params["verb"]
     board = dashboard(request)
-    who = f"portal:{session.tenant}@{client_of(request)}"
+    who = actors.of_tenant(session.tenant, f"portal@{client_of(request)}")
     form = _form(request)
 
     def write() -> tuple[Endpoint, str | None, str]:
@@ -303,7 +304,7 @@ async def change(request: Request, session: portal.Session) -> Response:
                 done = set_enabled(conn, found.name, verb == "enable",
                                    None if verb == "enable" else f"disabled by {who}")  # fmt: skip
                 return done, None, f"{verb.capitalize()}d."
-            message_id, _ = send_test_event(conn, found.name, who)
+            message_id, _ = send_test_event(conn, found.name, who, found.tenant)
             return found, None, f"Test event queued as message {message_id}."
 
     if verb == "replay":
@@ -341,7 +342,7 @@ async def retry(request: Request, session: portal.Session) -> Response:
         raise InvalidInput(
             f"Message {found['id']} {plan.skipped.get(found['id'], 'cannot be retried')}."
         )
-    who = f"portal:{session.tenant}@{client_of(request)}"
+    who = actors.of_tenant(session.tenant, f"portal@{client_of(request)}")
     await board.act(lambda: admin.retry_messages(board.engine, plan.ids, who=who))
     return RedirectResponse(f"/portal/messages/{found['id']}", 303)
 

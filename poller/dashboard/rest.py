@@ -20,10 +20,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from poller import tokens
+from poller import actors, tokens
 from poller.dashboard import shapes
 from poller.dashboard.web import Dashboard, client_of, dashboard, identify
 from poller.db import TRANSIENT
+from poller.endpoint_view import seen_by
 from poller.endpoints import (
     Endpoint,
     get_endpoint,
@@ -145,7 +146,10 @@ async def _caller(board: Dashboard, request: Request) -> Caller | Response:
             return problem(
                 401, str(exc), headers={"www-authenticate": 'Bearer error="invalid_token"'}
             )
-        return Caller(token.scope, token.read_only, f"token:{token.name}")
+        who = f"token:{token.name}"
+        if token.scope.tenant is not None:  # a tenant's own actions show as its own
+            who = actors.of_tenant(token.scope.tenant, who)
+        return Caller(token.scope, token.read_only, who)
     identity = identify(board, request, cookies=False)  # the operator's credentials
     if isinstance(identity, Response):
         retry = identity.headers.get("retry-after", "60")
@@ -311,7 +315,7 @@ async def visible(request: Request, caller: Caller, name: str) -> Endpoint:
     found = await dashboard(request).read(lambda conn: get_endpoint(conn, name))
     if not caller.sees(found):
         raise UnknownEndpoint(name)  # no other tenant's names leak
-    return found
+    return seen_by(found, caller.scope.tenant)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -12,9 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from poller import tokens
+from poller import Message, enqueue_many, tokens
 from poller.endpoints import create_endpoint, make_room
 from poller.errors import TenantFull
 from tests.integration.test_dashboard import TOKEN, client
@@ -708,3 +709,33 @@ def test_two_makes_at_once_cannot_both_pass_the_tenants_count(engine: Engine) ->
             create_endpoint(conn, "acme-2", "https://acme.example/2", tenant="acme")
         with pytest.raises(TenantFull):
             waiting.result(timeout=30)
+
+
+def test_an_operators_identity_is_operator_to_a_tenant(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    """The operator pauses, disables, cancels and sends a test event on acme's endpoint:
+    acme's token sees "operator" where the operator's views name who (and so does acme's
+    receiver, in the test event)."""
+    web, made = api
+    admin, acme = made["admin"], made["tenant:acme"]
+    with Session(engine) as session, session.begin():
+        (msg_id,) = enqueue_many(session, [Message("acme-hooks", "order.paid", {}, "k-1")])
+    path = "/api/v1/endpoints/acme-hooks"
+    assert _send(web, "POST", f"{path}/pause", admin)[0] == 200
+    assert _send(web, "POST", f"/api/v1/messages/{msg_id}/cancel", admin)[0] == 200
+    assert _send(web, "POST", f"{path}/test", admin)[0] == 202
+    assert _send(web, "POST", f"{path}/disable", admin)[0] == 200
+    theirs, ours = _send(web, "GET", path, acme)[1], _send(web, "GET", path, admin)[1]
+    assert theirs["paused"]["by"] == "operator"  # type: ignore[index]
+    assert theirs["disabled_reason"] == "disabled by operator"
+    assert "token:admin" in str(ours["paused"]) and "token:admin" in str(ours["disabled_reason"])
+    message = _send(web, "GET", f"/api/v1/messages/{msg_id}", acme)[1]
+    assert message["last_error"] == "cancelled by operator"
+    listed = _send(web, "GET", "/api/v1/messages?endpoint=acme-hooks", acme)[1]
+    assert "admin" not in json.dumps(listed)
+    with engine.connect() as conn:
+        sent = conn.execute(text(
+            "SELECT payload FROM poller_outbox WHERE event_type = 'webhook_poller.test'"
+        )).scalar_one()  # fmt: skip
+    assert sent["sent_by"] == "operator"

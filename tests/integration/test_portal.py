@@ -16,7 +16,7 @@ from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from poller import portal
-from poller.endpoints import create_endpoint
+from poller.endpoints import create_endpoint, set_enabled
 from poller.errors import ConfigurationError, InvalidInput
 from poller.settings import load_settings
 from tests.integration.test_dashboard import client
@@ -108,6 +108,16 @@ def test_wrong_links_from_an_address_hold_up_no_right_one(engine: Engine) -> Non
             last = web.get(f"/portal/start?link=forged-{n}")
         assert last.status_code == 429 and last.headers["retry-after"]
         assert web.get(_link("acme").removeprefix("http://127.0.0.1:8188")).status_code == 303
+
+
+def test_a_tenant_sees_operator_where_the_operator_acted(engine: Engine) -> None:
+    with engine.begin() as conn:
+        create_endpoint(conn, "acme-hooks", "https://acme.example/in", tenant="acme")
+        set_enabled(conn, "acme-hooks", False, "disabled by admin:root@db-host-7")
+    with client(engine, portal_key=KEY) as web:
+        _open(web, "acme")
+        page = web.get("/portal/endpoints/acme-hooks").text
+    assert "disabled by operator" in page and "db-host-7" not in page
 
 
 def test_a_tenant_sees_and_changes_its_own_endpoints_alone(engine: Engine) -> None:
