@@ -39,6 +39,7 @@ from poller.retry import backoff
 from poller.senders import Sender
 from poller.settings import Settings
 from poller.tracing import propagated, valid_traceparent
+from poller.urls import scrub_urls
 
 if TYPE_CHECKING:
     from poller.delivery_metrics import Count, Histogram
@@ -432,7 +433,7 @@ class Dispatcher:
             backoff(self._schedule(msg), msg.attempts),
             maybe_sent=msg.id in self._sending,
             error_class=name,
-            error_message=clean_text(f"{name}: {exc}", 500),
+            error_message=clean_text(scrub_urls(f"{name}: {exc}"), 500),
             started_at=at,
             duration_ms=duration_ms,
         )

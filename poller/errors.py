@@ -25,7 +25,8 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     │   └── EventConflict
     ├── IdempotencyKeySpent
     ├── InvalidEndpoint                (ValueError)
-    │   └── InvalidSubscription
+    │   ├── InvalidSubscription
+    │   └── PrivateTarget
     ├── InvalidInput                   (ValueError) what a person typed
     ├── InvalidReplay                  (ValueError)
     ├── NotAllowed                     a tenant changing what is the operator's
@@ -186,6 +187,14 @@ class InvalidEndpoint(PollerError, ValueError):
 
 class InvalidSubscription(InvalidEndpoint):
     """An endpoint's event types, tenant or payload filter are invalid."""
+
+
+class PrivateTarget(InvalidEndpoint):
+    """A URL points at a private, loopback or link-local address. ``hint`` names the
+    setting that allows it, for the operator's faces (the CLI, an admin's API call);
+    a tenant is told only that the address is refused."""
+
+    hint = "set POLLER_ALLOW_PRIVATE_TARGETS=true to allow it"
 
 
 class EndpointExists(PollerError):

@@ -45,8 +45,6 @@ import httpcore
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolve = Callable[[str, int], Awaitable[list[str]]]
 
-PRIVATE_HINT = "set POLLER_ALLOW_PRIVATE_TARGETS=true to allow it"
-
 _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 _SHARED = ipaddress.IPv4Network("100.64.0.0/10")
 
@@ -109,7 +107,7 @@ def check_address(host: str) -> None:
         raise AddressRefused(f"{host!r} is not an IP address") from None
     reason = refusal(address)
     if reason is not None:
-        raise AddressRefused(f"refused to connect to {reason}; {PRIVATE_HINT}")
+        raise AddressRefused(f"refused to connect to {reason}")
 
 
 # --- host spellings ---------------------------------------------------------------

@@ -19,9 +19,10 @@ batch.
 {endpoint}`` or ``lookup {endpoint}``, after the messaging and HTTP-client
 semantic conventions (``messaging.system``, ``messaging.operation.type`` ``send``,
 ``messaging.destination.name``, ``messaging.message.id``, ``http.request.method``,
-``http.response.status_code``, ``server.address``, ``url.full`` without its query,
-``error.type``; and ``webhook_poller.attempt`` / ``.outcome``). Never a payload, a
-query string, a header's value or a secret. A span that delivers one message is a
+``http.response.status_code``, ``server.address``, ``url.full`` as scheme, host and
+port only, ``error.type``; and ``webhook_poller.attempt`` / ``.outcome``). Never a
+payload, a URL's path or query (a Slack-style URL's path is its credential), a
+header's value or a secret. A span that delivers one message is a
 **child** of the context the application enqueued it in (the messaging conventions
 allow a span that processes a single message to be a child of its creation
 context), so the request that committed the message and the receiver that got it
@@ -58,6 +59,7 @@ from urllib.parse import urlsplit
 from poller import metrics
 from poller.otlp import StringAttribute, span_end, span_start
 from poller.tracing import valid_traceparent
+from poller.urls import shown_url
 
 log = logging.getLogger("poller.otel")
 if TYPE_CHECKING:
@@ -220,9 +222,9 @@ class Telemetry:
                 "messaging.destination.name": endpoint.name,
                 "http.request.method": "GET" if operation == "lookup" else "POST",
                 "server.address": parts.hostname or "",
-                # never the query string; a lookup's path holds the message's key
-                "url.full": f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-                + (parts.path if operation == "send" else ""),
+                # never the path or the query: a Slack-style URL's path is its
+                # credential, a lookup's holds the message's key (poller/urls.py)
+                "url.full": shown_url(url),
             }
             found = self._kinds[key] = self._span(
                 name=f"{operation} {endpoint.name}",

@@ -43,7 +43,6 @@ from urllib.parse import unquote, urlsplit
 import httpcore
 
 from poller.netguard import (
-    PRIVATE_HINT,
     AddressRefused,
     GuardedBackend,
     Resolve,
@@ -69,9 +68,9 @@ class Proxy:
 
     @property
     def shown(self) -> str:
-        """What errors and logs may say of it: the password never."""
-        user = f"{self.username}:***@" if self.username else ""
-        return f"http://{user}{_netloc(self.host, self.port)}"
+        """What errors and logs may say of it: its address, never its credentials (the
+        rule of every URL an error shows: poller/urls.py shown_url)."""
+        return f"http://{_netloc(self.host, self.port)}"
 
     @property
     def authorization(self) -> str | None:
@@ -135,7 +134,7 @@ async def pin(url: str, resolve: Resolve, *, allow_private: bool) -> Pinned:
             try:
                 check_address(address)
             except AddressRefused as exc:
-                reasons.append(str(exc).removesuffix(f"; {PRIVATE_HINT}"))
+                reasons.append(str(exc))
                 continue
         ip = ipaddress.ip_address(address.split("%", 1)[0])
         default = port == (443 if https else 80)
@@ -147,9 +146,7 @@ async def pin(url: str, resolve: Resolve, *, allow_private: bool) -> Pinned:
         if ":" in host and default:
             shown = f"[{host}]"
         return Pinned(f"{parts.scheme}://{netloc}{rest}", shown, host if https else None)
-    raise AddressRefused(
-        ("; ".join(reasons) or f"{host} resolves to no address") + f"; {PRIVATE_HINT}"
-    )
+    raise AddressRefused("; ".join(reasons) or f"{host} resolves to no address")
 
 
 # httpcore opens a CONNECT tunnel's TLS for the URL's host, which is the pinned

@@ -73,7 +73,7 @@ from pyreqwest.http import Url
 from pyreqwest.request import RequestBuilder
 from pyreqwest.response import Response
 
-from poller.netguard import PRIVATE_HINT, AddressRefused, Resolve, check_address, system_resolve
+from poller.netguard import AddressRefused, Resolve, check_address, system_resolve
 from poller.senders import AiohttpSender
 from poller.tls import HANDSHAKE_RESET
 from poller.wire import (
@@ -302,14 +302,14 @@ class ReqwestSender:
                 try:
                     check_address(address)
                 except AddressRefused as exc:
-                    reasons.append(str(exc).removesuffix(f"; {PRIVATE_HINT}"))
+                    reasons.append(str(exc))
                     continue
             if len(self._pins) >= TARGETS_KEPT:
                 self._pins.clear()
             self._pins[(name, port)] = (time.monotonic() + PIN_TTL, address)
             return address
         said = "; ".join(reasons) or f"{name} resolves to no address"
-        raise SendError("ConnectError", f"refused: {said}; {PRIVATE_HINT}", sent=False)
+        raise SendError("ConnectError", f"refused: {said}", sent=False)
 
     def _aiohttp_only(self, tls: TLSSettings) -> bool:
         return bool(tls.ca_bundle) or tls in self._foreign

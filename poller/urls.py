@@ -15,8 +15,8 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import idna
 
-from poller.errors import InvalidEndpoint
-from poller.netguard import PRIVATE_HINT, InvalidHost, host_refusal, literal_address
+from poller.errors import InvalidEndpoint, PrivateTarget
+from poller.netguard import InvalidHost, host_refusal, literal_address
 
 LOOKUP_PLACEHOLDER = "{idempotency_key}"
 MAX_URL = 8192
@@ -39,6 +39,23 @@ def _check_name_host(host: str, what: str) -> None:
             idna.encode(label, uts46=True)
         except (idna.IDNAError, UnicodeError, ValueError):
             raise InvalidEndpoint(f"{what} host {host!r} is not a valid host name") from None
+
+
+def _ascii_host(url: str, parts: SplitResult, what: str) -> tuple[str, SplitResult]:
+    """The URL with its host in ASCII, as IDNA maps it (UTS 46): a look-alike such as
+    ``１２７.０.０.１``, ``127。0。0。1`` or ``ｌｏｃａｌｈｏｓｔ`` is stored as the host a client
+    connects to (``127.0.0.1``, ``localhost``) — and checked as that, here, where a
+    private one is refused when it is saved, not only at connect time."""
+    host = parts.hostname or ""
+    if host.isascii():
+        return url, parts
+    try:
+        mapped = idna.encode(host, uts46=True, std3_rules=False).decode("ascii")
+    except (idna.IDNAError, UnicodeError, ValueError):
+        raise InvalidEndpoint(f"{what} host {host!r} is not a valid host name") from None
+    netloc = mapped if parts.port is None else f"{mapped}:{parts.port}"
+    url = urlunsplit(parts._replace(netloc=netloc))
+    return url, urlsplit(url)
 
 
 def _canonical_host(url: str, parts: SplitResult, what: str) -> str:
@@ -86,11 +103,12 @@ def check_url(url: object, *, what: str = "url", allow_private: bool = False) ->
         )
     if port == 0:
         raise InvalidEndpoint(f"{what} has port 0")
+    url, parts = _ascii_host(url, parts, what)
     url = _canonical_host(url, parts, what)
     reason = host_refusal(urlsplit(url).hostname or "")
     if not allow_private and reason is not None:
-        raise InvalidEndpoint(
-            f"{what} points at a private, loopback or link-local address ({reason}); {PRIVATE_HINT}"
+        raise PrivateTarget(
+            f"{what} points at a private, loopback or link-local address ({reason})"
         )
     return url
 
@@ -100,3 +118,32 @@ def check_lookup_url(url: object, *, allow_private: bool = False) -> str:
     if LOOKUP_PLACEHOLDER not in checked:
         raise InvalidEndpoint(f"lookup_url must contain {LOOKUP_PLACEHOLDER}")
     return checked
+
+
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
+
+
+def shown_url(url: str) -> str:
+    """``url`` as errors, logs, spans and events show it: its scheme, host and port,
+    never its credentials, path or query — for a Slack- or Discord-style receiver the
+    path *is* the credential, and a query often holds a token (``…/…`` marks what was
+    left out)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return url.partition("://")[0] + "://…"
+    if ":" in host:
+        host = f"[{host}]"
+    shown = f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+    rest = url.partition("://")[2].partition("/")[2]
+    return shown + ("/…" if rest or parts.query else "")
+
+
+def scrub_urls(text: str) -> str:
+    """``text`` with every URL in it as :func:`shown_url` shows it: an HTTP client's
+    error quotes the URL it was given, path and query and all."""
+    if "://" not in text:
+        return text
+    return _URL_IN_TEXT.sub(lambda found: shown_url(found.group(0)), text)

@@ -28,8 +28,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
-from poller.netguard import PRIVATE_HINT, host_refusal
+from poller.netguard import host_refusal
 from poller.outcomes import record
+from poller.urls import scrub_urls
 
 if TYPE_CHECKING:
     from poller.tls import TLSSettings
@@ -51,7 +52,9 @@ class SendError(Exception):
     """The exchange failed; ``sent`` tells whether the receiver may have the request."""
 
     def __init__(self, error_class: str, message: str, *, sent: bool) -> None:
-        super().__init__(message)
+        # Every sender's words go through here to error_message, logs and events: a
+        # URL in them (clients quote the one they were given) shows no path or query.
+        super().__init__(scrub_urls(message))
         self.error_class = error_class
         self.sent = sent
 
@@ -98,4 +101,4 @@ def preflight(url: str, allow_private: bool) -> None:
     if not allow_private:
         reason = host_refusal(host)
         if reason is not None:
-            raise SendError("ConnectError", f"refused: {reason}; {PRIVATE_HINT}", sent=False)
+            raise SendError("ConnectError", f"refused: {reason}", sent=False)

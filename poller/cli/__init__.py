@@ -131,7 +131,8 @@ class _Group(click.Group):
         except NotFound as exc:  # unknown name or id, nothing matched
             _fail(ctx, exc, EXIT_NOT_FOUND)
         except PollerError as exc:
-            _fail(ctx, exc, EXIT_USAGE)
+            hint = getattr(exc, "hint", None)  # the operator's: the setting that allows it
+            _fail(ctx, f"{exc}; {hint}" if hint else exc, EXIT_USAGE)
         except Exception as exc:
             from sqlalchemy.exc import OperationalError
 

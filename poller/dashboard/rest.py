@@ -237,7 +237,9 @@ def api(
             ) as exc:
                 return problem(409, str(exc))
             except (InvalidInput, ValueError, PollerError) as exc:
-                return problem(422, str(exc))
+                hint = getattr(exc, "hint", None)  # an admin's: the setting that allows it
+                said = f"{exc}; {hint}" if hint and caller.scope.tenant is None else str(exc)
+                return problem(422, said)
             except TRANSIENT as exc:
                 log.warning("api: database unavailable: %s", type(exc).__name__)
                 return problem(503, "the database is not answering; try again")

@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 from poller import Message, enqueue_many, tokens
 from poller.endpoints import create_endpoint, make_room
 from poller.errors import TenantFull
+from poller.settings import default_settings
 from tests.integration.test_dashboard import TOKEN, client
 from tests.integration.test_ordering import _lock_waits
 
@@ -739,3 +740,17 @@ def test_an_operators_identity_is_operator_to_a_tenant(
             "SELECT payload FROM poller_outbox WHERE event_type = 'webhook_poller.test'"
         )).scalar_one()  # fmt: skip
     assert sent["sent_by"] == "operator"
+
+
+def test_a_private_url_is_refused_with_the_operators_hint_for_the_operator_alone(
+    api: tuple[TestClient, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POLLER_ALLOW_PRIVATE_TARGETS", "false")
+    default_settings.cache_clear()
+    web, made = api
+    body = {"url": "http://10.0.0.1/hook"}
+    status, said = _send(web, "POST", "/api/v1/endpoints", made["tenant:acme"], body)
+    assert status == 422 and "private" in str(said["detail"])
+    assert "POLLER_" not in str(said["detail"])  # a setting the customer cannot change
+    status, said = _send(web, "POST", "/api/v1/endpoints", made["admin"], {"name": "in", **body})
+    assert status == 422 and "POLLER_ALLOW_PRIVATE_TARGETS" in str(said["detail"])

@@ -50,7 +50,7 @@ def test_ten_megabyte_payload_and_ten_thousand_char_key(
     ],
 )
 def test_private_urls_refused_when_saved(url: str) -> None:
-    with pytest.raises(InvalidEndpoint, match="POLLER_ALLOW_PRIVATE_TARGETS"):
+    with pytest.raises(InvalidEndpoint, match="private, loopback or link-local"):
         check_url(url, allow_private=False)
 
 
@@ -96,3 +96,25 @@ async def test_a_megabyte_of_headers_is_an_unknown_outcome(kind: str) -> None:
         attempt = await send(sender, _endpoint(url), _message(), timeout=2.0, user_agent="t")
     await sender.aclose()
     assert attempt.verdict is Verdict.UNKNOWN  # sent, and the answer was unreadable
+
+
+@pytest.mark.parametrize("kind", senders.KINDS)
+async def test_no_failure_of_any_sender_shows_a_urls_path_or_query(kind: str) -> None:
+    """A Slack-style URL's path is its credential, a query often holds a token: a
+    receiver that answers garbage, closes at once, or is not there, and each sender's
+    error keeps neither (aiohttp's quoted the whole URL)."""
+    secret = "/services/T0/B0/PATH-SECRET-42?token=QUERY-SECRET-43"
+    sender = senders.make(kind, allow_private=True)
+    try:
+        errors = []
+        for answer in (servers.bad_status_line, servers.close_after_request, huge_headers):
+            async with servers.raw_server(answer) as url:
+                attempt = await send(sender, _endpoint(url + secret), _message(), timeout=2.0,
+                                     user_agent="t")  # fmt: skip
+            errors.append(attempt.error_message or "")
+        closed = servers.free_closed_port() + secret
+        attempt = await send(sender, _endpoint(closed), _message(), timeout=2.0, user_agent="t")
+        errors.append(attempt.error_message or "")
+    finally:
+        await sender.aclose()
+    assert all(errors) and not [e for e in errors if "SECRET" in e], errors

@@ -150,7 +150,8 @@ async def test_proxy_failures_are_classified_and_name_the_proxy(
     assert said in attempt.error_message, attempt
     assert PASSWORD not in attempt.error_message
     if verdict is Verdict.RETRY and said != "proxy":
-        assert "http://egress:***@127.0.0.1:" in attempt.error_message
+        assert "proxy http://127.0.0.1:" in attempt.error_message
+        assert "egress" not in attempt.error_message  # no credential, not even the user
 
 
 async def test_an_unreachable_proxy_is_not_sent(kind: str) -> None:
