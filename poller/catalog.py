@@ -157,8 +157,16 @@ def get_event_type(conn: Connection, name: str) -> EventType:
     return _entry(row)
 
 
-def list_event_types(conn: Connection) -> list[EventType]:
-    return [_entry(row) for row in conn.execute(select(T).order_by(T.c.name))]
+def list_event_types(
+    conn: Connection, *, after: str | None = None, limit: int | None = None
+) -> list[EventType]:
+    """The catalog in name order: all of it, or a page of ``limit`` after the name ``after``."""
+    query = select(T).order_by(T.c.name)
+    if after is not None:
+        query = query.where(T.c.name > after)
+    if limit is not None:
+        query = query.limit(limit)
+    return [_entry(row) for row in conn.execute(query)]
 
 
 def remove_event_type(conn: Connection, name: str) -> None:

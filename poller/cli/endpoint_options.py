@@ -221,7 +221,28 @@ def subscription_changes(
     }
 
 
+def _header_lines(_ctx: click.Context, _param: click.Parameter, source: Any) -> tuple[str, ...]:
+    """``--headers-from``: its lines ``NAME: VALUE`` (blank ones and ``#`` comments
+    skipped), read from a file or standard input (``-``)."""
+    if source is None:
+        return ()
+    lines = (line.strip() for line in source.read().splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
+
+
 def header_option(func: Any) -> Any:
+    """``--header 'NAME: VALUE'`` and ``--headers-from FILE``: a value given on the
+    command line is in the process list for every user of the host to read, so a
+    credential may come from a file or standard input instead (``-``)."""
+    func = click.option(
+        "--headers-from",
+        "headers_from",
+        type=click.File("r", encoding="utf-8"),
+        callback=_header_lines,
+        metavar="FILE",
+        help="Headers from a file, or standard input with '-': a line 'NAME: VALUE' each "
+        "(kept out of the process list, where --header's values are).",
+    )(func)
     return click.option(
         "--header",
         "header",
@@ -229,7 +250,8 @@ def header_option(func: Any) -> Any:
         metavar="'NAME: VALUE'",
         help="A header sent with every delivery and lookup, e.g. 'Authorization: Bearer …' "
         "(repeatable; stored encrypted like the secret, never shown; on update 'NAME:' "
-        "removes one).",
+        "removes one). Its value shows in the process list: for a credential, use "
+        "--headers-from.",
     )(func)
 
 

@@ -82,6 +82,7 @@ def add(
     tenant: str | None,
     payload_filter: str | None,
     header: tuple[str, ...],
+    headers_from: tuple[str, ...],
     signing: str | None,
     as_json: bool,
     **health: Any,
@@ -105,7 +106,9 @@ def add(
             max_in_flight=max_in_flight,
             on_failed_head=on_failed_head or "block",
             headers={
-                k: v for k, v in header_changes(header, removals=False).items() if v is not None
+                k: v
+                for k, v in header_changes(header + headers_from, removals=False).items()
+                if v is not None
             },
             signing=signing,
             **health,
@@ -145,6 +148,7 @@ def update(
     tenant: str | None,
     payload_filter: str | None,
     header: tuple[str, ...],
+    headers_from: tuple[str, ...],
     clear_headers: bool,
     as_json: bool,
     **health: Any,
@@ -162,7 +166,7 @@ def update(
             timeout=timeout,
             max_in_flight=max_in_flight,
             on_failed_head=on_failed_head,
-            headers=header_changes(header, removals=True),
+            headers=header_changes(header + headers_from, removals=True),
             clear_headers=clear_headers,
             **health,
             **subscription_changes(event_types, tenant, payload_filter),

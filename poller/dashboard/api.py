@@ -136,11 +136,25 @@ async def message(request: Request, caller: Caller, _: dict[str, Any]) -> Respon
     return JSONResponse(as_json(shown))
 
 
-@api(answers={200: shapes.EventTypePage})
+EVENT_TYPES_PAGE = (
+    Param("after", "The ``next`` of the previous page", TEXT),
+    Param("limit", "Event types a page, 1 to 100 (default 20): each may carry a schema "
+          "of 64 KB and an example of 256 KB", {"type": "integer", "minimum": 1, "maximum": 100}),
+)  # fmt: skip
+
+
+@api(answers={200: shapes.EventTypePage}, query=EVENT_TYPES_PAGE)
 async def event_types(request: Request, caller: Caller, _: dict[str, Any]) -> Response:
-    """The catalog, for every caller: what may be published, and each type's schema."""
-    found = await dashboard(request).read(catalog.list_event_types)
-    return JSONResponse({"data": [as_json(t.public()) for t in found], "next": None})
+    """The catalog, for every caller, in name order: what may be published, and each
+    type's schema — a page at a time (``next``: the ``after`` of the next page)."""
+    after, limit = page_of(request, default=20, most=100)
+    found = await dashboard(request).read(
+        lambda conn: catalog.list_event_types(conn, after=after, limit=limit + 1)
+    )
+    page, more = found[:limit], len(found) > limit
+    return JSONResponse(
+        {"data": [as_json(t.public()) for t in page], "next": page[-1].name if more else None}
+    )
 
 
 @api(answers={200: shapes.EventType})

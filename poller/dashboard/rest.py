@@ -304,11 +304,12 @@ PAGE = (
 )  # fmt: skip
 
 
-def page_of(request: Request) -> tuple[str | None, int]:
+def page_of(request: Request, default: int = 100, most: int = MAX_LIMIT) -> tuple[str | None, int]:
+    """The ``after`` and ``limit`` of a list's page (``limit`` from 1 to ``most``)."""
     after = request.query_params.get("after") or None
-    raw = request.query_params.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
-        raise InvalidInput(f"limit {raw[:20]!r}: a whole number from 1 to {MAX_LIMIT}")
+    raw = request.query_params.get("limit", str(default))
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and 1 <= int(raw) <= most):
+        raise InvalidInput(f"limit {raw[:20]!r}: a whole number from 1 to {most}")
     return after, int(raw)
 
 

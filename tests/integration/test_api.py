@@ -531,6 +531,18 @@ def test_the_catalog_is_read_by_all_changed_by_admins_and_holds_publishes_to_it(
     assert status == 200 and body["schema"] == schema
     status, listed = _send(web, "GET", "/api/v1/event-types", acme)
     assert status == 200 and [t["name"] for t in listed["data"]] == ["order.paid"]  # type: ignore[attr-defined]
+    for name in ("order.created", "order.shipped"):
+        _send(web, "PUT", f"/api/v1/event-types/{name}", made["admin"], {"description": "x"})
+    names, after = [], ""  # a page at a time: each type may weigh 320 KB
+    for _ in range(4):
+        status, page = _send(web, "GET", f"/api/v1/event-types?limit=2{after}", acme)
+        names += [t["name"] for t in page["data"]]  # type: ignore[attr-defined]
+        if page["next"] is None:
+            break
+        after = f"&after={page['next']}"
+    assert names == ["order.created", "order.paid", "order.shipped"]
+    assert _send(web, "GET", "/api/v1/event-types?limit=101", acme)[0] == 422
+    assert _send(web, "GET", "/api/v1/event-types?limit=" + "9" * 5000, acme)[0] == 422
     event = {"event_type": "order.paid", "payload": {"order": "seven"}, "idempotency_key": "p1"}
     status, refused = _post(web, acme, event)
     assert status == 422 and "/order" in str(refused["detail"]), refused

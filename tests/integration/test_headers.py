@@ -20,6 +20,7 @@ from poller.headers import MAX_BYTES, MAX_HEADERS, check_headers
 from poller.keyring import Keyring, new_key
 from poller.receiver import Faults
 from poller.senders import Sender
+from tests.conftest import make_endpoint
 from tests.integration import servers
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import fast_settings, running_poller, running_receiver
@@ -155,6 +156,22 @@ def test_the_cli_sets_headers_and_shows_only_their_names(engine: Engine, db_url:
     assert code == 2 and "'Host'" in out and "planted" not in out
     with engine.connect() as conn:
         assert get_endpoint(conn, "billing").headers == (("Authorization", TOKEN),)
+
+
+def test_header_values_can_stay_out_of_the_process_list(engine: Engine, db_url: str) -> None:
+    """--headers-from reads them from standard input (or a file): nothing secret is in
+    the command line, which every user of the host can read."""
+    make_endpoint(engine, "billing")
+    result = CliRunner().invoke(
+        cli,
+        ["endpoints", "update", "billing", "--headers-from", "-", "--json"],
+        input=f"# the receiver's gateway\nAuthorization: {TOKEN}\n\nX-Team: pay\n",
+        env={"POLLER_DATABASE_URL": db_url, "POLLER_ALLOW_PRIVATE_TARGETS": "true"},
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["headers"] == ["Authorization", "X-Team"]
+    with engine.connect() as conn:
+        assert dict(get_endpoint(conn, "billing").headers)["Authorization"] == TOKEN
 
 
 # --- its own retry schedule (issue 27) ----------------------------------------------
