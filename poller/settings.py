@@ -218,6 +218,11 @@ class Settings(BaseSettings):
     portal_key: SecretStr | None = None
     """Signs tenant portal links and sessions (32+ characters; poller/portal.py). Unset
     and no database URL: a key kept in the embedded server's data folder."""
+    portal_addr: str | None = None
+    """``host:port`` on which ``poller dashboard`` serves the tenant portal and the API
+    apart (unset: beside the operator's pages, on POLLER_DASHBOARD_ADDR, which then
+    serves the operator's pages and the API only). Publish this one to customers and
+    keep the operator's on a private network (docs/how-to/deploy.md)."""
     portal_url: str | None = None
     """The portal's address as tenants reach it, e.g. ``https://hooks.example.com`` (a
     link is this and ``/portal/start?link=…``); unset: ``http://`` POLLER_DASHBOARD_ADDR."""
@@ -374,13 +379,15 @@ class Settings(BaseSettings):
             raise ValueError(f"{value[:80]!r} is not an http(s) URL without a query")
         return value.rstrip("/")
 
-    @field_validator("metrics_addr", "dashboard_addr")
+    @field_validator("metrics_addr", "dashboard_addr", "portal_addr")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        if not (sep and host and port.isascii() and port.isdigit() and len(port) <= 5) or not (
+            0 <= int(port) < 65536
+        ):
             raise ValueError(f"must be host:port, e.g. 127.0.0.1:9108 (got {value!r})")
         return value
 
@@ -415,9 +422,10 @@ class Settings(BaseSettings):
 
     @property
     def portal_base(self) -> str:
-        """Where tenants' browsers reach the portal: POLLER_PORTAL_URL, else the
-        dashboard's own address over http."""
-        return self.portal_url or f"http://{self.dashboard_addr or DASHBOARD_ADDR}"
+        """Where tenants' browsers reach the portal: POLLER_PORTAL_URL, else the address
+        it is served on (POLLER_PORTAL_ADDR, else POLLER_DASHBOARD_ADDR) over http."""
+        served = self.portal_addr or self.dashboard_addr or DASHBOARD_ADDR
+        return self.portal_url or f"http://{served}"
 
     @property
     def election_backend(self) -> str:

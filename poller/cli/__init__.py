@@ -33,7 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "admin": ("admin", "Inspect and repair: stats, failed messages, retry, purge, leases."),
     "dashboard": (
         "dashboard",
-        "Serve the dashboard: queue, failures, endpoints, leases; retry and replay.",
+        "Serve the web faces: the operator's dashboard (queue, failures, endpoints, leases; "
+        "retry and replay), the management API (/api/v1) and the tenant portal (/portal).",
     ),
     "db": ("db", "Database schema migrations."),
     "demo": (

@@ -11,14 +11,16 @@ import contextlib
 import ipaddress
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 from sqlalchemy import Engine
 from starlette.applications import Starlette
-from starlette.types import ASGIApp
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from poller.dashboard import auth
+from poller.dashboard.app import FACES as FACES
 from poller.dashboard.app import create_app
 from poller.dashboard.auth import TOKEN_FILE as TOKEN_FILE
 from poller.dashboard.auth import Credentials as Credentials
@@ -34,9 +36,17 @@ log = logging.getLogger("poller.dashboard")
 DEFAULT_ADDR = DASHBOARD_ADDR
 
 
-def build(settings: Settings, url: str, engine: Engine, creds: auth.Credentials) -> ASGIApp:
+def build(
+    settings: Settings,
+    url: str,
+    engine: Engine,
+    creds: auth.Credentials,
+    listeners: Mapping[int, tuple[str, Collection[str]]] | None = None,
+) -> ASGIApp:
     """The app, with a lease reader that holds its own async engine and elector while the
-    app runs (its lifespan)."""
+    app runs (its lifespan). ``listeners`` ({port: (address, faces)}, the sockets bound):
+    each port serves only its faces (:func:`by_port`); else every face, on
+    POLLER_DASHBOARD_ADDR."""
     state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
@@ -61,11 +71,42 @@ def build(settings: Settings, url: str, engine: Engine, creds: auth.Credentials)
 
         return await lease_holdings(state["elector"], state["engine"])
 
-    return create_app(settings, engine, creds, leases=leases, lifespan=lifespan)
+    if not listeners:
+        return create_app(settings, engine, creds, leases=leases, lifespan=lifespan)
+    apps = {
+        port: create_app(settings, engine, creds, faces=faces, addr=addr, leases=leases)
+        for port, (addr, faces) in listeners.items()
+    }
+    return by_port(apps, lifespan)
 
 
-def bind(addr: str) -> socket.socket:
-    """A listening socket on ``host:port``; ConfigurationError (one line) if it cannot be."""
+def by_port(
+    apps: Mapping[int, ASGIApp],
+    lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]],
+) -> ASGIApp:
+    """One server, several sockets: each request goes to the app of the port it came in
+    on (the ASGI scope's ``server``); the lifespan is run once, for them all."""
+    own = Starlette(lifespan=lifespan)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await own(scope, receive, send)
+            return
+        port = (scope.get("server") or (None, 0))[1]
+        await apps.get(port if isinstance(port, int) else 0, _no_such_listener)(
+            scope, receive, send
+        )
+
+    return app
+
+
+async def _no_such_listener(scope: Scope, receive: Receive, send: Send) -> None:
+    await PlainTextResponse("not served here", 404)(scope, receive, send)
+
+
+def bind(addr: str, setting: str = "POLLER_DASHBOARD_ADDR") -> socket.socket:
+    """A listening socket on ``host:port``; ConfigurationError (one line, naming
+    ``setting``) if it cannot be."""
     host, _, port = addr.rpartition(":")
     host = host.strip("[]")
     try:
@@ -80,12 +121,12 @@ def bind(addr: str) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise ConfigurationError(
-            f"POLLER_DASHBOARD_ADDR={addr}: cannot listen there: {exc.strerror or exc}"
+            f"{setting}={addr}: cannot listen there: {exc.strerror or exc}"
         ) from None
     return sock
 
 
-def serve(app: ASGIApp, sock: socket.socket) -> None:
+def serve(app: ASGIApp, sock: socket.socket | list[socket.socket]) -> None:
     """Serve until SIGINT/SIGTERM, then return (uvicorn; no access log: login links
     carry the token).
 
@@ -105,7 +146,7 @@ def serve(app: ASGIApp, sock: socket.socket) -> None:
     )
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(config).run(sockets=sock if isinstance(sock, list) else [sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -90,3 +90,24 @@ def test_demo_serves_its_dashboard_until_sigterm(tmp_path: Path) -> None:
         for port in servers:
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+
+
+def test_the_customers_faces_can_be_served_apart_from_the_operators(
+    db_url: str, tmp_path: Path
+) -> None:
+    """POLLER_PORTAL_ADDR: the portal and the API on their own address — what a customer
+    may be shown — and the operator's pages only on the dashboard's."""
+    env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_DASHBOARD_TOKEN=TOKEN,
+                     POLLER_DASHBOARD_ADDR="127.0.0.1:0", POLLER_PORTAL_ADDR="127.0.0.1:0",
+                     POLLER_PORTAL_KEY="portal-test-key-0123456789abcdef0123")  # fmt: skip
+    with started(["dashboard"], env, tmp_path / "dashboard.log") as served:
+        operators = served.wait_for(r"dashboard \+ api .* on (http://\S+)/").group(1)
+        customers = served.wait_for(r"portal \+ api .* on (http://\S+)/").group(1)
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(follow_redirects=False, timeout=10) as web:
+            assert web.get(f"{operators}/", headers=bearer).status_code == 200
+            assert web.get(f"{operators}/portal/start?link=x").status_code == 404
+            assert web.get(f"{customers}/portal/start?link=x").status_code == 401
+            assert web.get(f"{customers}/api/v1/endpoints", headers=bearer).status_code == 200
+            for path in ("/", "/login", "/failed", "/endpoints"):
+                assert web.get(f"{customers}{path}", headers=bearer).status_code == 404, path
