@@ -27,6 +27,11 @@ faults run, and so do the application and the operator (loadtest/hunt_actors.py)
   publishes ``hunt.strict`` events, whose catalog schema some payloads break;
 * a DBA terminates the pollers' backends right after their claims, for a moment
   after each endpoint edit (when every claim is followed by an endpoint read);
+* a heavy-handed operator (loadtest/hunt_heavy.py) holds ``UPDATE`` or ``DELETE`` of
+  the endpoint's in-flight rows open in ``psql`` for up to three claim leases, and
+  force-removes a second endpoint, ``doomed``, while its messages are in flight; the
+  tenant also tries its own endpoint's capacity fields and replays an idempotent
+  create across a rotation (``overreach``);
 * the configuration's extremes are drawn too: ``max_attempts`` 1, the
   endpoint's ``max_in_flight`` 1, the endpoint's own retry schedule (20 ms, or
   0.3 s then 1 s, beside the global 50–400 ms), HMAC or ed25519 signatures, an
@@ -60,6 +65,10 @@ checks them):
   poller that was killed, frozen or stopped, or falls in a PostgreSQL restart,
   each with a lease and a sweep of slack — whatever the application holds open,
   and whatever the DBA cut: a claim whose next statement failed is handed back;
+  only the rows the heavy-handed operator's transaction held may expire, while it
+  held them or a lease and a sweep after;
+* the removed endpoint and all its messages are gone, and none of its POSTs
+  arrived after the removal returned (none was sent once its claim had ended);
   and every claim a poller reported taken over (``claims_lost``) was reclaimed;
 * no circuit sat half-open with nothing of its endpoint in flight and a message
   due for more than 4 s that no fault explains (loadtest/hunt_watch.py, sampled
@@ -89,8 +98,10 @@ checks them):
 * every request, POST or lookup, carries the endpoint's ``Authorization``
   header (sealed at rest too), whatever the operator changed meanwhile;
 * every attempt row names its message's endpoint;
-* the tenant got 404 for everything not acme's, never a 5xx, and left no trace on
-  the hunt's rows (no retry or cancel, no pause or disable naming its token); no
+* the tenant got 404 for everything not acme's, never a 5xx, 403 for every
+  capacity field of its own, a replayed create with no secret, and left no trace on
+  the hunt's rows (no retry or cancel, no pause or disable naming its token), nor on
+  its own endpoint's capacity; no
   payload the catalog refuses was kept or sent, through ``publish()`` or the API;
 * with a proxy drawn (``POLLER_PROXY_URL``, one seed in two), every request the
   receiver got came through it, and no poller's log holds its password;
@@ -139,7 +150,7 @@ from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, Tra
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from loadtest import hunt_governed, hunt_tenant
+from loadtest import hunt_governed, hunt_heavy, hunt_tenant
 from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
 from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, dba, operator, write
@@ -205,6 +216,11 @@ class Plan:
     # When the operator puts a rate limit of 5/s on the endpoint for 2 s (its ordered
     # keys' next messages then come due with no NOTIFY, for the governed claim alone)
     limits: list[float] = field(default_factory=list)
+    # The heavy-handed operator (loadtest/hunt_heavy.py): raw edits of the endpoint's
+    # in-flight rows held open (seconds after the start, seconds held, update|delete),
+    # and when it removes the endpoint "doomed" with its messages (None: it has none).
+    row_holds: list[tuple[float, float, str]] = field(default_factory=list)
+    doomed_at: float | None = None
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -262,6 +278,17 @@ class Plan:
             plan.rate_limit = 15.0  # 250 messages: over 16 s of tokens, twice max_age
         if rng.random() < 1 / 3:  # drawn last: every other draw stays as it was
             plan.limits = sorted(rng.uniform(1.0, duration) for _ in range(rng.randint(1, 2)))
+        # After the rest too: the tenant's overreach, the heavy-handed operator.
+        plan.tenant = sorted(
+            plan.tenant
+            + [(rng.uniform(0.5, duration), "overreach") for _ in range(rng.randint(0, 2))]
+        )
+        plan.row_holds = sorted(
+            (rng.uniform(1.0, duration), rng.uniform(0.5, 3 * CLAIM_LEASE),
+             rng.choice(["update", "delete"]))
+            for _ in range(rng.choice([0, 0, 1, 2]))
+        )  # fmt: skip
+        plan.doomed_at = rng.uniform(0.5, duration) if rng.random() < 0.5 else None
         return plan
 
     def describe(self) -> str:
@@ -296,6 +323,14 @@ class Plan:
             + (f"; max_age {self.max_age:g}s" if self.max_age else "")
             + (f"; receiver down {self.outage[1]:g}s@{self.outage[0]:.1f}s" if self.outage else "")
             + (f"; rate limit {self.rate_limit:g}/s" if self.rate_limit else "")
+            + "; heavy operator: "
+            + (
+                ", ".join(
+                    [f"{kind} held {held:.1f}s@{at:.1f}s" for at, held, kind in self.row_holds]
+                    + ([f"remove doomed@{self.doomed_at:.1f}s"] if self.doomed_at else [])
+                )
+                or "none"
+            )
         )
 
 
@@ -339,6 +374,10 @@ class Run:
     tenant_wrong: list[str] = field(default_factory=list)  # answers the tenant must not get
     strict_refused: set[str] = field(default_factory=set)  # keys of payloads the catalog refuses
     dba_done: threading.Event = field(default_factory=threading.Event)
+    heavy_done: threading.Event = field(default_factory=threading.Event)
+    # (ids, time.time() began, ended) of each raw edit held open (loadtest/hunt_heavy.py)
+    held_rows: list[tuple[list[int], float, float]] = field(default_factory=list)
+    doomed_removed: float | None = None  # when the forced removal of "doomed" returned
     cut_claims: int = 0  # poller backends the DBA terminated right after a claim
     cut_completions: int = 0  # ... and right after a completion's statement
 
@@ -609,6 +648,9 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
             )
             tenant_token = hunt_tenant.prepare(conn, url)
             governed.prepare(conn, Keyring([secrets_key]))
+            if plan.doomed_at is not None:
+                hunt_heavy.prepare(conn, url, secret=secret, headers=dict([credential]),
+                                   keyring=Keyring([secrets_key]))  # fmt: skip
         governed.enqueue(engine)
         env = clean_env(
             POLLER_DATABASE_URL=db_url,
@@ -671,6 +713,11 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
                 daemon=True,
             ),
             threading.Thread(
+                target=guarded(hunt_heavy.heavy, run.errors, run.heavy_done),
+                args=(engine, run, stop),
+                daemon=True,
+            ),
+            threading.Thread(
                 target=guarded(watch_circuits, run.errors),
                 args=(engine, run, stop),
                 daemon=True,
@@ -685,7 +732,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
         until = began + deadline
         while time.monotonic() < until:
             actors = (run.feeding_done, run.faults_done, run.app_done, run.operator_done,
-                      run.tenant_done, run.dba_done)  # fmt: skip
+                      run.tenant_done, run.dba_done, run.heavy_done)  # fmt: skip
             if all(done.is_set() for done in actors) and _open_rows(engine) == 0:
                 break
             time.sleep(0.3)
@@ -698,6 +745,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path) -> dict[str, Any]
         fleet.stop_all()
         problems = check(engine, run, receiver, db_url, [p.log for p in fleet.procs])
         problems += egress.disagrees(receiver, [p.log for p in fleet.procs])
+        problems += hunt_heavy.disagrees(engine, run, receiver)
         problems += hunt_tenant.disagrees(engine, run, dict(receiver.posts))
         problems += stuck_circuits(run)
         problems += governed.disagrees(engine)

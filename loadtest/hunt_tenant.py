@@ -11,6 +11,12 @@ of acme's token on the hunt's rows. The rest aim at acme's own endpoint (which n
 publishes to, so it adds no row the verdict would have to account for): anything but
 a 5xx is fine there.
 
+**Overreach**: at other planned times the tenant tries what it may not on its own
+endpoint — a capacity or retry-policy field (each must be refused 403, and acme's
+endpoint keep the operator's settings to the end) — and sends a create again with
+its ``Idempotency-Key`` after rotating the new endpoint's secret: the replay must
+carry no secret, neither the first nor the rotated one.
+
 **The catalog**: ``hunt.strict`` has a JSON Schema. At the planned times a publish of a
 payload that breaks it (through ``publish()`` and through the API) must be refused,
 leaving no event and no row, and never reach the receiver; one that meets it is
@@ -66,6 +72,13 @@ ROUTES: tuple[tuple[str, str, Any], ...] = (
     ("POST", "/api/v1/events/{event}/replay", {"endpoint": OWN}),
 )
 OWN_ROUTES = ("GET", "PATCH", "pause", "resume", "disable", "enable", "rotate-secret")
+# What a tenant may not set, even on its own endpoint: capacity and retry policy are
+# the operator's (each must be refused 403, and leave the endpoint as it was).
+CAPACITY = (
+    {"max_in_flight": 2**31 - 1}, {"max_attempts": 1000}, {"retry_schedule": [0.001]},
+    {"circuit_failures": 0}, {"timeout": 3600}, {"rate_limit": 1000000}, {"max_age": 1},
+)  # fmt: skip
+CAPACITY_FIELDS = sorted({name for change in CAPACITY for name in change})
 
 
 def prepare(conn: Any, receiver_url: str) -> str:
@@ -91,6 +104,8 @@ def tenant(engine: Any, run: Run, token: str, stop: threading.Event) -> None:
             try:
                 if kind == "strict":
                     _strict(engine, run, web, n)
+                elif kind == "overreach":
+                    _overreach(run, web, rng, n)
                 else:
                     deadline = time.monotonic() + PATIENCE
                     for _ in range(CALLS):
@@ -152,6 +167,33 @@ def _call(
         run.tenant_wrong.append(f"{method} {path} answered {answer.status_code}, not 404")
 
 
+def _overreach(run: Run, web: TestClient, rng: random.Random, n: int) -> None:
+    """What a tenant may try on its own: a capacity field (403, nothing changed), and
+    a create sent again with its Idempotency-Key after the secret was rotated (the
+    replay carries no secret, neither the first nor the rotated one)."""
+    change = rng.choice(CAPACITY)
+    answer = web.patch(f"/api/v1/endpoints/{OWN}", json=change)
+    run.tenant_log.append(f"PATCH {OWN} {sorted(change)} {answer.status_code}")
+    if answer.status_code not in (403, 503):
+        run.tenant_wrong.append(f"PATCH {sorted(change)} answered {answer.status_code}, not 403")
+    key = {"idempotency-key": f"hunt-create-{run.plan.seed}-{n}"}
+    body = {"url": "http://127.0.0.1:9/acme-extra", "event_types": ["acme.none"]}
+    first = web.post("/api/v1/endpoints", json=body, headers=key)
+    if first.status_code != 201:
+        if first.status_code >= 500 and first.status_code != 503:
+            run.tenant_wrong.append(f"a create answered {first.status_code}")
+        return
+    name = first.json()["name"]
+    web.post(f"/api/v1/endpoints/{name}/rotate-secret", json={})
+    again = web.post("/api/v1/endpoints", json=body, headers=key)
+    run.tenant_log.append(f"create {name} again after a rotation {again.status_code}")
+    if again.status_code == 201 and ("secret" in again.json() or again.json()["name"] != name):
+        run.tenant_wrong.append(f"a create's replay after a rotation showed {sorted(again.json())}")
+    elif again.status_code not in (201, 503):
+        run.tenant_wrong.append(f"a create's replay answered {again.status_code}")
+    web.delete(f"/api/v1/endpoints/{name}")
+
+
 def _strict(engine: Any, run: Run, web: TestClient, n: int) -> None:
     """One bad payload through publish() and one through the API; one good one."""
     bad = f"strict-bad-{n}"
@@ -188,6 +230,9 @@ def disagrees(engine: Any, run: Run, receiver_posts: dict[str, int]) -> list[str
         marked = conn.execute(text(
             "SELECT coalesce(disabled_reason, '') || coalesce(held_by, '') FROM poller_endpoints "
             "WHERE name = 'hostile'")).scalar_one()  # fmt: skip
+        capacity = conn.execute(text(
+            f"SELECT {', '.join(CAPACITY_FIELDS)} FROM poller_endpoints WHERE name = :own"
+        ), {"own": OWN}).one_or_none()  # fmt: skip
         kept = list(conn.execute(text(
             "SELECT idempotency_key FROM poller_events WHERE idempotency_key = ANY(:keys) "
             "UNION SELECT idempotency_key FROM poller_outbox WHERE idempotency_key = ANY(:keys)"
@@ -197,6 +242,8 @@ def disagrees(engine: Any, run: Run, receiver_posts: dict[str, int]) -> list[str
         problems.append(f"{len(touched)} of the hunt's messages retried or cancelled by acme")
     if "hunt-acme" in marked:
         problems.append(f"the hunt's endpoint disabled or paused by acme: {marked[:80]!r}")
+    if capacity is not None and any(value is not None for value in capacity):
+        problems.append(f"acme changed its endpoint's capacity: {dict(capacity._mapping)}")
     sent = sorted(k for k in run.strict_refused if receiver_posts.get(k))
     if kept or sent:
         problems.append(f"payloads the catalog refuses kept {kept[:3]} or sent {sent[:3]}")

@@ -415,6 +415,7 @@ def test_the_checker_catches_a_tenant_that_reaches_another_and_a_refused_payload
     from tests.conftest import make_endpoint
 
     make_endpoint(engine, "hostile")
+    make_endpoint(engine, hunt_tenant.OWN, tenant="acme", max_in_flight=10_000)
     (msg_id,) = seed_messages(engine, 1, endpoint="hostile")
     with engine.begin() as conn:
         conn.execute(
@@ -441,6 +442,39 @@ def test_the_checker_catches_a_tenant_that_reaches_another_and_a_refused_payload
     assert any("disabled or paused by acme" in p for p in problems)
     assert any("kept ['strict-bad-0']" in p and "sent ['strict-bad-api-0']" in p
                for p in problems)  # fmt: skip
+    assert any("changed its endpoint's capacity" in p for p in problems)
+
+
+def test_the_checker_catches_what_the_heavy_handed_operator_is_for(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
+    """A claim expiring on a row the operator's transaction held passes, on any other row
+    it does not; a removed endpoint's message POSTed after the removal returned, or a row
+    of it left, fails the seed."""
+    import time
+
+    from sqlalchemy import text
+
+    from loadtest import hunt_heavy
+    from loadtest.hunt_check import expired_live_claims
+    from tests.conftest import make_endpoint
+
+    held, _ = seed_messages(engine, 2)
+    now = time.time()
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO poller_delivery_attempts (message_id, endpoint_id, attempt, kind, "
+            "poller_id, outcome, finished_at) SELECT id, endpoint_id, 1, 'send', 'p1', "
+            "'lease_expired', now() FROM poller_outbox"))  # fmt: skip
+        run = Run(SimpleNamespace(seed=0, processes=1, doomed_at=1.0))  # type: ignore[arg-type]
+        run.held_rows = [([held], now - 5, now - 1)]
+        expired = expired_live_claims(conn, run)
+    assert len(expired) == 1 and "billing:1" in expired[0]  # the other one's
+    run.doomed_removed = now
+    make_endpoint(engine, "doomed")
+    seed_messages(engine, 1, endpoint="doomed")
+    receiver = SimpleNamespace(last_arrival={"doomed:0": now + 1, "doomed:1": now - 1})
+    problems = hunt_heavy.disagrees(engine, run, receiver)  # type: ignore[arg-type]
+    assert any("outlived its removal" in p for p in problems)
+    assert any("POSTed after its removal: ['doomed:0']" in p for p in problems)
 
 
 def test_the_watcher_catches_a_circuit_stuck_half_open(engine, endpoint) -> None:  # type: ignore[no-untyped-def]
