@@ -20,7 +20,7 @@ from tests.conftest import make_endpoint
 from tests.integration.helpers import expire_claims, seed, wait_for
 from tests.integration.service_helpers import fast_settings, running_poller, running_receiver
 
-LEASE = 2.0
+LEASE = 1.5  # the shortest a request timeout of 0.25 s allows: 3 leases held
 
 
 def _interleaved(engine: Engine, held: int, others: int) -> None:
@@ -58,10 +58,10 @@ async def test_an_operators_open_edit_of_one_endpoints_rows_stalls_no_other(
     leases. globex's 2,000 are delivered and completed on the same poller meanwhile:
     not one lease expires, not one is sent twice. (The heartbeat and every completion
     used to wait for the operator: lease expiries and duplicates on globex.)"""
-    settings = fast_settings(claim_lease=LEASE, request_timeout=0.5)
+    settings = fast_settings(claim_lease=LEASE, request_timeout=0.25)
     async with (
         running_receiver() as (globex, globex_url),
-        running_receiver(Faults(latency=0.2)) as (_acme, acme_url),
+        running_receiver(Faults(latency=0.1)) as (_acme, acme_url),
     ):
         make_endpoint(engine, "globex", url=globex_url)
         make_endpoint(engine, "acme", url=acme_url)

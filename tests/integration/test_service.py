@@ -179,8 +179,9 @@ async def test_graceful_stop_releases_without_counting(engine: Engine, db_url: s
     async with running_receiver(Faults(latency=5.0)) as (receiver, url):
         make_endpoint(engine, "a", url=url)
         ids = seed(engine, 20, "a")
-        settings = fast_settings(
-            request_timeout=10, claim_lease=30, shutdown_grace=0.3, concurrency=8
+        settings = fast_settings(  # 8 at once: none waits long enough to make room
+            request_timeout=10, claim_lease=30, shutdown_grace=0.3, concurrency=8,
+            waiting_after=30,
         )
         async with running_poller(db_url, settings):
 
