@@ -29,7 +29,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from poller.errors import EventTypeNotFound, InvalidInput, PayloadInvalid
 from poller.json_schemas import problems
-from poller.names import check_event_type
+from poller.names import check_event_type, could_be_event_type
 from poller.payloads import MAX_DEPTH, nesting
 from poller.schema_api import event_types as T
 
@@ -160,9 +160,12 @@ def get_event_type(conn: Connection, name: str) -> EventType:
 def list_event_types(
     conn: Connection, *, after: str | None = None, limit: int | None = None
 ) -> list[EventType]:
-    """The catalog in name order: all of it, or a page of ``limit`` after the name ``after``."""
+    """The catalog in name order: all of it, or a page of ``limit`` after the name ``after``
+    (InvalidInput if no event type can have that name: a NUL reached PostgreSQL)."""
     query = select(T).order_by(T.c.name)
     if after is not None:
+        if not could_be_event_type(after):
+            raise InvalidInput(f"after {after[:40]!r}: not an event type's name")
         query = query.where(T.c.name > after)
     if limit is not None:
         query = query.limit(limit)

@@ -543,6 +543,7 @@ def test_the_catalog_is_read_by_all_changed_by_admins_and_holds_publishes_to_it(
     assert names == ["order.created", "order.paid", "order.shipped"]
     assert _send(web, "GET", "/api/v1/event-types?limit=101", acme)[0] == 422
     assert _send(web, "GET", "/api/v1/event-types?limit=" + "9" * 5000, acme)[0] == 422
+    assert _send(web, "GET", "/api/v1/event-types?after=%00", acme)[0] == 422  # the fuzz's find
     event = {"event_type": "order.paid", "payload": {"order": "seven"}, "idempotency_key": "p1"}
     status, refused = _post(web, acme, event)
     assert status == 422 and "/order" in str(refused["detail"]), refused
