@@ -180,7 +180,10 @@ async def test_graceful_stop_releases_without_counting(engine: Engine, db_url: s
         make_endpoint(engine, "a", url=url)
         ids = seed(engine, 20, "a")
         settings = fast_settings(  # 8 at once: none waits long enough to make room
-            request_timeout=10, claim_lease=30, shutdown_grace=0.3, concurrency=8,
+            request_timeout=10,
+            claim_lease=30,
+            shutdown_grace=0.3,
+            concurrency=8,
             waiting_after=30,
         )
         async with running_poller(db_url, settings):
