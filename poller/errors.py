@@ -7,6 +7,7 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
 
     PollerError
     ├── ConfigurationError             (ValueError) a setting, named by its variable
+    ├── ConnectionNotSupported         (TypeError) not a connection a door takes
     ├── EmbeddedServerError            (RuntimeError)
     ├── EndpointExists
     ├── EndpointInUse
@@ -67,6 +68,11 @@ class InvalidInput(PollerError, ValueError):
 
 class ConfigurationError(PollerError, ValueError):
     """A setting is invalid. The message names the environment variable."""
+
+
+class ConnectionNotSupported(PollerError, TypeError):
+    """enqueue, publish or their _async forms were given a connection they do not take
+    (poller/doors.py lists those they do)."""
 
 
 class EmbeddedServerError(PollerError, RuntimeError):
@@ -282,3 +288,58 @@ class PayloadInvalid(InvalidPayload):
 
 class EventTypeNotFound(NotFound):
     """The catalog has no event type of this name."""
+
+
+# --- the SQL doors' SQLSTATEs ----------------------------------------------------
+
+SQLSTATES: dict[str, type[PollerError]] = {
+    "WP000": EnqueueError,
+    "WP001": UnknownEndpoint,
+    "WP002": EndpointDisabled,
+    "WP003": InvalidEventType,
+    "WP004": InvalidIdempotencyKey,
+    "WP005": InvalidOrderingKey,
+    "WP006": InvalidPayload,
+    "WP007": PayloadTooLarge,
+    "WP008": PayloadInvalid,
+    "WP009": InvalidTenant,
+    "WP010": NaiveDatetime,
+    "WP011": IdempotencyConflict,
+    "WP012": EventConflict,
+    "WP013": IdempotencyKeySpent,
+}
+"""The SQLSTATE each error of a write into the outbox carries when the database's
+functions raise it (db/sql/0026_doors.sql; docs/reference/sql.md): class ``WP``, one
+per class. ``WP008`` (a payload its type's JSON Schema refuses) and ``WP010`` (a naive
+datetime) come from the Python doors only: SQL has no naive ``timestamptz``, and the
+database cannot check a JSON Schema (the poller does, before sending)."""
+
+
+def from_sqlstate(sqlstate: str, message: str, detail: str | None) -> PollerError:
+    """The error a refusal of the SQL doors is: its class by ``sqlstate``, built from the
+    JSON ``detail`` where the class has fields (the endpoint, the key, the message it
+    clashes with), else with the database's ``message``."""
+    import json
+
+    try:
+        facts = json.loads(detail or "{}")
+    except ValueError:
+        facts = {}
+    if not isinstance(facts, dict):
+        facts = {}
+    cls = SQLSTATES.get(sqlstate)
+    if cls is UnknownEndpoint:
+        return UnknownEndpoint(str(facts.get("endpoint", "?")))
+    if cls is EndpointDisabled:
+        return EndpointDisabled(str(facts.get("endpoint", "?")), facts.get("reason"))
+    if cls is EventConflict:
+        return EventConflict(facts.get("tenant"), str(facts.get("idempotency_key", "?")),
+                             int(facts.get("existing_id", -1)))  # fmt: skip
+    if cls is IdempotencyConflict:
+        return IdempotencyConflict(str(facts.get("endpoint", "?")),
+                                   str(facts.get("idempotency_key", "?")),
+                                   int(facts.get("existing_id", -1)))  # fmt: skip
+    if cls is IdempotencyKeySpent:
+        return IdempotencyKeySpent(str(facts.get("endpoint", "(every endpoint)")),
+                                   str(facts.get("idempotency_key", "?")))  # fmt: skip
+    return (cls or EnqueueError)(message)

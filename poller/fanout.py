@@ -41,34 +41,17 @@ run a few statements inside a savepoint.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
-
-from sqlalchemy import Row
 
 from poller import queries
 from poller.catalog import check_payload
-from poller.errors import (
-    EnqueueError,
-    EventConflict,
-    IdempotencyConflict,
-    IdempotencyKeySpent,
-    InvalidTenant,
-    PayloadInvalid,
-)
-from poller.insert import (
-    AsyncConn,
-    DeliverAfter,
-    NewRow,
-    Steps,
-    SyncConn,
-    check_schedule,
-    drive,
-    drive_async,
-    insert_rows,
-)
+from poller.doors import AsyncDoor, Door, Steps
+from poller.errors import EnqueueError, InvalidTenant, PayloadInvalid, from_sqlstate
+from poller.insert import DeliverAfter, NewRow, check_schedule
 from poller.names import check_event_type, check_key, check_ordering_key
 from poller.payloads import JsonDefault, serialise_payload
 from poller.settings import default_settings
@@ -135,134 +118,81 @@ def check_event(event: Event, json_default: JsonDefault | None = None) -> _Check
 # --- the steps (sans I/O, driven like enqueue's) --------------------------------
 
 
-def _publish_one_steps(event: _CheckedEvent) -> Steps:
-    """An event without an ordering key: one statement (PUBLISH)."""
+def _settings_params() -> dict[str, Any]:
     settings = default_settings()
+    return {
+        "max_payload_bytes": settings.max_payload_bytes,
+        "default_max_attempts": settings.max_attempts,
+        "notify": settings.notify,
+        **trace_params(),  # kept with the event; its rows read it (poller/tracing.py)
+    }
+
+
+def _deliveries(text: str | None) -> dict[str, int]:
+    return {name: int(i) for name, i in json.loads(text or "[]")}
+
+
+def _publish_one_steps(event: _CheckedEvent) -> Steps:
+    """An event without an ordering key: poller_try_publish (one statement), then its
+    payload checked against its type's JSON Schema if the catalog has one — undone if it
+    does not hold, marked checked if it does."""
     params = {
         "event_type": event.event_type,
         "payload": event.payload,
         "idempotency_key": event.idempotency_key,
         "tenant": event.tenant,
-        "default_max_attempts": settings.max_attempts,
         "deliver_at": event.deliver_at,
-        "delay": event.delay,
-        "notify": settings.notify,
-        **trace_params(),  # kept with the event; its rows read it (poller/tracing.py)
+        "deliver_after": timedelta(seconds=event.delay) if event.delay else None,
+        **_settings_params(),
     }
-    row = (yield queries.PUBLISH, params)[0]
-    if row.event_id is None:
-        return (yield from _existing_steps([event]))[0]
-    if row.schema is not None:  # the catalog has a schema for its type
-        try:
-            check_payload(event.event_type, row.schema, event.payload)
-        except PayloadInvalid:
-            yield queries.UNPUBLISH, {"event_id": row.event_id}
-            raise
-    if row.skipped:
-        reasons = yield (
-            queries.PUBLISH_SKIPPED,
-            {
-                "names": list(row.skipped),
-                "idempotency_key": event.idempotency_key,
-            },
-        )
-        yield queries.UNPUBLISH, {"event_id": row.event_id}
-        _raise_skipped(reasons, event.idempotency_key)
-    return Published(int(row.event_id), {name: int(i) for name, i in row.deliveries})
+    ((event_id, created, deliveries, schema, sqlstate, said, detail),) = yield (
+        queries.TRY_PUBLISH,
+        params,
+    )
+    if sqlstate is not None:
+        raise from_sqlstate(sqlstate, said, detail)
+    if schema is not None:
+        yield from _checked(event, schema, int(event_id))
+    return Published(int(event_id), _deliveries(deliveries), created=bool(created))
 
 
-def _raise_skipped(reasons: Sequence[Row[Any]], key: str) -> None:
-    for reason in reasons:
-        if reason.existing_id is not None:
-            raise IdempotencyConflict(reason.name, key, reason.existing_id)
-        raise IdempotencyKeySpent(reason.name, key)
-    raise IdempotencyKeySpent("?", key)  # pragma: no cover - an endpoint went meanwhile
+def _checked(event: _CheckedEvent, schema: str, event_id: int) -> Steps:
+    """The payload against its type's schema: undone and refused, or marked checked (the
+    poller checks an unmarked one before sending: the SQL doors cannot)."""
+    try:
+        check_payload(event.event_type, schema, event.payload)
+    except PayloadInvalid:
+        yield queries.UNPUBLISH_CALL, {"event_id": event_id}
+        raise
+    yield queries.MARK_CHECKED, {"ids": [event_id]}
 
 
-def _columns(events: Sequence[_CheckedEvent]) -> dict[str, list[Any]]:
-    return {
+def _publish_many_steps(events: Sequence[_CheckedEvent]) -> Steps:
+    """Any batch (ordered events included): poller_publish_many in the caller's
+    savepoint; the new events' payloads then checked against their types' schemas (a
+    refusal undoes the batch: its savepoint)."""
+    params = {
         "event_types": [e.event_type for e in events],
         "payloads": [e.payload for e in events],
         "idempotency_keys": [e.idempotency_key for e in events],
         "tenants": [e.tenant for e in events],
         "ordering_keys": [e.ordering_key for e in events],
+        "deliver_ats": [e.deliver_at for e in events],
+        "deliver_afters": [timedelta(seconds=e.delay) if e.delay else None for e in events],
+        **_settings_params(),
     }
-
-
-def _existing_steps(events: Sequence[_CheckedEvent]) -> Steps:
-    """Events published before: their first publish's result, or EventConflict."""
-    rows = {int(r.ord) - 1: r for r in (yield queries.PUBLISH_EXISTING, _columns(events))}
-    results = []
-    for index, event in enumerate(events):
-        row = rows.get(index)
-        if row is None:  # purged between the insert and this read
-            raise IdempotencyKeySpent("(every endpoint)", event.idempotency_key)
-        if not row.same_content:
-            raise EventConflict(event.tenant, event.idempotency_key, int(row.id))
-        deliveries = {name: int(i) for name, i in row.deliveries}
-        results.append(Published(int(row.id), deliveries, created=False))
-    return results
-
-
-def _dedupe(events: Sequence[_CheckedEvent]) -> list[int]:
-    """Index of the first occurrence of each (tenant, key); other content raises."""
-    first: dict[tuple[str | None, str], int] = {}
-    owner = []
-    for index, event in enumerate(events):
-        seen = first.setdefault(event.ident, index)
-        earlier = events[seen]
-        if (earlier.event_type, earlier.payload, earlier.ordering_key) != (
-            event.event_type,
-            event.payload,
-            event.ordering_key,
-        ):
-            raise EventConflict(event.tenant, event.idempotency_key, -1)
-        owner.append(seen)
-    return owner
-
-
-def _publish_many_steps(events: Sequence[_CheckedEvent]) -> Steps:
-    """Any batch (ordered events included): keep the new events, find their endpoints,
-    insert the rows through the kernel every write path shares (poller/insert.py)."""
-    owner = _dedupe(events)
-    unique = [e for i, e in enumerate(events) if owner[i] == i]
-    keys = [e.ordering_key for e in unique if e.ordering_key is not None]
-    if keys:  # before the events get their ids, which are their positions
-        yield queries.LOCK_KEY_NAMES, {"ordering_keys": keys}
-    inserted = yield queries.PUBLISH_EVENTS, {**_columns(unique), **trace_params()}
-    new_ids = {(r.tenant, r.idempotency_key): int(r.id) for r in inserted}
-    schemas = {(r.tenant, r.idempotency_key): r.schema for r in inserted if r.schema is not None}
-    for event in unique:  # against the catalog; a refusal undoes the batch (its savepoint)
-        if event.ident in schemas:
-            check_payload(event.event_type, schemas[event.ident], event.payload)
-    results: dict[tuple[str | None, str], Published] = {}
-    old = [e for e in unique if e.ident not in new_ids]
-    if old:
-        for event, result in zip(old, (yield from _existing_steps(old)), strict=True):
-            results[event.ident] = result
-    if new_ids:
-        by_id = {new_ids[e.ident]: e for e in unique if e.ident in new_ids}
-        targets = yield queries.FAN_OUT_TARGETS, {"event_ids": sorted(by_id)}
-        rows = [_row(by_id[t.event_id], t) for t in targets]
-        ids = (yield from insert_rows(rows, {t.name: t for t in targets})) if rows else []
-        deliveries: dict[int, dict[str, int]] = {event_id: {} for event_id in by_id}
-        for target, message_id in zip(targets, ids, strict=True):
-            deliveries[target.event_id][target.name] = message_id
-        for event_id, event in by_id.items():
-            results[event.ident] = Published(event_id, deliveries[event_id])
-    return [results[events[owner[i]].ident] for i in range(len(events))]
-
-
-def _row(event: _CheckedEvent, target: Row[Any]) -> NewRow:
-    return event_row(
-        target.name,
-        event.event_type,
-        event.idempotency_key,
-        event.ordering_key,
-        int(target.event_id),
-        event.deliver_at,
-        event.delay,
-    )
+    rows = yield queries.PUBLISH_MANY_CALL, params
+    checked = set()
+    for event, (event_id, created, _, schema) in zip(events, rows, strict=True):
+        if created and schema is not None and event_id not in checked:
+            check_payload(event.event_type, schema, event.payload)
+            checked.add(event_id)
+    if checked:
+        yield queries.MARK_CHECKED, {"ids": sorted(checked)}
+    return [
+        Published(int(event_id), _deliveries(deliveries), created=bool(created))
+        for event_id, created, deliveries, _ in rows
+    ]
 
 
 def event_row(
@@ -274,8 +204,9 @@ def event_row(
     deliver_at: datetime | None = None,
     delay: float = 0.0,
 ) -> NewRow:
-    """A published event's row for one endpoint (for ``insert_rows``): the event's key and
-    ordering key, no payload of its own (the claim reads the event's), the endpoint's budget."""
+    """A published event's row for one endpoint (replay's, poller/replay.py): the event's
+    key and ordering key, no payload of its own (the claim reads the event's), the
+    endpoint's budget."""
     return NewRow(
         endpoint=endpoint,
         event_type=event_type,
@@ -299,7 +230,7 @@ def _check_all(events: Iterable[Event], json_default: JsonDefault | None) -> lis
 
 
 def publish(
-    conn: SyncConn,
+    conn: Any,
     *,
     event_type: str,
     payload: Any,
@@ -314,34 +245,36 @@ def publish(
 
     ``conn``, ``payload``, ``deliver_after``, ``json_default`` and
     ``ordering_key`` (order per endpoint) mean what they mean for
-    :func:`~poller.enqueue`. ``tenant``: only that tenant's endpoints; without
-    it, only endpoints without a tenant.
+    :func:`~poller.enqueue`, on the same connections. ``tenant``: only that tenant's
+    endpoints; without it, only endpoints without a tenant.
     """
+    door = Door(conn)
     event = check_event(
         Event(event_type, payload, idempotency_key, tenant, ordering_key, deliver_after),
         json_default,
     )
     if event.ordering_key is None:
-        return drive(conn, _publish_one_steps(event))  # type: ignore[no-any-return]
-    with conn.begin_nested():
-        return drive(conn, _publish_many_steps([event]))[0]  # type: ignore[no-any-return]
+        return door.drive(_publish_one_steps(event))  # type: ignore[no-any-return]
+    with door.savepoint():
+        return door.drive(_publish_many_steps([event]))[0]  # type: ignore[no-any-return]
 
 
 def publish_many(
-    conn: SyncConn, events: Iterable[Event], *, json_default: JsonDefault | None = None
+    conn: Any, events: Iterable[Event], *, json_default: JsonDefault | None = None
 ) -> list[Published]:
-    """Publish many events at once (a few statements for the batch); results in the
+    """Publish many events at once (one statement for the batch); results in the
     order given. All are validated before any write; a conflict undoes this call's
     writes (savepoint) and raises."""
+    door = Door(conn)
     checked = _check_all(events, json_default)
     if not checked:
         return []
-    with conn.begin_nested():
-        return list(drive(conn, _publish_many_steps(checked)))
+    with door.savepoint():
+        return list(door.drive(_publish_many_steps(checked)))
 
 
 async def publish_async(
-    conn: AsyncConn,
+    conn: Any,
     *,
     event_type: str,
     payload: Any,
@@ -351,23 +284,25 @@ async def publish_async(
     deliver_after: DeliverAfter = None,
     json_default: JsonDefault | None = None,
 ) -> Published:
-    """:func:`publish` for an ``AsyncSession`` or ``AsyncConnection``."""
+    """:func:`publish` for the connections :func:`~poller.enqueue_async` takes."""
+    door = AsyncDoor(conn)
     event = check_event(
         Event(event_type, payload, idempotency_key, tenant, ordering_key, deliver_after),
         json_default,
     )
     if event.ordering_key is None:
-        return await drive_async(conn, _publish_one_steps(event))  # type: ignore[no-any-return]
-    async with conn.begin_nested():
-        return (await drive_async(conn, _publish_many_steps([event])))[0]  # type: ignore[no-any-return]
+        return await door.drive(_publish_one_steps(event))  # type: ignore[no-any-return]
+    async with door.savepoint():
+        return (await door.drive(_publish_many_steps([event])))[0]  # type: ignore[no-any-return]
 
 
 async def publish_many_async(
-    conn: AsyncConn, events: Iterable[Event], *, json_default: JsonDefault | None = None
+    conn: Any, events: Iterable[Event], *, json_default: JsonDefault | None = None
 ) -> list[Published]:
-    """:func:`publish_many` for an ``AsyncSession`` or ``AsyncConnection``."""
+    """:func:`publish_many` for the connections :func:`~poller.enqueue_async` takes."""
+    door = AsyncDoor(conn)
     checked = _check_all(events, json_default)
     if not checked:
         return []
-    async with conn.begin_nested():
-        return list(await drive_async(conn, _publish_many_steps(checked)))
+    async with door.savepoint():
+        return list(await door.drive(_publish_many_steps(checked)))

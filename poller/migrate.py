@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 VERSION_TABLE = "poller_alembic_version"
-HEAD = "0025"
+HEAD = "0026"
 """The newest revision of the scripts, which this code needs (tests/integration/
 test_migrations.py checks it against them)."""
 

@@ -85,44 +85,6 @@ class HandOver:
     busy: list[int] = field(default_factory=list)  # ended heads whose key row was held
 
 
-class Positions:
-    """Where each message of an enqueue batch goes in its key (pure; poller/outbox.py).
-
-    Built from LOCK_ORDERING_KEYS' rows; :meth:`place` gives each keyed message,
-    in batch order, its status — pending for the first message of a key with no
-    open message, waiting otherwise; :meth:`finish` turns the inserted rows into
-    SET_ORDERING_HEADS' parameters, or None when every key had a head already.
-    """
-
-    def __init__(self, rows: Sequence[Any]) -> None:
-        self._headless = {(r.endpoint_id, r.ordering_key) for r in rows if r.head_id is None}
-        self._placed: set[tuple[int, str]] = set()
-
-    def place(self, endpoint_id: int, key: str) -> str:
-        ident = (endpoint_id, key)
-        if ident not in self._headless or ident in self._placed:
-            return "waiting"
-        self._placed.add(ident)
-        return "pending"
-
-    def finish(self, inserted: Sequence[Any]) -> dict[str, list[Any]] | None:
-        """For each key that had no head: the first message inserted (the lowest id), or
-        None when all its messages were idempotent duplicates."""
-        if not self._headless:
-            return None
-        first: dict[tuple[int, str], int] = {}
-        for row in inserted:
-            ident = (row.endpoint_id, row.ordering_key)
-            if ident in self._headless and (ident not in first or row.id < first[ident]):
-                first[ident] = int(row.id)
-        idents = sorted(self._headless)
-        return {
-            "endpoint_ids": [e for e, _ in idents],
-            "ordering_keys": [k for _, k in idents],
-            "new_heads": [first.get(i) for i in idents],
-        }
-
-
 _ID = ("id",)
 _ADVANCED = ("what", "bucket", "woke")  # ADVANCE_KEYS's columns, checked by fetch
 

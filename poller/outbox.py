@@ -20,7 +20,8 @@ ordering key returns the existing message's id; with a different one it raises
 savepoint, so a conflict leaves none of its rows behind even if the caller
 goes on to commit.
 
-The rows are written by the kernel every write path shares (poller/insert.py).
+The rows are written by the database's functions every door shares
+(db/sql/0026_doors.sql, run through poller/doors.py on any kind of connection).
 """
 
 from __future__ import annotations
@@ -28,31 +29,19 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Row
-
 from poller import actors, queries
-from poller.errors import (
-    EndpointDisabled,
-    IdempotencyConflict,
-    IdempotencyKeySpent,
-    UnknownEndpoint,
-)
-from poller.errors import (
-    EnqueueError as _EnqueueError,
-)
+from poller.doors import AsyncDoor, Door, Steps
+from poller.errors import EnqueueError as _EnqueueError
+from poller.errors import UnknownEndpoint, from_sqlstate
 from poller.insert import (
-    AsyncConn,
     DeliverAfter,
     NewRow,
-    Steps,
     SyncConn,
     check_max_attempts,
     check_schedule,
-    drive,
-    drive_async,
-    insert_rows,
 )
 from poller.names import check_event_type, check_key, check_ordering_key
 from poller.payloads import JsonDefault, serialise_payload
@@ -102,75 +91,54 @@ def check_message(
 # --- the steps (sans I/O) ------------------------------------------------------
 
 
-def _enqueue_one_steps(message: NewRow) -> Steps:
-    if message.ordering_key is not None:  # the key's lock and position: the batch path
-        return (yield from _enqueue_many_steps([message]))[0]
+def _write_params(message: NewRow) -> dict[str, Any]:
+    """What the database's doors take of a checked message, with this process's settings
+    (the SQL doors read the database's, which ``poller db upgrade`` writes from them)."""
     settings = default_settings()
-    params = {
+    return {
         "endpoint": message.endpoint,
         "event_type": message.event_type,
         "payload": message.payload,
         "idempotency_key": message.idempotency_key,
-        "max_attempts": message.max_attempts,
-        "default_max_attempts": settings.max_attempts,
+        "ordering_key": message.ordering_key,
         "deliver_at": message.deliver_at,
-        "delay": message.delay,
+        "deliver_after": timedelta(seconds=message.delay) if message.delay else None,
+        "max_attempts": message.max_attempts,
+        "max_payload_bytes": settings.max_payload_bytes,
+        "default_max_attempts": settings.max_attempts,
         "notify": settings.notify,
         **trace_params(),  # the application's span, if it has one (poller/tracing.py)
     }
-    inserted = yield queries.ENQUEUE_ONE, params
-    if inserted:
-        return int(inserted[0].id)
-    found = yield queries.ENQUEUE_EXPLAIN, params
-    if not found:
-        raise UnknownEndpoint(message.endpoint)
-    row = found[0]
-    if not row.enabled:
-        raise EndpointDisabled(message.endpoint, row.disabled_reason)
-    if row.existing_id is None:  # purged meanwhile, or long ago
-        raise IdempotencyKeySpent(message.endpoint, message.idempotency_key)
-    if not row.same_content:
-        raise IdempotencyConflict(message.endpoint, message.idempotency_key, row.existing_id)
-    return int(row.existing_id)
 
 
-def _dedupe_batch(checked: Sequence[NewRow]) -> list[int]:
-    """Index of the first occurrence of each (endpoint, key); conflicts raise."""
-    first: dict[tuple[str, str], int] = {}
-    owner: list[int] = []
-    for index, message in enumerate(checked):
-        ident = (message.endpoint, message.idempotency_key)
-        seen = first.setdefault(ident, index)
-        if seen != index:
-            earlier = checked[seen]
-            if (earlier.payload, earlier.event_type, earlier.ordering_key) != (
-                message.payload,
-                message.event_type,
-                message.ordering_key,
-            ):
-                raise IdempotencyConflict(message.endpoint, message.idempotency_key, -1)
-        owner.append(seen)
-    return owner
-
-
-def _usable_endpoints(names: Sequence[str], rows: Sequence[Row[Any]]) -> dict[str, Row[Any]]:
-    """The endpoints of a batch by name; UnknownEndpoint or EndpointDisabled otherwise."""
-    endpoints = {row.name: row for row in rows}
-    for name in names:
-        if name not in endpoints:
-            raise UnknownEndpoint(name)
-        if not endpoints[name].enabled:
-            raise EndpointDisabled(name, endpoints[name].disabled_reason)
-    return endpoints
+def _enqueue_one_steps(message: NewRow) -> Steps:
+    """One message through poller_try_enqueue: its id, or the refusal it raises (the
+    caller's transaction stays usable, as after any exception in Python)."""
+    ((message_id, sqlstate, said, detail),) = yield queries.TRY_ENQUEUE, _write_params(message)
+    if sqlstate is not None:
+        raise from_sqlstate(sqlstate, said, detail)
+    return int(message_id)
 
 
 def _enqueue_many_steps(checked: Sequence[NewRow]) -> Steps:
-    owner = _dedupe_batch(checked)
-    unique = [m for i, m in enumerate(checked) if owner[i] == i]
-    names = sorted({m.endpoint for m in unique})
-    endpoints = _usable_endpoints(names, (yield queries.ENDPOINTS_BY_NAME, {"names": names}))
-    ids = yield from insert_rows(unique, endpoints)
-    return [ids[owner[i]] for i in range(len(checked))]
+    """A batch through poller_enqueue_many (in the caller's savepoint): ids in order."""
+    settings = default_settings()
+    params = {
+        "endpoints": [m.endpoint for m in checked],
+        "event_types": [m.event_type for m in checked],
+        "payloads": [m.payload for m in checked],
+        "idempotency_keys": [m.idempotency_key for m in checked],
+        "ordering_keys": [m.ordering_key for m in checked],
+        "deliver_ats": [m.deliver_at for m in checked],
+        "deliver_afters": [timedelta(seconds=m.delay) if m.delay else None for m in checked],
+        "max_attempts": [m.max_attempts for m in checked],
+        "max_payload_bytes": settings.max_payload_bytes,
+        "default_max_attempts": settings.max_attempts,
+        "notify": settings.notify,
+        **trace_params(),
+    }
+    ((ids,),) = yield queries.ENQUEUE_MANY_CALL, params
+    return [int(i) for i in ids]
 
 
 def _message(
@@ -212,7 +180,7 @@ def _check_all(messages: Iterable[Message], json_default: JsonDefault | None) ->
 
 
 def enqueue(
-    conn: SyncConn,
+    conn: Any,
     *,
     endpoint: str,
     event_type: str,
@@ -225,16 +193,19 @@ def enqueue(
 ) -> int:
     """Add one webhook message in the caller's transaction; return its id.
 
-    ``conn`` is a SQLAlchemy ``Session`` or ``Connection`` whose transaction the
-    caller commits. ``payload`` is a JSON object — a dict, a pydantic model or
-    a dataclass, holding datetimes, Decimals, UUIDs… as :func:`encode_value`
-    describes; ``json_default`` encodes other types. The JSON text it becomes
-    is stored and sent byte for byte. ``deliver_after`` (aware datetime, or
-    timedelta from the database's now) delays the first attempt;
+    ``conn`` is the application's connection, whose transaction it commits: a
+    SQLAlchemy ``Session`` or ``Connection``, a psycopg 3 ``Connection``, a psycopg2
+    connection, or Django's (``poller.contrib.django.enqueue``). ``payload`` is a JSON
+    object — a dict, a pydantic model or a dataclass, holding datetimes, Decimals,
+    UUIDs… as :func:`encode_value` describes; ``json_default`` encodes other types.
+    The JSON text it becomes is stored and sent byte for byte. ``deliver_after``
+    (aware datetime, or timedelta from the database's now) delays the first attempt;
     ``max_attempts`` overrides the endpoint's and the global attempt budget.
-    Messages with the same ``ordering_key`` (and endpoint) are delivered one at
-    a time, in the order enqueued (poller/ordering.py).
+    Messages with the same ``ordering_key`` (and endpoint) are delivered one at a
+    time, in the order enqueued (poller/ordering.py). The write is the database's
+    ``poller_try_enqueue`` (db/sql/0026_doors.sql), as for every door.
     """
+    door = Door(conn)
     message = _message(
         endpoint,
         event_type,
@@ -245,26 +216,27 @@ def enqueue(
         json_default,
         ordering_key,
     )
-    return int(drive(conn, _enqueue_one_steps(message)))
+    return int(door.drive(_enqueue_one_steps(message)))
 
 
 def enqueue_many(
-    conn: SyncConn, messages: Iterable[Message], *, json_default: JsonDefault | None = None
+    conn: Any, messages: Iterable[Message], *, json_default: JsonDefault | None = None
 ) -> list[int]:
     """Add many messages in one statement; return their ids in the order given.
 
     Validation happens for all of them before any write; an idempotency
     conflict rolls back this call's rows (savepoint) and raises.
     """
+    door = Door(conn)
     checked = _check_all(messages, json_default)
     if not checked:
         return []
-    with conn.begin_nested():
-        return list(drive(conn, _enqueue_many_steps(checked)))
+    with door.savepoint():
+        return list(door.drive(_enqueue_many_steps(checked)))
 
 
 async def enqueue_async(
-    conn: AsyncConn,
+    conn: Any,
     *,
     endpoint: str,
     event_type: str,
@@ -275,7 +247,9 @@ async def enqueue_async(
     json_default: JsonDefault | None = None,
     ordering_key: str | None = None,
 ) -> int:
-    """:func:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``."""
+    """:func:`enqueue` for an ``AsyncSession`` or ``AsyncConnection`` of SQLAlchemy, a
+    psycopg 3 ``AsyncConnection`` or an asyncpg ``Connection``."""
+    door = AsyncDoor(conn)
     message = _message(
         endpoint,
         event_type,
@@ -286,18 +260,19 @@ async def enqueue_async(
         json_default,
         ordering_key,
     )
-    return int(await drive_async(conn, _enqueue_one_steps(message)))
+    return int(await door.drive(_enqueue_one_steps(message)))
 
 
 async def enqueue_many_async(
-    conn: AsyncConn, messages: Iterable[Message], *, json_default: JsonDefault | None = None
+    conn: Any, messages: Iterable[Message], *, json_default: JsonDefault | None = None
 ) -> list[int]:
-    """:func:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``."""
+    """:func:`enqueue_many` for the connections :func:`enqueue_async` takes."""
+    door = AsyncDoor(conn)
     checked = _check_all(messages, json_default)
     if not checked:
         return []
-    async with conn.begin_nested():
-        return list(await drive_async(conn, _enqueue_many_steps(checked)))
+    async with door.savepoint():
+        return list(await door.drive(_enqueue_many_steps(checked)))
 
 
 TEST_EVENT = "webhook_poller.test"

@@ -26,6 +26,7 @@ reads the same batches and writes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -42,12 +43,11 @@ from poller.errors import (
     InvalidReplay,
     UnknownEndpoint,
 )
-from poller.fanout import event_row
-from poller.insert import drive, insert_rows
 from poller.names import could_be_event_type
 from poller.parse import could_be_row_id
 from poller.payloads import stored_payload
 from poller.schema import event_log
+from poller.settings import default_settings
 
 REPLAY_BATCH = 500
 OPEN = frozenset({"pending", "waiting", "in_flight"})
@@ -103,6 +103,28 @@ def _check(since: datetime, until: datetime | None, event_type: str | None, batc
         raise InvalidReplay("batch must be at least 1")
     if event_type is not None and not could_be_event_type(event_type):
         raise InvalidEventType(f"event type {event_type[:80]!r}: no event can have it")
+
+
+def _insert(conn: Connection, target: Any, events: Sequence[Any]) -> list[int]:
+    """The endpoint's rows for these events, through the kernel every write shares (the
+    database's poller_insert_rows): placed behind their keys' heads, the endpoint's
+    budget, no payload of their own (the claim reads the event's)."""
+    settings = default_settings()
+    params = {
+        "endpoint_ids": [target.id] * len(events),
+        "event_types": [r.event_type for r in events],
+        "payloads": [None] * len(events),
+        "idempotency_keys": [r.idempotency_key for r in events],
+        "max_attempts": [target.max_attempts or settings.max_attempts] * len(events),
+        "deliver_ats": [None] * len(events),
+        "delays": [0.0] * len(events),
+        "ordering_keys": [r.ordering_key for r in events],
+        "event_ids": [int(r.id) for r in events],
+        "traceparent": None,
+        "tracestate": None,
+        "notify": settings.notify,
+    }
+    return [int(i) for i in conn.execute(queries.INSERT_ROWS_CALL, params).scalar_one()]
 
 
 def replay(
@@ -163,18 +185,7 @@ def replay(
                     queries.UNSPEND_KEYS,
                     {"endpoint_id": target.id, "keys": [r.idempotency_key for r in new]},
                 ).all()
-                result.message_ids += drive(
-                    conn,
-                    insert_rows(
-                        [
-                            event_row(
-                                endpoint, r.event_type, r.idempotency_key, r.ordering_key, r.id
-                            )
-                            for r in new
-                        ],
-                        {endpoint: target},
-                    ),
-                )
+                result.message_ids += _insert(conn, target, new)
         if ended and not dry_run:
             retry_messages(engine, ended, who=who or actor(), outcome="replayed")
             result.message_ids += ended

@@ -201,6 +201,9 @@ event_log = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # How many endpoints it reached when published (0 is allowed, and counted).
     Column("fanned_out", Integer, nullable=False, server_default=text("0")),
+    # False when it was published through a door that could not check its payload
+    # against its type's JSON Schema (SQL: poller_publish): the poller checks it first.
+    Column("payload_checked", Boolean, nullable=False, server_default=text("true")),
     Index(
         "uq_poller_events_tenant_key",
         func.coalesce(text("tenant"), text("''")),

@@ -25,6 +25,7 @@ from poller.queries._registry import STATEMENTS, Statement
 from poller.queries.cancel import *  # noqa: F403
 from poller.queries.claims import *  # noqa: F403
 from poller.queries.cluster import *  # noqa: F403
+from poller.queries.doors import *  # noqa: F403
 from poller.queries.endpoints import *  # noqa: F403
 from poller.queries.enqueue import *  # noqa: F403
 from poller.queries.health import *  # noqa: F403

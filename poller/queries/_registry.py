@@ -58,9 +58,20 @@ def compact(sql: str) -> str:
     return "".join(out)
 
 
+def numbered_sql(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with ``$1, $2 …`` for its parameters (asyncpg's style, PostgreSQL's own),
+    and their names in that order: each name once, however often it is used."""
+    names: dict[str, int] = {}
+
+    def number(found: re.Match[str]) -> str:
+        return f"${names.setdefault(found.group(1), len(names) + 1)}"
+
+    return _PARAM.sub(number, compact(sql)), tuple(names)
+
+
 class Statement(TextClause):
-    """A named, registered statement: ``text(sql)`` with its ``name`` and its ``psycopg``
-    text."""
+    """A named, registered statement: ``text(sql)`` with its ``name``, its ``psycopg``
+    text, and its ``asyncpg`` text with the parameters' names in their ``$n`` order."""
 
     inherit_cache = True
 
@@ -68,6 +79,7 @@ class Statement(TextClause):
         super().__init__(sql)
         self.name = name
         self.psycopg = psycopg_sql(sql)
+        self.asyncpg, self.order = numbered_sql(sql)
 
 
 def statement(name: str, sql: str) -> Statement:

@@ -15,21 +15,6 @@ from __future__ import annotations
 from poller.queries._registry import statement as _statement
 from poller.schema import NOTIFY_CHANNEL
 
-# Enqueue and publish, step 0: a transaction-scoped advisory lock per ordering key
-# name (sorted by lock id), taken before a publish gives its events their ids and
-# before the key rows are locked: so positions — an event's id, a message's id —
-# are drawn in the order transactions take a key, enqueue and publish alike.
-# Only applications take these locks; no poller statement ever waits on them.
-LOCK_KEY_NAMES = _statement(
-    "LOCK_KEY_NAMES",
-    """
-    SELECT count(pg_advisory_xact_lock(s.lock_id)) AS locked
-    FROM (SELECT DISTINCT hashtextextended(k, 0) AS lock_id
-          FROM unnest(CAST(:ordering_keys AS text[])) AS k
-          ORDER BY 1 OFFSET 0) AS s
-    """,
-)
-
 # Enqueue, step 1: lock these keys' rows (sorted, distinct), creating the missing
 # ones without a head, and read each one's head (NULL: no open message). Held until
 # the application's transaction ends, so two transactions enqueueing on one key are
@@ -47,34 +32,6 @@ LOCK_ORDERING_KEYS = _statement(
     """,
 )
 
-# Enqueue, step 3 (after the insert), for keys that had no head: the first message
-# inserted becomes the head — made pending here if the one meant to be the head was
-# an idempotent duplicate and not inserted; with none inserted, the row goes.
-SET_ORDERING_HEADS = _statement(
-    "SET_ORDERING_HEADS",
-    """
-    WITH m AS (
-        SELECT * FROM unnest(
-            CAST(:endpoint_ids AS bigint[]), CAST(:ordering_keys AS text[]),
-            CAST(:new_heads AS bigint[])
-        ) AS m(endpoint_id, ordering_key, new_head)
-    ), promoted AS (
-        UPDATE poller_outbox o SET status = 'pending', updated_at = now()
-        FROM m WHERE o.id = m.new_head AND o.status = 'waiting'
-        RETURNING o.id
-    ), unused AS (
-        DELETE FROM poller_ordering_keys k USING m
-        WHERE k.endpoint_id = m.endpoint_id AND k.ordering_key = m.ordering_key
-          AND m.new_head IS NULL AND k.head_id IS NULL
-    )
-    UPDATE poller_ordering_keys k
-    SET head_id = m.new_head
-    FROM m
-    WHERE k.endpoint_id = m.endpoint_id AND k.ordering_key = m.ordering_key
-      AND k.head_id IS NULL AND m.new_head IS NOT NULL
-    RETURNING k.head_id
-    """,
-)
 
 # Admin skip, first: lock the key rows of these ordered messages (waiting for a
 # poller's hand-on to commit), so no poller promotes one of them while the skip

@@ -21,39 +21,45 @@ from poller.outcomes import Outcome, outcomes_json
 from tests.conftest import make_endpoint
 
 NOW = datetime.now(UTC)
+SETTINGS = {"max_payload_bytes": 262144, "default_max_attempts": 10, "notify": True}
+TRACE = {
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "tracestate": "vendor=x",
+}
 ONE = {
     "endpoint": "billing",
     "event_type": "e",
     "payload": "{}",
     "idempotency_key": "k",
+    "ordering_key": None,
     "max_attempts": None,
-    "default_max_attempts": 10,
     "deliver_at": None,
-    "delay": 0.0,
-    "notify": True,
-    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-    "tracestate": "vendor=x",
+    "deliver_after": None,
+    **SETTINGS,
+    **TRACE,
 }
 MANY = {
-    "endpoint_ids": [1],
-    "buckets": [1],
+    "endpoints": ["billing"],
     "event_types": ["e"],
     "payloads": ["{}"],
     "idempotency_keys": ["m"],
-    "max_attempts": [10],
-    "deliver_ats": [None],
-    "delays": [0.0],
     "ordering_keys": ["o"],
-    "statuses": ["pending"],
-    "event_ids": [None],
-    "traceparent": None,
-    "tracestate": None,
+    "deliver_ats": [None],
+    "deliver_afters": [None],
+    "max_attempts": [None],
+    **SETTINGS,
+    **TRACE,
 }
 KEYS = {"endpoint_ids": [1], "ordering_keys": ["o"]}
 PUBLISH = {
-    **{k: ONE[k] for k in ("event_type", "payload", "idempotency_key", "default_max_attempts")},
-    **{k: ONE[k] for k in ("deliver_at", "delay", "notify", "traceparent", "tracestate")},
-    "tenant": "acme",
+    "event_type": "e",
+    "payload": "{}",
+    "idempotency_key": "k",
+    "tenant": None,
+    "deliver_at": None,
+    "deliver_after": None,
+    **SETTINGS,
+    **TRACE,
 }
 EVENTS = {
     "event_types": ["e", "f"],
@@ -61,8 +67,24 @@ EVENTS = {
     "idempotency_keys": ["k", "l"],
     "tenants": [None, "acme"],
     "ordering_keys": [None, "o"],
+    "deliver_ats": [None, None],
+    "deliver_afters": [None, None],
+    **SETTINGS,
+    **TRACE,
+}
+ROWS = {
+    "endpoint_ids": [1],
+    "event_types": ["e"],
+    "payloads": ["{}"],
+    "idempotency_keys": ["r"],
+    "max_attempts": [10],
+    "deliver_ats": [None],
+    "delays": [0.0],
+    "ordering_keys": [None],
+    "event_ids": [None],
     "traceparent": None,
     "tracestate": None,
+    "notify": True,
 }
 COMPLETE = {
     **outcomes_json(
@@ -82,12 +104,14 @@ CLAIM = {
 }
 
 SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
-    "ENQUEUE_ONE": ONE,
-    "ENQUEUE_EXPLAIN": ONE,
+    "TRY_ENQUEUE": ONE,
     "ENDPOINTS_BY_NAME": {"names": ["billing"]},
-    "ENQUEUE_MANY": MANY,
-    "ENQUEUE_MANY_EXISTING": MANY,
-    "NOTIFY_BUCKETS": {"buckets": [1, 2]},
+    "ENQUEUE_MANY_CALL": MANY,
+    "TRY_PUBLISH": PUBLISH,
+    "PUBLISH_MANY_CALL": EVENTS,
+    "MARK_CHECKED": {"ids": [1]},
+    "UNPUBLISH_CALL": {"event_id": 1},
+    "INSERT_ROWS_CALL": ROWS,
     "CLAIM_BATCH": {
         **CLAIM,
         "after_bucket": -1,
@@ -130,8 +154,6 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     },
     "RECLAIM_EXPIRED": {"limit": 10},
     "LOCK_ORDERING_KEYS": KEYS,
-    "LOCK_KEY_NAMES": {"ordering_keys": ["o", "p", "o"]},
-    "SET_ORDERING_HEADS": {**KEYS, "new_heads": [None]},
     "LOCK_KEYS_OF_HEADS": {"ids": [1]},
     "LOCK_KEYS_OF_MESSAGES": {"ids": [1]},
     "TAKE_KEYS_OF_HEADS": {"ids": [1]},
@@ -148,12 +170,6 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "START_REMOVAL": {"endpoint_id": 1},
     "DELETE_UNCLAIMED_MESSAGES": {"endpoint_id": 1},
     "DELETE_EMPTY_ENDPOINT": {"endpoint_id": 1},
-    "PUBLISH": PUBLISH,
-    "UNPUBLISH": {"event_id": 1},
-    "PUBLISH_SKIPPED": {"names": ["billing"], "idempotency_key": "k"},
-    "PUBLISH_EVENTS": EVENTS,
-    "FAN_OUT_TARGETS": {"event_ids": [1, 2]},
-    "PUBLISH_EXISTING": EVENTS,
     "EVENT_DELIVERIES": {"event_id": 1},
     "EVENT_ENDPOINT_NAMES": {"ids": [1]},
     "FAILED_MESSAGES": {"ids": [1]},
