@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv upgrade browser demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
+.PHONY: help venv upgrade browser node-door demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -39,7 +39,10 @@ browser: ## Install Debian's Chromium for the dashboard's browser tests (idempot
 # (tests/conftest.py: a lock the workers share).
 TEST_WORKERS ?= 3
 
-test: $(STAMP) browser ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)
+node-door: ## Install Node's pg for the doors' conformance suite (tests/doors/node; idempotent)
+	@tools/install-node-door
+
+test: $(STAMP) browser node-door ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 lint: $(STAMP) ## ruff (lint + format check), mypy --strict and the import layers

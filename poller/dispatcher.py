@@ -29,9 +29,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from poller import __version__, delivery, metrics, outcomes
+from poller.catalog import check_payload
 from poller.completer import Completer
 from poller.delivery import LookupAnswer, Verdict
 from poller.endpoints import Endpoint
+from poller.errors import PayloadInvalid
 from poller.health import GOVERN_QUIET, is_endpoint_failure
 from poller.names import DOT_SEGMENTS
 from poller.outcomes import ClaimedMessage, Outcome, clean_text
@@ -47,6 +49,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("poller.dispatcher")
 CHILDREN_KEPT = 50_000  # labelled metric children a dispatcher keeps (endpoints × outcomes)
+
+
+def _off_schema(msg: ClaimedMessage) -> str | None:
+    """Why a SQL door's event breaks its type's schema (the database could not check it);
+    None when it holds. The check is the one a Python door runs before its commit."""
+    try:
+        check_payload(msg.event_type, msg.payload_schema or "{}", msg.payload)
+    except PayloadInvalid as exc:
+        metrics.OFF_SCHEMA.inc()
+        log.warning(
+            "message %d: its payload breaks the schema of %r (published through a SQL "
+            "door): failed unsent",
+            msg.id,
+            msg.event_type,
+            extra={"message_id": msg.id},
+        )
+        return str(exc)
+    return None
 
 
 class EndpointCache:
@@ -310,6 +330,8 @@ class Dispatcher:
         expired = msg.expired or (endpoint.max_age is not None and age > endpoint.max_age)
         if expired and not looks_up:
             return outcomes.expired(msg, endpoint.max_age or 0.0, age)
+        if msg.payload_schema is not None and (said := _off_schema(msg)) is not None:
+            return outcomes.off_schema(msg, said)
         if self._lease_short(msg, timeout, "lookup" if looks_up else "send"):
             return outcomes.released(msg)
         if looks_up:

@@ -64,7 +64,8 @@ def refusal(exc: BaseException) -> PollerError | None:
 
 def _kind(conn: Any) -> str:
     module = type(conn).__module__
-    if module.startswith("sqlalchemy."):
+    top = module.partition(".")[0]  # psycopg's public classes say "psycopg"
+    if top == "sqlalchemy":
         from sqlalchemy import Connection
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
         from sqlalchemy.orm import Session
@@ -73,18 +74,18 @@ def _kind(conn: Any) -> str:
             return "sqlalchemy"
         if isinstance(conn, AsyncSession | AsyncConnection):
             return "sqlalchemy-async"
-    if module.startswith("psycopg."):
+    if top == "psycopg":
         import psycopg
 
         if isinstance(conn, psycopg.AsyncConnection):
             return "psycopg-async"
         if isinstance(conn, psycopg.Connection):
             return "psycopg"
-    if module.startswith("psycopg2"):
+    if top == "psycopg2":
         return "psycopg2"
-    if module.startswith("asyncpg"):
+    if top == "asyncpg":
         return "asyncpg"
-    if module.startswith("django.") and hasattr(conn, "cursor") and hasattr(conn, "alias"):
+    if top == "django" and hasattr(conn, "cursor") and hasattr(conn, "alias"):
         return "django"
     return type(conn).__qualname__
 

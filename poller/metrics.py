@@ -71,6 +71,11 @@ CLAIMS_LOST = Counter(
     "webhook_poller_claims_lost_total",
     "Held claims the lease heartbeat found taken over (this poller was too slow or cut off).",
 )
+OFF_SCHEMA = Counter(
+    "webhook_poller_off_schema_total",
+    "Messages failed unsent: published through a SQL door with a payload its event type's "
+    "JSON Schema refuses (the database cannot check it; the poller does before any send).",
+)
 LEASE_SHORT = Counter(
     "webhook_poller_lease_short_total",
     "Lookups or sends not started because too little claim lease was left for their timeout "

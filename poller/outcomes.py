@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 from typing_extensions import dataclass_transform
 
 RowStatus = Literal["pending", "delivered", "failed"]
-AttemptKind = Literal["send", "lookup", "expiry"]
+AttemptKind = Literal["send", "lookup", "expiry", "refusal"]
 
 _T = TypeVar("_T")
 TEXT_CAP = 2048
@@ -66,6 +66,7 @@ class ClaimedMessage:
     position: int | None = None  # its position in the key: the event's id, else the message's
     traceparent: str | None = None  # the application's trace context (poller/tracing.py)
     tracestate: str | None = None
+    payload_schema: str | None = None  # a SQL door's event: its type's schema, to check first
     probe: bool = False  # sent to test an open circuit (poller/health.py)
     probe_refunds: int = 0  # attempts handed back after failed probes so far
     expired: bool = False  # claimed as older than its endpoint's max_age: failed unsent
@@ -174,6 +175,24 @@ def failed(msg: ClaimedMessage, **detail: Any) -> Outcome:
     """Final failure now, whatever attempts remain (e.g. 410 Gone, a permanent status)."""
     return Outcome(
         msg.id, msg.claim_token, msg.attempts, "failed", "failed", needs_lookup=False, **detail
+    )
+
+
+def off_schema(msg: ClaimedMessage, said: str) -> Outcome:
+    """Published through a SQL door with a payload its type's JSON Schema refuses (the
+    database cannot check it; the poller does before any send): ``failed`` now, never
+    sent — no receiver sees a payload that breaks its type's schema. Recorded as an
+    attempt of kind ``refusal`` (no request was made): nothing of the endpoint's health."""
+    return Outcome(
+        msg.id,
+        msg.claim_token,
+        msg.attempts,
+        "failed",
+        "failed",
+        needs_lookup=False,
+        kind="refusal",
+        error_class="PayloadInvalid",
+        error_message=clean_text(said),
     )
 
 

@@ -7,6 +7,8 @@ a trigger — enqueues and publishes inside its own transaction through these fu
 * ``poller_events.payload_checked``: false when the event was published through a door
   that could not check its payload against its type's JSON Schema in the catalog (the
   SQL functions cannot): the poller checks it before it is sent.
+* attempts of kind ``refusal``: the poller found such a payload breaking its schema and
+  failed the message unsent (no request was made, nothing of the endpoint's health).
 
 Nothing else changes: a poller of the version before goes on as it did.
 
@@ -54,7 +56,15 @@ DROPPED = (
 )
 
 
+KIND_VALID = "ck_poller_delivery_attempts_kind_valid"
+KINDS = "'send', 'lookup', 'manual', 'expiry'"
+
+
 def upgrade() -> None:
+    op.drop_constraint(op.f(KIND_VALID), "poller_delivery_attempts", type_="check")
+    op.create_check_constraint(
+        op.f(KIND_VALID), "poller_delivery_attempts", f"kind IN ({KINDS}, 'refusal')"
+    )
     op.add_column(
         "poller_events",
         sa.Column("payload_checked", sa.Boolean(), nullable=False, server_default=sa.true()),
@@ -66,3 +76,6 @@ def downgrade() -> None:
     for function in DROPPED:
         op.execute(f"DROP FUNCTION {function}")
     op.drop_column("poller_events", "payload_checked")
+    op.execute("DELETE FROM poller_delivery_attempts WHERE kind = 'refusal'")
+    op.drop_constraint(op.f(KIND_VALID), "poller_delivery_attempts", type_="check")
+    op.create_check_constraint(op.f(KIND_VALID), "poller_delivery_attempts", f"kind IN ({KINDS})")

@@ -18,7 +18,9 @@ CLAIMING = """SET status = 'in_flight',
         updated_at = now()"""
 # A published event's rows have no payload of their own: the event's is read once
 # per row claimed (coalesce evaluates the subquery only for those rows); so is its
-# trace context (poller/tracing.py), an enqueued message's being its own.
+# trace context (poller/tracing.py), an enqueued message's being its own; and, for an
+# event whose payload no door checked against its type's schema (a SQL door cannot),
+# that schema: poller/dispatcher.py checks the payload before any send.
 CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
     CAST(coalesce(o.payload, (SELECT ev.payload FROM poller_events ev WHERE ev.id = o.event_id))
          AS text) AS payload,
@@ -28,12 +30,13 @@ CLAIMED = """o.id, o.endpoint_id, o.bucket, o.event_type,
         AS endpoint_updated_at,
     o.refunds, o.ordering_key,
     CASE WHEN o.ordering_key IS NOT NULL THEN coalesce(o.event_id, o.id) END AS position,
-    CASE WHEN o.event_id IS NULL THEN o.traceparent
-         ELSE (SELECT ev.traceparent FROM poller_events ev WHERE ev.id = o.event_id) END
-        AS traceparent,
-    CASE WHEN o.event_id IS NULL THEN o.tracestate
-         ELSE (SELECT ev.tracestate FROM poller_events ev WHERE ev.id = o.event_id) END
-        AS tracestate"""
+    coalesce(o.traceparent, (SELECT ev.traceparent FROM poller_events ev
+                             WHERE ev.id = o.event_id)) AS traceparent,
+    coalesce(o.tracestate, (SELECT ev.tracestate FROM poller_events ev
+                            WHERE ev.id = o.event_id)) AS tracestate,
+    (SELECT c.schema::text FROM poller_events ev JOIN poller_event_types c
+     ON c.name = ev.event_type WHERE ev.id = o.event_id AND NOT ev.payload_checked)
+        AS payload_schema"""
 
 
 def bucket_step(walk: str, found: str = "c.b, c.id", none: str = "") -> str:

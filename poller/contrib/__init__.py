@@ -1,0 +1,1 @@
+"""Adapters for frameworks: each joins the framework's own transaction (``django``)."""
