@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv upgrade browser node-door demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
+.PHONY: help venv upgrade browser node-door dist demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ upgrade: $(STAMP) ## Refresh requirements-dev.lock to the newest releases, reins
 	tools/install-venv $(VENV)
 	touch $(STAMP)
 	$(MAKE) test
+
+dist: $(STAMP) ## Build the release: an sdist and a wheel in dist/ (install the wheel into your project)
+	$(BIN)/python -m build --no-isolation --outdir dist .
 
 demo: $(STAMP) ## Run `poller demo` on embedded PostgreSQL + Redis
 	$(BIN)/poller demo

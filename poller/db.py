@@ -22,7 +22,6 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, Operationa
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from poller import metrics
 from poller.errors import ConfigurationError
 from poller.queries import Statement
 from poller.settings import Settings
@@ -61,6 +60,8 @@ class OutageLog:
         self._last = 0.0
 
     def failed(self, exc: BaseException) -> None:
+        from poller import metrics  # the service's: an application's door never gets here
+
         self.failures += 1
         metrics.DB_ERRORS.inc()
         now = time.monotonic()

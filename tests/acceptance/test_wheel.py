@@ -111,3 +111,85 @@ def test_the_release_builds_and_its_wheel_runs_the_demo_in_a_clean_venv(
     )  # fmt: skip
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "delivered" in demo.stdout
+
+
+SERVICE_ONLY = ("aiohttp", "httpx", "pyreqwest", "starlette", "uvicorn", "jinja2", "redis",
+                "prometheus_client", "cryptography", "rich")  # fmt: skip
+
+
+def _bare_dependencies(folder: Path) -> Path:
+    """The distributions the bare install brings (webhook-poller's requirements without
+    extras, and theirs), linked into ``folder`` from this environment: what
+    ``pip install webhook-poller`` would put beside the wheel, without a download."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    wanted: list[tuple[str, str]] = [("webhook-poller", "")]
+    seen: set[str] = set()
+    while wanted:
+        name, extra = wanted.pop()
+        dist = metadata.distribution(name)
+        key = f"{dist.metadata['Name'].lower()}[{extra}]"
+        if key in seen:
+            continue
+        seen.add(key)
+        for text in dist.requires or ():
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": extra}):
+                wanted += [(req.name, e) for e in req.extras] + [(req.name, "")]
+        if name == "webhook-poller":
+            continue
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()}:
+            source = Path(str(dist.locate_file(top)))
+            if top not in ("..", "bin") and source.exists() and not (folder / top).exists():
+                (folder / top).symlink_to(source)
+    return folder
+
+
+@pytest.mark.slow
+def test_the_bare_install_enqueues_migrates_and_says_what_the_service_needs(
+    installed_wheel: Path, empty_db_url: str, tmp_path: Path
+) -> None:
+    """``pip install webhook-poller`` (no extra) is light: none of the service's stacks,
+    yet an application migrates, enqueues and publishes in its own transaction, and
+    ``poller run`` says in one line what to install."""
+    (tmp_path / "deps").mkdir()
+    bare = _bare_dependencies(tmp_path / "deps")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("POLLER_", "PYTHON"))}
+    environ.update(PYTHONPATH=f"{installed_wheel}:{bare}", POLLER_DATABASE_URL=empty_db_url)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys._base_executable, "-S", *args],  # no site-packages: only the bare install
+            cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    upgraded = run("-m", "poller", "db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr[-2000:]
+    from poller.db import sync_engine
+    from tests.conftest import make_endpoint
+
+    engine = sync_engine(empty_db_url)
+    make_endpoint(engine, "billing", event_types=["order.*"])
+    engine.dispose()
+    app = run("-c", f"""
+import importlib.util, psycopg, poller
+from poller.db import libpq_url
+missing = [m for m in {SERVICE_ONLY!r} if importlib.util.find_spec(m) is None]
+with psycopg.connect(libpq_url({empty_db_url!r})) as conn:
+    sent = poller.enqueue(conn, endpoint="billing", event_type="order.paid",
+                          payload={{"id": 1}}, idempotency_key="order:1")
+    published = poller.publish(conn, event_type="order.paid", payload={{"id": 1}},
+                               idempotency_key="order:1:paid")
+print(len(missing), sent > 0, published.deliveries)
+""")  # fmt: skip
+    assert app.returncode == 0, app.stderr[-2000:]
+    missing, sent, deliveries = app.stdout.split(maxsplit=2)
+    assert (int(missing), sent) == (len(SERVICE_ONLY), "True")
+    assert "billing" in deliveries
+    served = run("-m", "poller", "run")
+    assert served.returncode == 2
+    assert len(served.stderr.splitlines()) == 1, served.stderr
+    line = served.stderr
+    assert "needs webhook-poller[server]" in line and "pip install 'webhook-poller[server]'" in line

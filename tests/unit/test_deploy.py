@@ -86,4 +86,4 @@ def test_dockerfile_runs_as_non_root_with_the_poller_entrypoint(path: str) -> No
     text = (ROOT / path).read_text()
     assert "USER poller" in text and 'ENTRYPOINT ["poller"]' in text
     assert text.count("FROM ") == 2  # multi-stage
-    assert "'webhook-poller[otel]'" in text  # the image exports traces when told to
+    assert "'webhook-poller[server,otel]'" in text  # the service; exports traces when told to
