@@ -347,9 +347,7 @@ delivery_attempts = Table(
     # True when the write was fenced out: the attempt happened on the wire, but
     # its claim had been superseded, so the row was not changed by it.
     Column("stale", Boolean, nullable=False, server_default=text("false")),
-    CheckConstraint(
-        "kind IN ('send', 'lookup', 'manual', 'expiry', 'refusal')", name="kind_valid"
-    ),
+    CheckConstraint("kind IN ('send', 'lookup', 'manual', 'expiry', 'refusal')", name="kind_valid"),
     Index("ix_poller_delivery_attempts_message", "message_id", "id"),
     # Success ratios over the last hour/day (``endpoints health``): rows arrive in
     # time order, so a BRIN index is tiny and nearly free to maintain.
