@@ -148,12 +148,19 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, TraceFlags
 from sqlalchemy import text
-from sqlalchemy.orm import Session
 
 from loadtest import hunt_governed, hunt_heavy, hunt_tenant
 from loadtest.forward_proxy import ThreadedProxy
 from loadtest.hostile import HostileReceiver
-from loadtest.hunt_actors import HOLDS, OPERATOR_ACTIONS, application, dba, operator, write
+from loadtest.hunt_actors import (
+    DOORS,
+    HOLDS,
+    OPERATOR_ACTIONS,
+    app_transaction,
+    application,
+    dba,
+    operator,
+)
 from loadtest.hunt_check import UNSETTLED, check, proxy_disagrees
 from loadtest.hunt_watch import stuck_circuits, watch_circuits
 from loadtest.otlp_sink import Sink
@@ -221,6 +228,9 @@ class Plan:
     # and when it removes the endpoint "doomed" with its messages (None: it has none).
     row_holds: list[tuple[float, float, str]] = field(default_factory=list)
     doomed_at: float | None = None
+    # The application's door (loadtest/hunt_actors.py DOORS): the feeder's and the
+    # application's transactions go through it.
+    door: str = "sqlalchemy"
 
     @classmethod
     def draw(cls, seed: int, duration: float) -> Plan:
@@ -289,6 +299,7 @@ class Plan:
             for _ in range(rng.choice([0, 0, 1, 2]))
         )  # fmt: skip
         plan.doomed_at = rng.uniform(0.5, duration) if rng.random() < 0.5 else None
+        plan.door = rng.choice(DOORS)  # drawn last: every other draw stays as it was
         return plan
 
     def describe(self) -> str:
@@ -303,7 +314,7 @@ class Plan:
             f"disable_after {self.disable_after or 'never'}, "
             f"retry schedule {self.retry_schedule or 'global'}, {self.signing}"
             f"{', through a proxy' if self.proxy else ''}"
-            f"{', exporting spans' if self.tracing else ''}; application: "
+            f"{', exporting spans' if self.tracing else ''}; application through {self.door}: "
             + ", ".join(
                 f"{'commit' if c else 'rollback'} after {h:.1f}s@{at:.1f}s"
                 for at, h, c in self.lingers
@@ -503,13 +514,16 @@ def _feed(engine: Any, run: Run, messages: int) -> None:
         keys = {m.idempotency_key for m in batch}
         span = _span(tx) if tx % 2 == 0 else None  # half inside an application's span
         try:
-            with Session(engine) as session, trace.use_span(span or INVALID_SPAN):
-                write(session, batch, publish=tx % 3 == 0)  # one in three published
+            with (
+                app_transaction(engine, run.plan.door) as transaction,
+                trace.use_span(span or INVALID_SPAN),
+            ):
+                transaction.write(batch, publish=tx % 3 == 0)  # one in three published
                 if tx % 7 == 0:
-                    session.rollback()
+                    transaction.rollback()
                     run.rolled_back |= keys
                     continue
-                session.commit()
+                transaction.commit()
             run.committed_now(keys)
             if span is not None:
                 trace_id = f"{span.get_span_context().trace_id:032x}"

@@ -4,9 +4,11 @@ The hunt's first actors were the receiver and process faults. These two act on
 the same database while they run, as people do, through the same functions
 the CLI and the dashboard call:
 
-* **the application** keeps a transaction open after an enqueue or a publish on
-  an ordering key whose head is in flight (up to three claim leases), then
-  commits or rolls back; and commits one burst of many messages at once;
+* **the application** writes through a door drawn per seed (:data:`DOORS`: SQLAlchemy,
+  psycopg, psycopg2, asyncpg, or the SQL functions called directly), and keeps a
+  transaction open after an enqueue or a publish on an ordering key whose head is in
+  flight (up to three claim leases), then commits or rolls back; and commits one burst
+  of many messages at once;
 * **the operator** replays the endpoint's events, retries failed messages,
   skips the failed heads of blocked keys, disables and re-enables the endpoint,
   changes its URL, rotates its secret, cancels open messages (and some in
@@ -34,19 +36,34 @@ resets (enable, URL change) that start a new failure streak.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import json
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from poller import Event, Message, enqueue_many, publish_many
+from poller import (
+    Event,
+    Message,
+    enqueue_many,
+    enqueue_many_async,
+    publish_many,
+    publish_many_async,
+)
 from poller.admin import retry_messages
 from poller.cancel import cancel_messages, pause_endpoint
-from poller.db import is_transient
+from poller.db import is_transient, libpq_url
+from poller.doors import refusal
 from poller.endpoint_keys import rotate_secret
 from poller.endpoints import get_endpoint, set_enabled, update_endpoint
 from poller.errors import EndpointDisabled, PollerError
@@ -55,6 +72,7 @@ from poller.keyring import Keyring
 from poller.ordering import blocked_keys, skip_messages
 from poller.replay import replay
 from poller.signing import public_key
+from poller.tracing import trace_params
 
 if TYPE_CHECKING:
     from loadtest.hostile import HostileReceiver
@@ -107,15 +125,131 @@ def _wait_until(began: float, at: float, stop: threading.Event) -> bool:
     return not stop.wait(max(0.0, began + at - time.monotonic()))
 
 
-def write(session: Session, batch: list[Message], *, publish: bool) -> None:
-    """Enqueue ``batch`` in the session's transaction, or publish it as events (their
+DOORS = ("sqlalchemy", "psycopg", "psycopg2", "asyncpg", "sql")
+"""The application's door, drawn per seed (Plan.door): every door into the outbox keeps
+the same promises under faults, as tests/doors holds them to without."""
+
+
+def write(conn: Any, batch: list[Message], *, publish: bool) -> None:
+    """Enqueue ``batch`` in the connection's transaction, or publish it as events (their
     payload then lives in the event, and fan-out gives the endpoint its rows)."""
     if not publish:
-        enqueue_many(session, batch)
+        enqueue_many(conn, batch)
         return
-    events = [Event(m.event_type, m.payload, m.idempotency_key, ordering_key=m.ordering_key)
-              for m in batch]  # fmt: skip
-    publish_many(session, events)
+    publish_many(conn, _events(batch))
+
+
+def _events(batch: list[Message]) -> list[Event]:
+    return [Event(m.event_type, m.payload, m.idempotency_key, ordering_key=m.ordering_key)
+            for m in batch]  # fmt: skip
+
+
+async def _write_async(conn: Any, batch: list[Message], *, publish: bool) -> None:
+    if not publish:
+        await enqueue_many_async(conn, batch)
+    else:
+        await publish_many_async(conn, _events(batch))
+
+
+# The SQL functions called as an application in another language would, on psycopg:
+# the payloads as JSON text, the trace context passed on by hand.
+_ENQUEUE_SQL = (
+    "SELECT poller_enqueue_many(endpoints => %(e)s, event_types => %(t)s, payloads => %(p)s, "
+    "idempotency_keys => %(k)s, ordering_keys => %(o)s, traceparent => %(tp)s, "
+    "tracestate => %(ts)s)"
+)
+_PUBLISH_SQL = (
+    "SELECT count(*) FROM poller_publish_many(event_types => %(t)s, payloads => %(p)s, "
+    "idempotency_keys => %(k)s, ordering_keys => %(o)s, traceparent => %(tp)s, "
+    "tracestate => %(ts)s)"
+)
+
+
+def _write_sql(conn: Any, batch: list[Message], *, publish: bool) -> None:
+    params = {
+        "e": [m.endpoint for m in batch],
+        "t": [m.event_type for m in batch],
+        "p": [json.dumps(m.payload) for m in batch],
+        "k": [m.idempotency_key for m in batch],
+        "o": [m.ordering_key for m in batch],
+        **{"tp": None, "ts": None},
+    }
+    context = trace_params()
+    params["tp"], params["ts"] = context["traceparent"], context["tracestate"]
+    try:
+        conn.execute(_PUBLISH_SQL if publish else _ENQUEUE_SQL, params)
+    except Exception as exc:
+        if (error := refusal(exc)) is not None:
+            raise error from None
+        raise
+
+
+@contextlib.contextmanager
+def app_transaction(engine: Any, door: str) -> Iterator[AppTransaction]:
+    """One transaction of the application, through ``door``; closed after."""
+    url = libpq_url(engine.url.render_as_string(hide_password=False))
+    if door == "sqlalchemy":
+        with Session(engine) as session:
+            yield AppTransaction(session, write, session.commit, session.rollback)
+    elif door in ("psycopg", "sql"):
+        with psycopg.connect(url) as conn:
+            yield AppTransaction(conn, write if door == "psycopg" else _write_sql,
+                                 conn.commit, conn.rollback)  # fmt: skip
+    elif door == "psycopg2":
+        import psycopg2
+
+        conn = psycopg2.connect(url)
+        try:
+            yield AppTransaction(conn, write, conn.commit, conn.rollback)
+        finally:
+            conn.close()
+    else:
+        with _AsyncpgTransaction(url) as tx:
+            yield tx
+
+
+@dataclass
+class AppTransaction:
+    conn: Any
+    _write: Callable[..., None]
+    commit: Callable[[], None]
+    rollback: Callable[[], None]
+
+    def write(self, batch: list[Message], *, publish: bool) -> None:
+        self._write(self.conn, batch, publish=publish)
+
+
+class _AsyncpgTransaction(AppTransaction):
+    """asyncpg from a thread, as a synchronous caller sees it: its own event loop."""
+
+    def __init__(self, url: str) -> None:
+        import asyncpg
+
+        self.loop = asyncio.new_event_loop()
+        conn = self.loop.run_until_complete(asyncpg.connect(url))
+        self.tx = conn.transaction()
+        self.loop.run_until_complete(self.tx.start())
+        super().__init__(conn, self._write_sync, self._commit, self._rollback)
+
+    def _write_sync(self, conn: Any, batch: list[Message], *, publish: bool) -> None:
+        context = contextvars.copy_context()  # the caller's span, for the trace context
+        self.loop.run_until_complete(
+            self.loop.create_task(_write_async(conn, batch, publish=publish), context=context)
+        )
+
+    def _commit(self) -> None:
+        self.loop.run_until_complete(self.tx.commit())
+
+    def _rollback(self) -> None:
+        self.loop.run_until_complete(self.tx.rollback())
+
+    def __enter__(self) -> _AsyncpgTransaction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):  # PostgreSQL restarting: the connection is gone
+            self.loop.run_until_complete(self.conn.close())
+        self.loop.close()
 
 
 def application(engine: Any, run: Run, ordered_keys: int, stop: threading.Event) -> None:
@@ -166,14 +300,14 @@ def _transaction(
         return
     keys = {m.idempotency_key for m in batch}
     try:
-        with Session(engine) as session:
-            write(session, batch, publish=publish)
+        with app_transaction(engine, run.plan.door) as tx:
+            tx.write(batch, publish=publish)
             stop.wait(hold)  # the application's slow work, its transaction open
             if not commit:
-                session.rollback()
+                tx.rollback()
                 run.rolled_back |= keys
                 return
-            session.commit()
+            tx.commit()
         run.committed_now(keys)
     except EndpointDisabled:  # the pollers disabled it (POLLER_DISABLE_AFTER): refused
         run.app_failures.append(f"{kind}: EndpointDisabled")

@@ -10,7 +10,7 @@
   events to 10 subscribers each, per transaction.
 * **Large fan-out**: one event of 4 KiB to 1,000 endpoints, the layout we chose
   (the payload kept once in ``poller_events``, rows referencing it) against
-  copying the payload into every row (the same statement writing ``payload``):
+  copying the payload into every row (one statement of the same shape each):
   ms per event and WAL bytes written.
 
 Rounds are interleaved; figures are medians over rounds. Before each
@@ -33,29 +33,28 @@ from sqlalchemy import Engine, text
 
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_history
-from poller import Event, Message, enqueue, enqueue_many, publish, publish_many, queries
+from poller import Event, Message, enqueue, enqueue_many, publish, publish_many
 from poller.db import sync_engine
-from poller.settings import load_settings
 
 PAYLOAD = {"order": 1, "customer": "c-42", "total": "19.99", "lines": [{"sku": "a", "n": 2}]}
 # Random text (base64 of random bytes): a payload TOAST compression cannot shrink much.
 BLOB = {"blob": base64.b64encode(os.urandom(3072)).decode()}
 
-# The rejected layout, for the large fan-out comparison: PUBLISH writing the payload
-# into every row as well.
-COPYING = (
-    queries.STATEMENTS["PUBLISH"]
-    .replace(
-        "(endpoint_id, bucket, event_type, idempotency_key, max_attempts, next_attempt_at,\n"
-        "             event_id)",
-        "(endpoint_id, bucket, event_type, idempotency_key, max_attempts, next_attempt_at,\n"
-        "             event_id, payload)",
+# The large fan-out's two layouts, each one statement of the same shape (the event,
+# then a row per subscriber): rows referencing their event's payload (what
+# poller_publish writes), against the payload copied into every row (rejected).
+LAYOUT = """
+    WITH ev AS (
+        INSERT INTO poller_events (event_type, payload, idempotency_key, fanned_out)
+        VALUES ('wide.x', CAST(:payload AS json), :idempotency_key, 1000) RETURNING id
     )
-    .replace(
-        "               ev.id\n        FROM ev CROSS JOIN",
-        "               ev.id, CAST(:payload AS json)\n        FROM ev CROSS JOIN",
-    )
-)
+    INSERT INTO poller_outbox (endpoint_id, bucket, event_type, idempotency_key,
+                               max_attempts, event_id{column})
+    SELECT e.id, e.bucket, 'wide.x', :idempotency_key, 10, ev.id{value}
+    FROM ev CROSS JOIN poller_endpoints e WHERE e.event_types = ARRAY['wide.*']
+"""
+REFERENCE = LAYOUT.format(column="", value="")
+COPYING = LAYOUT.format(column=", payload", value=", CAST(:payload AS json)")
 
 
 def _setup(engine: Engine) -> None:
@@ -148,27 +147,15 @@ def _wal(engine: Engine, run: Callable[[], None]) -> int:
 
 def _wide(engine: Engine, sql: str, n: int) -> tuple[float, float]:
     """ms per 1,000-endpoint event, WAL bytes per event."""
-    settings = load_settings()
     took: list[float] = []
 
     def run() -> None:
         with engine.connect() as conn:
             for i in range(n):
-                params = {
-                    "event_type": "wide.x",
-                    "payload": json.dumps(BLOB),
-                    "idempotency_key": f"w{i}",
-                    "tenant": None,
-                    "default_max_attempts": settings.max_attempts,
-                    "deliver_at": None,
-                    "delay": 0.0,
-                    "notify": True,
-                    "traceparent": None,  # outside any application's span
-                    "tracestate": None,
-                }
+                params = {"payload": json.dumps(BLOB), "idempotency_key": f"w{i}"}
                 started = time.perf_counter()
                 with conn.begin():
-                    conn.execute(text(sql), params).all()
+                    conn.execute(text(sql), params)
                 took.append((time.perf_counter() - started) * 1000)
 
     wal = _wal(engine, run)
@@ -202,7 +189,7 @@ def main() -> None:
                 took = _timed(engine, max(args.events // 100, 5), _batch(kind))
                 lat[kind].append(statistics.median(took))
                 p99[kind].append(statistics.quantiles(took, n=100)[98])
-            for layout, sql in (("reference", queries.STATEMENTS["PUBLISH"]), ("copy", COPYING)):
+            for layout, sql in (("reference", REFERENCE), ("copy", COPYING)):
                 _empty(engine, args.history)
                 wide[layout].append(_wide(engine, sql, args.wide))
         engine.dispose()
