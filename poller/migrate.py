@@ -28,6 +28,8 @@ from poller.errors import ConfigurationError
 if TYPE_CHECKING:
     from alembic.config import Config
 
+    from poller.settings import Settings
+
 VERSION_TABLE = "poller_alembic_version"
 HEAD = "0026"
 """The newest revision of the scripts, which this code needs (tests/integration/
@@ -76,6 +78,40 @@ def upgrade(target: str | Engine, revision: str = "head") -> None:
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)
+
+
+DOOR_SETTINGS = ("max_payload_bytes", "max_attempts", "notify")
+"""The settings the SQL doors read from the database (``poller.<name>``; poller_setting
+in db/sql/0026_doors.sql), where the Python doors use the process's."""
+
+
+def write_door_settings(url: str, settings: Settings) -> str | None:
+    """Make the database's ``poller.*`` settings the process's, for the SQL doors
+    (``ALTER DATABASE … SET``: sessions that start later see them). None when done;
+    else why not (only the database's owner or a superuser may)."""
+    import psycopg
+
+    from poller.db import libpq_url
+
+    values = {
+        name: str(getattr(settings, name)).lower() if name == "notify" else
+        str(getattr(settings, name))
+        for name in DOOR_SETTINGS
+    }  # fmt: skip
+    try:
+        with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+            database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+            for name, value in values.items():
+                conn.execute(
+                    psycopg.sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                        psycopg.sql.Identifier(database),
+                        psycopg.sql.Identifier("poller", name),
+                        psycopg.sql.Literal(value),
+                    )
+                )
+    except psycopg.errors.InsufficientPrivilege as exc:
+        return str(exc).splitlines()[0]
+    return None
 
 
 def revisions() -> list[str]:

@@ -23,10 +23,20 @@ def db() -> None:
 @db.command()
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
 def upgrade(revision: str) -> None:
-    """Migrate the database to the newest schema (idempotent)."""
+    """Migrate the database to the newest schema (idempotent), and set the SQL doors'
+    poller.max_payload_bytes, poller.max_attempts and poller.notify to this process's
+    settings."""
     settings, url = settings_and_url(create=True)
     migrate.upgrade(url, revision)
     click.echo(f"database at revision {migrate.current_revision(url)} ({where(settings, url)})")
+    if migrate.current_revision(url) is not None and (
+        refused := migrate.write_door_settings(url, settings)
+    ):  # the SQL doors' limits: warned, not fatal (a role that migrates need not own)
+        click.echo(
+            f"warning: could not set the SQL doors' poller.* settings ({refused}): run "
+            "ALTER DATABASE … SET poller.max_payload_bytes = … as its owner",
+            err=True,
+        )
 
 
 @db.command()

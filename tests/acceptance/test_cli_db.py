@@ -29,6 +29,31 @@ def test_upgrade_then_current(empty_db_url: str) -> None:
     assert code == 0 and " (head) — postgresql://postgres@127.0.0.1:" in out
 
 
+def test_upgrade_gives_the_sql_doors_the_process_settings(empty_db_url: str) -> None:
+    """The SQL doors read their limits from the database: `db upgrade` writes them."""
+    import psycopg
+
+    from poller.db import libpq_url
+
+    env = {"POLLER_DATABASE_URL": empty_db_url, "POLLER_MAX_PAYLOAD_BYTES": "1000"}
+    assert invoke("db", "upgrade", **env)[0] == 0
+    with psycopg.connect(libpq_url(empty_db_url)) as conn:  # a new session sees them
+        said = conn.execute(
+            "SELECT current_setting('poller.max_payload_bytes'), "
+            "current_setting('poller.max_attempts'), current_setting('poller.notify')"
+        ).fetchone()
+        assert said == ("1000", "10", "true")
+        conn.execute("INSERT INTO poller_endpoints (name, url, secret, bucket) "
+                     "VALUES ('b', 'http://127.0.0.1:9/', 'whsec_x', 1)")  # fmt: skip
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(
+                "SELECT poller_enqueue(endpoint => 'b', event_type => 'a', "
+                "payload => %s, idempotency_key => 'k')",
+                [f'{{"blob": "{"x" * 1000}"}}'],
+            )
+        assert refused.value.sqlstate == "WP007"
+
+
 def test_a_schema_newer_than_this_package_says_so(empty_db_url: str) -> None:
     """A newer webhook-poller migrated the database: `db upgrade` cannot go back (Alembic
     raised on the unknown revision), and every command says to upgrade the package."""
