@@ -116,8 +116,22 @@ def failure(run: Run, what: str, exc: Exception) -> None:
     """An actor's step failed. PostgreSQL restarting is part of the hunt; anything else
     fails the seed (such failures were written down and never read: a bug in an API the
     actors use went unseen)."""
-    if not is_transient(exc):
+    if not (is_transient(exc) or _driver_transient(exc)):
         run.errors.append(f"{what} failed: {exc!r}"[:300])
+
+
+def _driver_transient(exc: BaseException) -> bool:
+    """A connection of the application's other drivers (Plan.door) lost to PostgreSQL
+    restarting: psycopg2's and asyncpg's own errors, which poller.db does not know."""
+    import asyncpg
+    import psycopg2
+
+    return isinstance(
+        exc,
+        psycopg2.OperationalError | psycopg2.InterfaceError | asyncpg.PostgresConnectionError
+        | asyncpg.InterfaceError | asyncpg.CannotConnectNowError
+        | asyncpg.exceptions.OperatorInterventionError | ConnectionError,
+    )  # fmt: skip
 
 
 def _wait_until(began: float, at: float, stop: threading.Event) -> bool:
