@@ -64,7 +64,7 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
 
-bench: $(STAMP) ## Benchmarks (not tests): each HTTP client's cost per request, claims vs raw psycopg, the governed claim over 10,000 endpoints, the plain claim by a poller's share of the shards, deliveries per CPU s with each client vs raw aiohttp and raw pyreqwest, where commit→receipt goes, the poller's own CPU per delivery, ordered vs unordered, beside a dead endpoint, a tenant's fast endpoint beside another's slow ones, a key held open, publish vs enqueue, a 1M backlog and the purge, the dashboard on 1M rows, tracing off/on/dead collector
+bench: $(STAMP) ## Benchmarks (not tests): each HTTP client's cost per request, claims vs raw psycopg, the governed claim over 10,000 endpoints, the plain claim by a poller's share of the shards, deliveries per CPU s with each client vs raw aiohttp and raw pyreqwest, where commit→receipt goes, the poller's own CPU per delivery, ordered vs unordered, beside a dead endpoint, a tenant's fast endpoint beside another's slow ones, a key held open, publish vs enqueue, every door into the outbox vs a plain INSERT, a 1M backlog and the purge, the dashboard on 1M rows, tracing off/on/dead collector
 	$(BIN)/python -m loadtest.clients
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.governed
@@ -78,6 +78,7 @@ bench: $(STAMP) ## Benchmarks (not tests): each HTTP client's cost per request, 
 	$(BIN)/python -m loadtest.fairness
 	$(BIN)/python -m loadtest.held_key
 	$(BIN)/python -m loadtest.publish
+	$(BIN)/python -m loadtest.doors
 	$(BIN)/python -m loadtest.backlog
 	$(BIN)/python -m loadtest.dashboard
 	$(BIN)/python -m loadtest.span_cost
