@@ -8,6 +8,7 @@ spent key is refused, bad input is refused with nothing written — the same err
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from poller import (
     IdempotencyKeySpent,
     InvalidIdempotencyKey,
     InvalidPayload,
+    NaiveDatetime,
     PayloadTooLarge,
     UnknownEndpoint,
 )
@@ -102,6 +104,8 @@ BAD: list[tuple[str, dict[str, Any], type[Exception] | tuple[type[Exception], ..
     # writes (tests/doors/doors.py), which is not JSON.
     ("NaN", {"payload": {"total": math.nan}}, InvalidPayload),
     ("key with a space", {"idempotency_key": "order 42"}, InvalidIdempotencyKey),
+    # SQL has no naive timestamptz (a literal takes the session's zone): Python doors only
+    ("naive deliver_after", {"deliver_after": datetime(2030, 1, 1)}, NaiveDatetime),
 ]
 
 
@@ -112,6 +116,8 @@ async def test_bad_input_is_refused_with_nothing_written(door: Door, door_engine
     good = enqueue(endpoint="billing", event_type="order.paid", payload=ORDER,
                    idempotency_key="good")  # fmt: skip
     for case, bad, error in BAD:
+        if error is NaiveDatetime and door.kind in ("psql", "node"):
+            continue
         with pytest.raises(error) as refused:
             await door.write([good, enqueue(**{**good.fields, "idempotency_key": "bad", **bad})])
         if isinstance(refused.value, DatabaseRefused):  # PostgreSQL's own: text holds no NUL
