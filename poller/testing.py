@@ -15,6 +15,8 @@ overriding ``poller_db`` in your ``conftest.py``::
         outbox.assert_enqueued("invoice.paid", endpoint="billing",
                                payload_contains={"invoice": 42})
 
+Any synchronous connection a door takes works: a psycopg or psycopg2 connection, or
+Django's ``django.db.connection`` (with pytest-django's ``db`` fixture).
 ``outbox.messages()`` lists what was enqueued since the test began (each with
 its endpoint, event type, parsed payload and key); ``assert_nothing_enqueued()``
 checks the opposite. An event the code published (:func:`poller.publish`) shows as
@@ -30,10 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection
-from sqlalchemy.orm import Session
 
 from poller import queries
+from poller.doors import Door
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,20 +61,15 @@ def contains(whole: Any, part: Any) -> bool:
 class Outbox:
     """What the code under test enqueued, read from the rows in the test's transaction."""
 
-    def __init__(self, conn: Session | Connection) -> None:
-        self.conn = conn
-        self._after = int(conn.execute(queries.LAST_MESSAGE_ID).scalar_one())
+    def __init__(self, conn: Any) -> None:
+        self.door = Door(conn)
+        self._after = int(self.door.run(queries.LAST_MESSAGE_ID, {})[0][0])
 
     def messages(
         self, event_type: str | None = None, *, endpoint: str | None = None
     ) -> list[EnqueuedMessage]:
-        rows = self.conn.execute(queries.ENQUEUED_AFTER, {"after": self._after}).all()
-        found = [
-            EnqueuedMessage(
-                r.id, r.endpoint, r.event_type, json.loads(r.payload), r.idempotency_key
-            )
-            for r in rows
-        ]
+        rows = self.door.run(queries.ENQUEUED_AFTER, {"after": self._after})
+        found = [EnqueuedMessage(int(r[0]), r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
         return [
             m
             for m in found
@@ -116,8 +112,9 @@ class Outbox:
 
 
 @pytest.fixture
-def poller_db() -> Iterator[Session | Connection]:
-    """Override in your conftest.py: return the Session or Connection your test uses."""
+def poller_db() -> Iterator[Any]:
+    """Override in your conftest.py: return the connection your test uses (a SQLAlchemy
+    Session or Connection, a psycopg or psycopg2 connection, Django's ``connection``)."""
     raise pytest.UsageError(
         "the outbox fixture needs your test's database session: define a `poller_db` fixture "
         "returning it (see poller.testing)"
@@ -126,6 +123,6 @@ def poller_db() -> Iterator[Session | Connection]:
 
 
 @pytest.fixture
-def outbox(poller_db: Session | Connection) -> Outbox:
+def outbox(poller_db: Any) -> Outbox:
     """Assert what the code under test enqueued (see poller.testing)."""
     return Outbox(poller_db)

@@ -67,3 +67,18 @@ def test_a_published_event_shows_once_per_endpoint_reached(
     found = sorted((m.endpoint, m.payload["invoice"]) for m in outbox.messages())
     assert found == [("audit", 7), ("crm", 7)]
     outbox.assert_enqueued("invoice.paid", endpoint="crm", payload_contains={"invoice": 7})
+
+
+def test_it_reads_through_a_psycopg_connection_as_well(db_url: str, engine: Engine) -> None:
+    """An application on psycopg (or psycopg2, or Django's connection) hands its own."""
+    import psycopg
+
+    from poller.db import libpq_url
+
+    make_endpoint(engine, "billing")
+    with psycopg.connect(libpq_url(db_url)) as conn:
+        recording = Outbox(conn)
+        enqueue(conn, endpoint="billing", event_type="invoice.paid", payload={"invoice": 7},
+                idempotency_key="invoice:7:paid")  # fmt: skip
+        assert recording.assert_enqueued("invoice.paid", payload_contains={"invoice": 7})
+        conn.rollback()
