@@ -160,7 +160,11 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
         view.add_column(column, overflow="fold")
     for row in rows:
         view.add_row(*(cell(v) for v in row))
-    Console(width=max(100, Console().width)).print(view)
+    # On a terminal, folded to fit; piped (to grep, a file, a pager), one line a row
+    # whatever its length: a key or a timestamp split over lines matches nothing.
+    console = Console()
+    console.width = max(100, console.width) if console.is_terminal else 100_000
+    console.print(view)
 
 
 def confirm(question: str, yes: bool) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -47,3 +48,13 @@ def test_log_lines_cannot_be_forged_or_drive_a_terminal() -> None:
     line = JsonFormatter().format(record)
     assert "\n" not in line and not _acts_on_a_terminal(line)
     assert json.loads(line)["message"] == f"answer: {HOSTILE}"
+
+
+def test_a_table_piped_keeps_each_row_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not on a terminal (grep, a file), nothing is folded: a key stays whole."""
+    from poller.cli.output import table
+
+    key = "order:" + "x" * 300
+    table(None, ["id", "key", "when"], [[1, key, "2026-12-06T10:00:00+00:00"]])
+    lines = capsys.readouterr().out.splitlines()
+    assert any(key in line and "2026-12-06T10:00:00+00:00" in line for line in lines)
