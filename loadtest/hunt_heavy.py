@@ -15,7 +15,8 @@ open, and an endpoint removed with its messages in flight.
   and the API's ``DELETE …?force=true`` do) while some are in flight, and does again
   while another transaction keeps it busy. When it returns, the endpoint and every
   message of it are gone, and no POST of its messages reaches the receiver after that
-  (one on the wire then ended before its row went: :func:`remove_endpoint`).
+  (one on the wire then ended before its row went: :func:`remove_endpoint`) — but
+  from a poller frozen inside the request, which sends it on waking.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 DOOMED = 40  # messages of the endpoint the operator removes
 PREFIX = "doomed:"  # their keys
+WOKEN = 1.0 + 0.5  # after a freeze ends: the hunt's request timeout, and slack
 HELD = {
     "update": "UPDATE poller_outbox SET last_error = last_error WHERE endpoint_id = "
     "(SELECT id FROM poller_endpoints WHERE name = 'hostile') AND status = 'in_flight' "
@@ -126,9 +128,18 @@ def disagrees(engine: Any, run: Run, receiver: HostileReceiver) -> list[str]:
             "(SELECT count(*) FROM poller_outbox WHERE idempotency_key LIKE 'doomed:%')"
         )).scalar_one()  # fmt: skip
     problems = [f"doomed's endpoint or {left} of its rows outlived its removal"] if left else []
+    # A poller frozen (SIGSTOP, as a VM pause) with a request of doomed's already begun
+    # sends it when it wakes: its claim had expired, so the removal deleted the row, and
+    # the late send's outcome is fenced out. No poller can stop a request it was paused
+    # inside; it may arrive up to a request timeout after the freeze ends.
+    frozen = [(b, e) for kind, _, b, e in run.fault_log if kind == "freeze"]
+    removed = run.doomed_removed
     late = sorted(
-        key for key, at in receiver.last_arrival.items() if doomed(key) and at > run.doomed_removed
-    )
+        f"{key} (+{at - removed:.1f}s)"
+        for key, at in receiver.last_arrival.items()
+        if doomed(key) and at > removed
+        and not any(b < removed and e <= at <= e + WOKEN for b, e in frozen)
+    )  # fmt: skip
     if late:
         problems.append(f"{len(late)} of doomed's messages POSTed after its removal: {late[:5]}")
     return problems
