@@ -64,16 +64,21 @@ def cancel(
             ids=done.cancelled,
             refused={**document["refused"], **{str(k): v for k, v in done.refused.items()}},
         )
+    refused = document["refused"]
     if as_json:
         emit_json(document)
-    else:
+    elif document["ids"]:
         verb = "would cancel" if dry_run else "cancelled"
-        count = len(document["ids"])
-        click.echo(f"{verb} {count}: {_ids(document['ids'])}" if count else "nothing cancelled")
-        for ident, why in document["refused"].items():
+        click.echo(f"{verb} {len(document['ids'])}: {_ids(document['ids'])}")
+        for ident, why in refused.items():
             click.echo(f"not cancelled {ident}: {why}")
-    if not document["ids"]:
-        raise NothingMatched("nothing matched: no pending or waiting message to cancel")
+    if not document["ids"]:  # one line: why nothing was (a second cancel: already so)
+        reasons = "; ".join(f"{ident}: {why}" for ident, why in list(refused.items())[:5])
+        raise NothingMatched(
+            f"nothing cancelled: {reasons}"
+            if reasons
+            else "nothing matched: no pending or waiting message to cancel"
+        )
 
 
 @click.command()
