@@ -160,6 +160,20 @@ def find_data_dir(start: Path | None = None) -> Path | None:
     return None
 
 
+DASHBOARD_TOKEN_FILE = "dashboard-token"
+"""The web faces' token of an embedded server's data folder (``poller dashboard`` with no
+credentials set; ``poller embedded start`` exports it)."""
+
+
+def dashboard_token(path: Path) -> str:
+    """The dashboard token kept in ``path``, made (mode 0600) if there is none yet."""
+
+    def good(token: str) -> bool:
+        return len(token) >= 16 and token.isprintable() and " " not in token
+
+    return kept_secret(path, "dashboard token", good, 24)
+
+
 def kept_secret(path: Path, what: str, good: Callable[[str], bool], size: int) -> str:
     """The secret kept in ``path`` (in the embedded server's data folder), made there
     (``size`` random bytes, mode 0600) when there is none or it is not ``good``: the

@@ -144,8 +144,10 @@ def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None
     key = first.portal_key.get_secret_value() if first.portal_key else secrets.token_urlsafe(32)
     settings = load_settings(database_url=url, redis_url=redis_url, election="redis",
                              portal_key=key)  # fmt: skip
-    path = folder / board.TOKEN_FILE
-    creds = board.Credentials(board.token_from_file(path), token_file=path)
+    from poller.embedded import DASHBOARD_TOKEN_FILE, dashboard_token
+
+    path = folder / DASHBOARD_TOKEN_FILE
+    creds = board.Credentials(dashboard_token(path), token_file=path)
     sock = board.bind(addr)
     host, port = sock.getsockname()[:2]
     base = f"http://{host}:{port}"

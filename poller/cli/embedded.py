@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import TYPE_CHECKING
 
@@ -25,8 +26,9 @@ def embedded() -> None:
 @embedded.command()
 @click.option("--redis/--no-redis", default=True, show_default=True)
 def start(redis: bool) -> None:
-    """Start them (or find them running) and print their URLs as shell exports:
-    ``eval "$(poller embedded start)"`` sets them in this shell."""
+    """Start them (or find them running) and print their URLs, and the dashboard's token
+    (unless one is set), as shell exports: ``eval "$(poller embedded start)"`` sets them
+    in this shell."""
     data_dir = servers.default_data_dir(config.load_settings().data_dir)
     database = servers.EmbeddedPostgres(data_dir).start()
     click.echo(f"export POLLER_DATABASE_URL={shlex.quote(database)}")
@@ -34,6 +36,9 @@ def start(redis: bool) -> None:
         click.echo(
             f"export POLLER_REDIS_URL={shlex.quote(servers.EmbeddedRedis(data_dir).start())}"
         )
+    if not os.environ.get("POLLER_DASHBOARD_TOKEN"):  # the web faces' token, for this shell
+        token = servers.dashboard_token(data_dir / servers.DASHBOARD_TOKEN_FILE)
+        click.echo(f"export POLLER_DASHBOARD_TOKEN={shlex.quote(token)}")
 
 
 @embedded.command()

@@ -62,7 +62,6 @@ from poller.signing import same_text
 
 COOKIE = "poller_dashboard"
 SESSION_HOURS = 12
-TOKEN_FILE = "dashboard-token"
 FAILURES_ALLOWED = 10
 FAILURE_WINDOW = 60.0
 CLIENTS_TRACKED = 10_000
@@ -99,22 +98,14 @@ def credentials(settings: Settings) -> Credentials:
     if settings.database_url:
         raise ConfigurationError(
             "the dashboard shows payloads and needs credentials: set POLLER_DASHBOARD_TOKEN "
-            "(16+ characters) or POLLER_DASHBOARD_USER and POLLER_DASHBOARD_PASSWORD"
+            "(16+ characters: export POLLER_DASHBOARD_TOKEN=$(openssl rand -hex 16)) or "
+            "POLLER_DASHBOARD_USER and POLLER_DASHBOARD_PASSWORD; `poller embedded start` "
+            "exports one for its own server"
         )
-    from poller.embedded import default_data_dir
+    from poller.embedded import DASHBOARD_TOKEN_FILE, dashboard_token, default_data_dir
 
-    path = default_data_dir(settings.data_dir) / TOKEN_FILE
-    return Credentials(token_from_file(path), token_file=path)
-
-
-def token_from_file(path: Path) -> str:
-    """The token in ``path``, made (mode 0600) if there is none yet."""
-    from poller.embedded import kept_secret
-
-    def good(token: str) -> bool:
-        return len(token) >= 16 and token.isprintable() and " " not in token
-
-    return kept_secret(path, "dashboard token", good, 24)
+    path = default_data_dir(settings.data_dir) / DASHBOARD_TOKEN_FILE
+    return Credentials(dashboard_token(path), token_file=path)
 
 
 def _mac(key: bytes, text: str) -> str:

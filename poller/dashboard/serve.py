@@ -22,10 +22,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from poller.dashboard import auth
 from poller.dashboard.app import FACES as FACES
 from poller.dashboard.app import create_app
-from poller.dashboard.auth import TOKEN_FILE as TOKEN_FILE
 from poller.dashboard.auth import Credentials as Credentials
 from poller.dashboard.auth import credentials as credentials
-from poller.dashboard.auth import token_from_file as token_from_file
 from poller.dashboard.web import loopback as loopback
 from poller.db import async_engine
 from poller.errors import ConfigurationError

@@ -127,6 +127,16 @@ def test_embedded_default_starts_once_and_stops(tmp_path: Path) -> None:
         code, first, _ = invoke("embedded", "start", **env)
         code, second, _ = invoke("embedded", "start", **env)
         assert first == second  # idempotent: the same running servers
+        # and the web faces' token: `poller dashboard` in that shell needs nothing more
+        exported = dict(re.findall(r"export (\w+)=(\S+)", first))
+        from poller.dashboard.auth import credentials
+        from poller.settings import load_settings
+
+        token = exported["POLLER_DASHBOARD_TOKEN"]
+        settings = load_settings(
+            database_url=exported["POLLER_DATABASE_URL"], dashboard_token=token
+        )
+        assert credentials(settings).token == token and len(token) >= 16
         port = int(re.search(r"127\.0\.0\.1:(\d+)/postgres", first).group(1))  # type: ignore[union-attr]
         code, out, _ = invoke("db", "current", **env)
         assert " (head) — embedded PostgreSQL in " in out  # data survived between commands

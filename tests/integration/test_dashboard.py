@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 
 from poller.dashboard import auth
 from poller.dashboard.app import create_app
+from poller.embedded import DASHBOARD_TOKEN_FILE, dashboard_token
 from poller.errors import ConfigurationError
 from poller.outbox import Message, enqueue_many
 from poller.settings import load_settings
@@ -257,14 +258,14 @@ def test_a_big_login_form_is_refused_unread(engine: Engine) -> None:
 
 def test_credentials_from_settings_and_the_token_file(tmp_path: Path) -> None:
     made = auth.credentials(load_settings(data_dir=tmp_path))
-    assert made.token_file == tmp_path / auth.TOKEN_FILE
+    assert made.token_file == tmp_path / DASHBOARD_TOKEN_FILE
     assert made.token is not None and len(made.token) >= 16
     assert (made.token_file.stat().st_mode & 0o777) == 0o600
     assert auth.credentials(load_settings(data_dir=tmp_path)).token == made.token  # kept
     made.token_file.write_text("weak\n")  # a token too short to trust is replaced
-    assert len(auth.token_from_file(made.token_file)) >= 16
+    assert len(dashboard_token(made.token_file)) >= 16
     blocked = tmp_path / "blocked"
-    (blocked / auth.TOKEN_FILE).mkdir(parents=True)  # a folder where the file should be
+    (blocked / DASHBOARD_TOKEN_FILE).mkdir(parents=True)  # a folder where the file should be
     with pytest.raises(ConfigurationError, match="dashboard token"):
         auth.credentials(load_settings(data_dir=blocked))
     with pytest.raises(ConfigurationError, match="POLLER_DASHBOARD_TOKEN"):
