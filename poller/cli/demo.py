@@ -2,7 +2,8 @@
 
 Starts PostgreSQL and Redis in a temporary folder, migrates, starts two
 reference receivers (one healthy but flaky: some 5xx, some answers dropped
-after processing; one that always answers 500), creates an endpoint on each
+after processing; one that answers 500 until the other's messages are delivered),
+creates an endpoint on each
 (the healthy one with a lookup URL), runs two pollers elected through Redis
 (shards split between them), enqueues messages from inside SQLAlchemy
 transactions (plus one rolled back, which never appears), shows live progress
@@ -295,7 +296,9 @@ async def _demo(console: Console, url: str, redis_url: str, count: int, timeout:
         await broken.stop()
         for receiver in subscribers.values():
             await receiver.stop()
-    summary = await _summary(aengine, pollers, healthy, time.monotonic() - began, subscribers)
+    summary = await _summary(
+        aengine, pollers, healthy, time.monotonic() - began, subscribers, broken
+    )
     await aengine.dispose()
     console.print(summary)
     return finished
@@ -426,6 +429,7 @@ async def _summary(
     receiver: Receiver,
     elapsed: float,
     subscribers: dict[str, Receiver],
+    broken: Receiver,
 ) -> Group:
     counts = await _counts(engine)
     async with engine.connect() as conn:
@@ -446,7 +450,8 @@ async def _summary(
             counts.get("pending", 0) + counts.get("in_flight", 0) + counts.get("waiting", 0),
         ),
         ("rolled-back message stored", rolled_back),
-        ("applied by the receiver (unique keys)", stats["unique"]),
+        ("applied by orders' receiver (unique keys)", stats["unique"]),
+        ("applied by legacy's receiver, once it came back", broken.stats.applied),
         ("duplicates suppressed by the receiver", stats["duplicates"]),
         (
             "injected 5xx / dropped answers",

@@ -54,7 +54,8 @@ def test_demo_delivers_and_leaves_nothing_running(tmp_path: Path) -> None:
     assert "event endpoint.circuit_closed legacy" in out
     assert int(_row(out, "still open")) == 0
     assert int(_row(out, "rolled-back message stored")) == 0
-    assert int(_row(out, "applied by the receiver (unique keys)")) == 490
+    assert int(_row(out, "applied by orders' receiver (unique keys)")) == 490
+    assert int(_row(out, "applied by legacy's receiver, once it came back")) == 10
     # one in five goes out in order per customer: 100, less the 10 sent to "legacy"
     assert _row(out, "ordered messages applied / order violations") == "90 / 0"
     assert "failed for good" not in out + done.stderr  # the summary says it, once
