@@ -39,13 +39,13 @@ from urllib.parse import quote
 
 from poller import outcomes
 from poller.endpoints import Endpoint
+from poller.errors import SendError
 from poller.outcomes import ClaimedMessage, Outcome, record
 from poller.retry import parse_retry_after, retry_delay
-from poller.senders import Reply, Sender, SendError
 from poller.settings import Settings
 from poller.signing import sign
 from poller.urls import LOOKUP_PLACEHOLDER
-from poller.wire import RETRY_AFTER_STATUSES
+from poller.wire import RETRY_AFTER_STATUSES, Reply, Sender
 
 EXCERPT_CAP = 2048
 

@@ -37,11 +37,11 @@ from poller.errors import PayloadInvalid
 from poller.health import GOVERN_QUIET, is_endpoint_failure
 from poller.names import DOT_SEGMENTS
 from poller.outcomes import ClaimedMessage, Outcome, clean_text
+from poller.redact import scrub_urls
 from poller.retry import backoff
 from poller.senders import Sender
 from poller.settings import Settings
 from poller.tracing import propagated, valid_traceparent
-from poller.urls import scrub_urls
 
 if TYPE_CHECKING:
     from poller.delivery_metrics import Count, Histogram

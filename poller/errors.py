@@ -6,8 +6,11 @@ All derive from :class:`PollerError`; input errors also derive from
 catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
 
     PollerError
+    ├── AddressRefused                 (OSError) a connection private-target refusal forbids
     ├── ConfigurationError             (ValueError) a setting, named by its variable
+    │   └── PortalNotConfigured
     ├── ConnectionNotSupported         (TypeError) not a connection a door takes
+    ├── ElectionUnavailable            the election's backend cannot be reached
     ├── EmbeddedServerError            (RuntimeError)
     ├── EndpointExists
     ├── EndpointInUse
@@ -29,6 +32,7 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     │   ├── InvalidSubscription
     │   └── PrivateTarget
     ├── InvalidInput                   (ValueError) what a person typed
+    │   └── InvalidHost
     ├── InvalidReplay                  (ValueError)
     ├── NotAllowed                     a tenant changing what is the operator's
     ├── NotFound                       (LookupError)
@@ -39,7 +43,10 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
     │   ├── TokenNotFound
     │   └── UnknownEndpoint
     ├── RequestConflict
+    ├── RequestRefused                 a web request a face will not take (its HTTP status)
+    ├── SchemaTooCostly                a payload's check ran out of steps
     ├── SecretUnreadable
+    ├── SendError                      a delivery's exchange failed (``sent``: maybe seen)
     ├── ServiceCrashed                 (RuntimeError)
     ├── TenantFull
     ├── TokenExists
@@ -48,10 +55,15 @@ catch them. The tree (tests/unit/test_validation.py checks it is the classes')::
 Each face maps them once: the CLI (``poller/cli/__init__.py``) exits 1 for
 :class:`NotFound`, 2 for any other :class:`PollerError` and 70 for anything
 else (a bug, never reported as "not found"); the dashboard answers 404 for
-:class:`NotFound` and 400 for :class:`InvalidInput`.
+:class:`NotFound` and 400 for any other; the API answers a problem per class; anything
+else is a bug (500, logged). Nothing outside this module defines an exception.
 """
 
 from __future__ import annotations
+
+import errno
+
+from poller.redact import scrub_urls
 
 
 class PollerError(Exception):
@@ -288,6 +300,52 @@ class PayloadInvalid(InvalidPayload):
 
 class EventTypeNotFound(NotFound):
     """The catalog has no event type of this name."""
+
+
+class PortalNotConfigured(ConfigurationError):
+    """No portal key: POLLER_PORTAL_KEY is unset on a configured database."""
+
+
+class InvalidHost(InvalidInput):
+    """A host that looks numeric but is no valid IPv4 address (e.g. ``1.2.3.256``)."""
+
+
+class AddressRefused(PollerError, OSError):
+    """A delivery would connect to an address that private-target refusal forbids
+    (poller/netguard.py). An ``OSError``, as the HTTP clients expect of a socket."""
+
+    def __init__(self, message: str) -> None:
+        OSError.__init__(self, errno.EACCES, message)  # strerror carries it into client errors
+
+
+class ElectionUnavailable(PollerError):
+    """The election's backend (Redis or PostgreSQL) could not be reached."""
+
+
+class SendError(PollerError):
+    """A delivery's exchange failed (poller/wire.py); ``sent`` tells whether the receiver
+    may have the request."""
+
+    def __init__(self, error_class: str, message: str, *, sent: bool) -> None:
+        # Every sender's words go through here to error_message, logs and events: a
+        # URL in them (clients quote the one they were given) shows no path or query.
+        super().__init__(scrub_urls(message))
+        self.error_class = error_class
+        self.sent = sent
+
+
+class SchemaTooCostly(PollerError):
+    """Checking a payload against a JSON Schema ran out of its steps
+    (poller/json_schemas.py): reported as the payload's refusal."""
+
+
+class RequestRefused(PollerError):
+    """A web request a face will not take before it reaches the core (no JSON body, too
+    large, read-only caller…): answered as the problem ``status`` with ``detail``."""
+
+    def __init__(self, status: int, detail: str, errors: list[dict[str, str]] | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.errors = status, detail, errors
 
 
 # --- the SQL doors' SQLSTATEs ----------------------------------------------------

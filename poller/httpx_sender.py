@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 import httpcore
 import httpx
 
+from poller.errors import SendError
 from poller.netguard import GuardedBackend, Resolve, system_resolve
 from poller.proxy import SNI, WROTE, Proxy, ProxyBackend, Route
 from poller.tls import HANDSHAKE_RESET, handshake_reset, tls_failure
-from poller.wire import READ_CAP, Reply, SendError, connect_budget, error_text, preflight
+from poller.wire import READ_CAP, Reply, connect_budget, error_text, preflight
 
 if TYPE_CHECKING:
     from poller.tls import TLSSettings

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from poller.errors import InvalidInput
+from poller.errors import InvalidInput, SchemaTooCostly
 
 log = logging.getLogger(__name__)
 
@@ -115,15 +115,11 @@ class _Steps(threading.local):
 _steps = _Steps()
 
 
-class _TooCostly(Exception):
-    pass
-
-
 def _counted(check: Callable[..., Any]) -> Callable[..., Any]:
     def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
         _steps.left -= 1
         if _steps.left < 0:
-            raise _TooCostly
+            raise SchemaTooCostly
         return check(validator, value, instance, schema)
 
     return counted
@@ -366,7 +362,7 @@ def problems(schema: dict[str, Any] | str, payload: Any, *, stored: bool = False
         ) from None
     except ValueError as exc:  # urllib's, for a stored $id that is no URI (_check_refs)
         raise InvalidInput(f"the schema cannot be followed: {str(exc)[:200]}") from None
-    except _TooCostly:
+    except SchemaTooCostly:
         raise InvalidInput(
             f"checking the payload took more than {STEPS:,} steps: the schema re-checks "
             "parts of it many times over (anyOf or oneOf beside unevaluatedProperties, "

@@ -34,7 +34,6 @@ on our behalf to an address this guard never sees.
 from __future__ import annotations
 
 import asyncio
-import errno
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Iterable
@@ -42,22 +41,13 @@ from typing import Any
 
 import httpcore
 
+from poller.errors import AddressRefused, InvalidHost
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolve = Callable[[str, int], Awaitable[list[str]]]
 
 _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 _SHARED = ipaddress.IPv4Network("100.64.0.0/10")
-
-
-class AddressRefused(OSError):
-    """A delivery would connect to an address that private-target refusal forbids."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(errno.EACCES, message)  # strerror carries it into client errors
-
-
-class InvalidHost(ValueError):
-    """A host that looks numeric but is no valid IPv4 address (e.g. ``1.2.3.256``)."""
 
 
 # --- addresses ----------------------------------------------------------------------

@@ -58,8 +58,8 @@ from urllib.parse import urlsplit
 
 from poller import metrics
 from poller.otlp import StringAttribute, span_end, span_start
+from poller.redact import shown_url
 from poller.tracing import valid_traceparent
-from poller.urls import shown_url
 
 log = logging.getLogger("poller.otel")
 if TYPE_CHECKING:

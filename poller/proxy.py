@@ -42,14 +42,13 @@ from urllib.parse import unquote, urlsplit
 
 import httpcore
 
+from poller.errors import AddressRefused, SendError
 from poller.netguard import (
-    AddressRefused,
     GuardedBackend,
     Resolve,
     check_address,
     literal_address,
 )
-from poller.wire import SendError
 
 UNKNOWN_VIA_PROXY = frozenset({502, 504})  # over absolute-form: the receiver may have it
 

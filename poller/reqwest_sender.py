@@ -73,7 +73,8 @@ from pyreqwest.http import Url
 from pyreqwest.request import RequestBuilder
 from pyreqwest.response import Response
 
-from poller.netguard import AddressRefused, Resolve, check_address, system_resolve
+from poller.errors import AddressRefused
+from poller.netguard import Resolve, check_address, system_resolve
 from poller.senders import AiohttpSender
 from poller.tls import HANDSHAKE_RESET
 from poller.wire import (

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import yarl
 
+from poller.errors import SendError
 from poller.netguard import Resolve, guarded_socket, system_resolve
 from poller.proxy import Proxy, Route
 from poller.tls import HANDSHAKE_RESET, handshake_reset, tls_failure
@@ -32,7 +33,6 @@ from poller.wire import READ_CAP as READ_CAP
 from poller.wire import TARGETS_KEPT, connect_budget, error_text, preflight
 from poller.wire import Reply as Reply
 from poller.wire import Sender as Sender
-from poller.wire import SendError as SendError
 
 if TYPE_CHECKING:
     from poller.tls import TLSSettings

@@ -48,8 +48,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import metrics, queries
 from poller.db import TRANSIENT, OutageLog
-from poller.election import MAINTENANCE, ElectionUnavailable, Elector, Lease, shard_key
-from poller.errors import ConfigurationError
+from poller.election import MAINTENANCE, Elector, Lease, shard_key
+from poller.errors import ConfigurationError, ElectionUnavailable
 from poller.schema import BUCKETS
 
 log = logging.getLogger("poller.shards")

@@ -15,8 +15,8 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import idna
 
-from poller.errors import InvalidEndpoint, PrivateTarget
-from poller.netguard import InvalidHost, host_refusal, literal_address
+from poller.errors import InvalidEndpoint, InvalidHost, PrivateTarget
+from poller.netguard import host_refusal, literal_address
 
 LOOKUP_PLACEHOLDER = "{idempotency_key}"
 MAX_URL = 8192
@@ -118,32 +118,3 @@ def check_lookup_url(url: object, *, allow_private: bool = False) -> str:
     if LOOKUP_PLACEHOLDER not in checked:
         raise InvalidEndpoint(f"lookup_url must contain {LOOKUP_PLACEHOLDER}")
     return checked
-
-
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
-
-
-def shown_url(url: str) -> str:
-    """``url`` as errors, logs, spans and events show it: its scheme, host and port,
-    never its credentials, path or query — for a Slack- or Discord-style receiver the
-    path *is* the credential, and a query often holds a token (``…/…`` marks what was
-    left out)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return url.partition("://")[0] + "://…"
-    if ":" in host:
-        host = f"[{host}]"
-    shown = f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
-    rest = url.partition("://")[2].partition("/")[2]
-    return shown + ("/…" if rest or parts.query else "")
-
-
-def scrub_urls(text: str) -> str:
-    """``text`` with every URL in it as :func:`shown_url` shows it: an HTTP client's
-    error quotes the URL it was given, path and query and all."""
-    if "://" not in text:
-        return text
-    return _URL_IN_TEXT.sub(lambda found: shown_url(found.group(0)), text)

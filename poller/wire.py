@@ -28,9 +28,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
+from poller.errors import SendError as SendError
 from poller.netguard import host_refusal
 from poller.outcomes import record
-from poller.urls import scrub_urls
 
 if TYPE_CHECKING:
     from poller.tls import TLSSettings
@@ -46,17 +46,6 @@ class Reply:
     status: int
     retry_after: str | None
     body: bytes
-
-
-class SendError(Exception):
-    """The exchange failed; ``sent`` tells whether the receiver may have the request."""
-
-    def __init__(self, error_class: str, message: str, *, sent: bool) -> None:
-        # Every sender's words go through here to error_message, logs and events: a
-        # URL in them (clients quote the one they were given) shows no path or query.
-        super().__init__(scrub_urls(message))
-        self.error_class = error_class
-        self.sent = sent
 
 
 class Sender(Protocol):

@@ -4,12 +4,16 @@ ground every page stands on (poller/dashboard/web.py)."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 from sqlalchemy import Engine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
@@ -19,6 +23,7 @@ from poller.dashboard.web import (
     HERE,
     Dashboard,
     SecurityHeaders,
+    dashboard,
     database_away,
     expected_failure,
     host_of,
@@ -30,9 +35,23 @@ from poller.db import TRANSIENT
 from poller.errors import ConfigurationError, PollerError
 from poller.settings import DASHBOARD_ADDR, Settings
 
+log = logging.getLogger("poller.dashboard")
+
 FACES = ("dashboard", "api", "portal")
 """What a listener may serve: the operator's pages, the management API (/api/v1), the
 tenant portal (/portal)."""
+
+
+async def unexpected_failure(request: Request, exc: Exception) -> Response:
+    """Anything else a route raised is a bug: logged with its traceback under an id, and
+    answered 500 with that id (a problem under /api/, a status page elsewhere) — never
+    passed off as the caller's mistake."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("bug %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+    said = f"unexpected error (a bug in webhook-poller), logged as {error_id}"
+    if request.url.path.startswith("/api/"):
+        return rest.problem(500, said)
+    return dashboard(request).error(request, 500, said)
 
 
 def create_app(
@@ -79,6 +98,7 @@ def create_app(
             **dict.fromkeys(TRANSIENT, database_away),
             PollerError: expected_failure,
             HTTPException: rest.http_error,  # no route, wrong method: a problem under /api/
+            Exception: unexpected_failure,  # a bug: 500 with an id in the log
         },
     )
     app.state.dashboard = Dashboard(settings, engine, creds, leases=leases)

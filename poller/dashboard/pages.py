@@ -28,24 +28,20 @@ CHART_W, CHART_H = 600, 120
 RECENT_MINUTES = 5  # the overview's "now" rates: attempts over the last 5 minutes
 
 
-class BadInput(InvalidInput):
-    """A filter or form value the page cannot use: shown, with status 400."""
-
-
 def _when(value: str, what: str) -> datetime | None:
     if not value:
         return None
     try:
         return parse.moment(value)
     except InvalidInput as exc:
-        raise BadInput(f"{what}: {exc}") from None
+        raise InvalidInput(f"{what}: {exc}") from None
 
 
 def _filter(params: Any) -> admin.FailedFilter:
     def text(name: str) -> str | None:
         value = str(params.get(name, "")).strip()
         if len(value) > 200 or not value.isprintable():
-            raise BadInput(f"{name}: at most 200 printable characters")
+            raise InvalidInput(f"{name}: at most 200 printable characters")
         return value or None
 
     return admin.FailedFilter(
@@ -70,13 +66,13 @@ def _cursor(value: str) -> tuple[datetime, int] | None:
     try:
         at = datetime.fromisoformat(when)
     except ValueError:
-        raise BadInput("before: not a page cursor") from None
+        raise InvalidInput("before: not a page cursor") from None
     try:
         number = parse.row_id(ident)
     except InvalidInput:
-        raise BadInput("before: not a page cursor") from None
+        raise InvalidInput("before: not a page cursor") from None
     if at.tzinfo is None:
-        raise BadInput("before: not a page cursor")
+        raise InvalidInput("before: not a page cursor")
     return at, number
 
 
@@ -146,7 +142,7 @@ async def failed(request: Request) -> Response:
     try:
         where = _filter(request.query_params)
         before = _cursor(request.query_params.get("before", ""))
-    except BadInput as exc:
+    except InvalidInput as exc:
         return board.error(request, 400, str(exc))
 
     def read(conn: Connection) -> list[dict[str, Any]]:
@@ -340,7 +336,7 @@ async def _plan(request: Request, params: Any) -> admin.RetryPlan | Response:
     try:
         where = _filter(params)
         return await board.read(lambda conn: admin.plan_retry(conn, where=where))
-    except BadInput as exc:
+    except InvalidInput as exc:
         return board.error(request, 400, str(exc))
     except UnknownEndpoint as exc:
         return board.error(request, 404, str(exc))
@@ -376,7 +372,7 @@ def _replay_window(params: Any) -> tuple[datetime, datetime | None, str | None]:
     """A replay's since (required), until and event type, from a query or a form."""
     start = _when(str(params.get("since", "")).strip(), "since")
     if start is None:
-        raise BadInput("since: required")
+        raise InvalidInput("since: required")
     end = _when(str(params.get("until", "")).strip(), "until")
     return start, end, str(params.get("event_type", "")).strip() or None
 
@@ -403,7 +399,7 @@ async def confirm_endpoint(request: Request) -> Response:
                     board.engine, name, since=start, until=end, event_type=event, dry_run=True
                 )
             )
-        except (BadInput, PollerError, ValueError) as exc:
+        except PollerError as exc:
             return board.error(request, 400, str(exc))
         context["preview"] = preview.as_dict()
     return board.render(request, "confirm_endpoint.html", **context)
@@ -449,7 +445,7 @@ async def endpoint_action(request: Request) -> Response:
             n = 1
     except UnknownEndpoint as exc:
         return board.error(request, 404, str(exc))
-    except (BadInput, PollerError, ValueError) as exc:
+    except PollerError as exc:
         return board.error(request, 400, str(exc))
     return RedirectResponse(f"/endpoints?done={verb}&n={n}", 303)
 

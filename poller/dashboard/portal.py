@@ -50,6 +50,7 @@ from poller.errors import (
     MessageNotFound,
     NotFound,
     PollerError,
+    PortalNotConfigured,
     UnknownEndpoint,
 )
 from poller.outbox import send_test_event
@@ -65,10 +66,6 @@ RECENT = 50  # deliveries shown on an endpoint's page
 Page = Callable[[Request, portal.Session], Awaitable[Response]]
 
 
-class NotConfigured(Exception):
-    """No portal key: POLLER_PORTAL_KEY is unset on a configured database."""
-
-
 def _key(request: Request) -> bytes:
     """The portal's key, read when the portal is first used (poller/portal.py)."""
     state = request.app.state
@@ -76,7 +73,7 @@ def _key(request: Request) -> bytes:
         try:
             state.portal_key = portal.portal_key(dashboard(request).settings)
         except ConfigurationError:
-            raise NotConfigured from None
+            raise PortalNotConfigured from None
     key: bytes = state.portal_key
     return key
 
@@ -121,7 +118,7 @@ def page(handler: Page) -> Callable[[Request], Awaitable[Response]]:
     async def guarded(request: Request) -> Response:
         try:
             session = portal.open_session(_key(request), request.cookies.get(COOKIE, ""))
-        except NotConfigured:
+        except PortalNotConfigured:
             return refuse(request, 503, "The portal is not set up here (POLLER_PORTAL_KEY).")
         except InvalidInput:
             return refuse(request, 401, "This portal session has ended: open the portal "
@@ -189,7 +186,7 @@ async def start(request: Request) -> Response:
     # wrong ones are counted per address and answered 429 past the limit.
     try:
         link = portal.read_link(_key(request), request.query_params.get("link", ""))
-    except NotConfigured:
+    except PortalNotConfigured:
         return refuse(request, 503, "The portal is not set up here (POLLER_PORTAL_KEY).")
     except InvalidInput as exc:
         board.token_failures.failed(client)

@@ -38,6 +38,7 @@ from poller.errors import (
     NotFound,
     PollerError,
     RequestConflict,
+    RequestRefused,
     TenantFull,
     TokenRefused,
     UnknownEndpoint,
@@ -163,14 +164,6 @@ async def _caller(board: Dashboard, request: Request) -> Caller | Response:
 Handler = Callable[[Request, Caller, dict[str, Any]], Awaitable[Response]]
 
 
-class Refused(Exception):
-    """A request a route will not take: answered as the problem ``status``, ``detail``."""
-
-    def __init__(self, status: int, detail: str, errors: list[dict[str, str]] | None = None):
-        super().__init__(detail)
-        self.status, self.detail, self.errors = status, detail, errors
-
-
 @dataclass(frozen=True, slots=True)
 class Param:
     """A query parameter a route reads (for the OpenAPI document)."""
@@ -222,7 +215,7 @@ def api(
                     most = limit if isinstance(limit, int) else limit(board)
                     fields = await _change(request, caller, shape, most)
                 return await handler(request, caller, fields)
-            except Refused as exc:
+            except RequestRefused as exc:
                 return problem(exc.status, exc.detail, errors=exc.errors)
             except NotFound as exc:
                 return problem(404, str(exc))
@@ -236,7 +229,7 @@ def api(
                 TenantFull,
             ) as exc:
                 return problem(409, str(exc))
-            except (InvalidInput, ValueError, PollerError) as exc:
+            except PollerError as exc:  # a ValueError is a bug: 500, logged
                 hint = getattr(exc, "hint", None)  # an admin's: the setting that allows it
                 said = f"{exc}; {hint}" if hint and caller.scope.tenant is None else str(exc)
                 return problem(422, said)
@@ -256,9 +249,9 @@ async def _change(
     """A change's body, checked; refused for a caller that may change nothing."""
     kind = request.headers.get("content-type", "").partition(";")[0]
     if kind.strip().lower() != "application/json":  # what no other site's form can send
-        raise Refused(415, "send Content-Type: application/json")
+        raise RequestRefused(415, "send Content-Type: application/json")
     if caller.read_only:
-        raise Refused(403, f"{caller.who} is read-only: it changes nothing")
+        raise RequestRefused(403, f"{caller.who} is read-only: it changes nothing")
     return _checked(shape, await _json(request, limit))
 
 
@@ -266,23 +259,23 @@ async def _json(request: Request, limit: int) -> Any:
     """The request's JSON (nothing: ``{}``), read no further than ``limit`` bytes."""
     size = request.headers.get("content-length", "")
     if size.isdigit() and int(size) > limit:
-        raise Refused(413, f"the body is over {limit} bytes")
+        raise RequestRefused(413, f"the body is over {limit} bytes")
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > limit:
-            raise Refused(413, f"the body is over {limit} bytes")
+            raise RequestRefused(413, f"the body is over {limit} bytes")
     if not raw.strip():
         return {}
     try:
         return loads(raw)
     except (ValueError, RecursionError) as exc:
-        raise Refused(422, json_problem("the body", exc)[:200]) from None
+        raise RequestRefused(422, json_problem("the body", exc)[:200]) from None
 
 
 def _checked(shape: TypeAdapter[Any], body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise Refused(422, "the body must be a JSON object")
+        raise RequestRefused(422, "the body must be a JSON object")
     try:
         fields: dict[str, Any] = shape.validate_python(body)
     except ValidationError as exc:
@@ -291,9 +284,9 @@ def _checked(shape: TypeAdapter[Any], body: Any) -> dict[str, Any]:
             for e in exc.errors(include_url=False, include_input=False)[:20]
         ]
         shown = "; ".join(f"{e['field'][1:] or 'body'}: {e['message']}" for e in errors[:3])
-        raise Refused(422, shown, errors) from None
+        raise RequestRefused(422, shown, errors) from None
     except RecursionError:
-        raise Refused(422, "the body is nested too deep") from None
+        raise RequestRefused(422, "the body is nested too deep") from None
     return fields
 
 

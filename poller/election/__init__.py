@@ -45,10 +45,6 @@ class Holding:
     expires_in: float
 
 
-class ElectionUnavailable(Exception):
-    """The election backend could not be reached."""
-
-
 class Elector(Protocol):
     owner: str
     fenced: bool  # False only for ``none``: every poller owns every shard, no fences

@@ -8,7 +8,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import queries
-from poller.election import ElectionUnavailable, Holding, Lease
+from poller.election import Holding, Lease
+from poller.errors import ElectionUnavailable
 
 
 class PostgresElector:

@@ -20,7 +20,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from poller.election import ElectionUnavailable, Holding, Lease
+from poller.election import Holding, Lease
+from poller.errors import ElectionUnavailable
 
 # KEYS: lease, counter. ARGV: owner, ttl ms, floor.
 # A lease value that is not ``owner|fence`` (written by hand) is someone else's: it

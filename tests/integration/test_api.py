@@ -768,3 +768,28 @@ def test_a_private_url_is_refused_with_the_operators_hint_for_the_operator_alone
     assert "POLLER_" not in str(said["detail"])  # a setting the customer cannot change
     status, said = _send(web, "POST", "/api/v1/endpoints", made["admin"], {"name": "in", **body})
     assert status == 422 and "POLLER_ALLOW_PRIVATE_TARGETS" in str(said["detail"])
+
+
+def test_a_bug_is_a_500_with_an_id_in_the_log_never_a_client_error(
+    engine: Engine,
+    api: tuple[TestClient, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A ValueError a route did not expect is a bug: not the caller's 422."""
+    from poller.dashboard import api_endpoints
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(api_endpoints, "list_endpoints", broken)
+    web, made = api
+    with TestClient(
+        web.app, base_url="http://127.0.0.1:8188", raise_server_exceptions=False
+    ) as plain:
+        answer = plain.get(
+            "/api/v1/endpoints", headers={"Authorization": f"Bearer {made['admin']}"}
+        )
+    assert answer.status_code == 500 and "Traceback" not in answer.text
+    error_id = answer.json()["detail"].rpartition(" ")[2]
+    assert any(error_id in r.getMessage() and r.exc_info for r in caplog.records)

@@ -12,7 +12,8 @@ from poller.errors import InvalidEndpoint, PrivateTarget
 from poller.netguard import host_refusal
 from poller.outbox import check_message
 from poller.payloads import serialise_payload
-from poller.urls import check_url, scrub_urls, shown_url
+from poller.redact import scrub_urls, shown_url
+from poller.urls import check_url
 
 visible_ascii = st.text(
     st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=255
