@@ -4,8 +4,11 @@ cannot flake). The budget itself (≤ 0.3 s for `poller --version`) is measured 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 
@@ -88,3 +91,43 @@ def test_no_public_name_of_poller_is_shadowed_by_a_submodule() -> None:
         "assert not bad, bad\n"
     )
     _modules_after(code)
+
+
+PLANTS = [  # (module, the import planted in it, the contract it breaks)
+    ("poller/retry.py", "import poller.embedded", "Pure modules"),
+    ("poller/schema.py", "import poller.receiver", "Pure modules"),
+    ("poller/cli/run.py", "import poller.dashboard.api", "The CLI starts the dashboard"),
+    ("poller/errors.py", "import poller.outbox", "Faces over the core"),
+    ("poller/outbox.py", "import poller.cli", "Faces over the core"),
+    ("poller/dashboard/web.py", "import poller.dashboard.rest", "No import cycle"),
+]
+
+
+def test_the_import_contracts_fail_on_a_planted_violation(tmp_path: Path) -> None:
+    """A check that cannot fail is no check: `make lint`'s import contracts, run on a
+    copy of the tree, pass it as it is and fail each planted import, naming the
+    contract it breaks."""
+    root = Path(__file__).resolve().parents[2]
+    shutil.copytree(
+        root / "poller", tmp_path / "poller", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copy(root / "pyproject.toml", tmp_path / "pyproject.toml")
+    lint = Path(sys.executable).with_name("lint-imports")
+
+    def contracts() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(lint), "--no-cache", "--config", str(tmp_path / "pyproject.toml")],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        )  # fmt: skip
+
+    kept = contracts()
+    assert kept.returncode == 0, kept.stdout[-2000:]
+    for module, planted, contract in PLANTS:
+        path = tmp_path / module
+        clean = path.read_text()
+        path.write_text(clean + f"\n{planted}  # planted\n")
+        broken = contracts()
+        path.write_text(clean)
+        assert broken.returncode != 0, f"{planted} in {module} passed"
+        assert f"{contract}" in broken.stdout.split("Broken contracts")[-1], broken.stdout[-2000:]
