@@ -124,7 +124,8 @@ FLEETS = (
 MEASURING = (
     "tests/faults/test_hunt.py",  # no live poller's claim may expire: its heartbeats must run
     "tests/acceptance/test_loadtest.py",
-    "tests/integration/test_endpoint_health.py",
+    "tests/integration/test_health_circuit.py",
+    "tests/integration/test_health_rate_limits.py",
 )
 
 
