@@ -110,6 +110,21 @@ def readme() -> str:
     return text.replace("](examples/first_webhook.py)", "](tutorials/first-webhook.md)")
 
 
+_ROLE = re.compile(r":(?:func|class|mod|data|attr|meth|exc|obj):<code>(~?)([^<]*)</code>")
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    """What the generators leave raw: a Sphinx role in a docstring (mkdocstrings reads
+    the reStructuredText fields, not the roles) becomes the code it names (``~`` its
+    last part, as Sphinx shows it); click's ``Sentinel.UNSET`` (an option with no
+    default) an empty cell of the CLI's tables."""
+    html = _ROLE.sub(
+        lambda m: f"<code>{m.group(2).rpartition('.')[2] if m.group(1) else m.group(2)}</code>",
+        html,
+    )
+    return html.replace("<code>Sentinel.UNSET</code>", "")
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
     if "<!-- readme -->" in markdown:
         markdown = markdown.replace("<!-- readme -->", readme())
