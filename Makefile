@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv upgrade browser node-door dist demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
+.PHONY: help venv upgrade browser node-door dist reference demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ lint: $(STAMP) ## ruff (lint + format check), mypy --strict and the import layer
 
 docs: $(STAMP) ## Build the documentation site into site/ (mkdocs build --strict)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+reference: $(STAMP) ## Rewrite the reference sections generated from the code (settings, errors, SQLSTATEs, API routes, module map) in docs/
+	$(BIN)/python docs/hooks/reference.py
 
 openapi: $(STAMP) ## Write the management API's OpenAPI document to docs/api/openapi.json
 	$(BIN)/python -c 'from poller.dashboard import api, openapi; print(openapi.text(api.openapi_document()), end="")' > docs/api/openapi.json

@@ -125,20 +125,51 @@ def on_page_content(html: str, **_: Any) -> str:
     return html.replace("<code>Sentinel.UNSET</code>", "")
 
 
+GENERATED = ("settings", "errors", "sqlstates", "openapi", "modules")
+"""The reference sections written from the code into the pages themselves, between
+``<!-- name -->`` and ``<!-- /name -->``: readable in the repository as on the site.
+``make reference`` rewrites them; tests/unit/test_docs.py fails while one is stale."""
+
+
+def _section(name: str) -> str:
+    return {
+        "settings": settings_table,
+        "errors": error_tree,
+        "sqlstates": sqlstate_table,
+        "openapi": openapi_reference,
+        "modules": module_map,
+    }[name]()
+
+
+def regenerate(markdown: str) -> str:
+    """``markdown`` with each generated section as the code makes it now."""
+    for name in GENERATED:
+        opening, closing = f"<!-- {name} -->", f"<!-- /{name} -->"
+        if opening not in markdown:
+            continue
+        before, _, rest = markdown.partition(opening)
+        _, found, after = rest.partition(closing)
+        if not found:  # a section never written: everything after the marker stays
+            after = rest
+        markdown = f"{before}{opening}\n{_section(name)}\n{closing}{after}"
+    return markdown
+
+
+def write_all() -> list[Path]:
+    """Rewrite every page's generated sections; the pages that changed."""
+    changed = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text()
+        if (new := regenerate(text)) != text:
+            page.write_text(new)
+            changed.append(page)
+    return changed
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
     if "<!-- readme -->" in markdown:
         markdown = markdown.replace("<!-- readme -->", readme())
-    if "<!-- settings -->" in markdown:
-        markdown = markdown.replace("<!-- settings -->", settings_table())
-    if "<!-- modules -->" in markdown:
-        markdown = markdown.replace("<!-- modules -->", module_map())
-    if "<!-- openapi -->" in markdown:
-        markdown = markdown.replace("<!-- openapi -->", openapi_reference())
-    if "<!-- errors -->" in markdown:
-        markdown = markdown.replace("<!-- errors -->", error_tree())
-    if "<!-- sqlstates -->" in markdown:
-        markdown = markdown.replace("<!-- sqlstates -->", sqlstate_table())
-    return markdown
+    return regenerate(markdown)
 
 
 def module_map() -> str:
@@ -224,3 +255,8 @@ def openapi_reference() -> str:
         lines += [f"#### {name}", "", schema.get("description", ""), ""]
         lines += [*_fields(schema), ""]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # make reference
+    for page in write_all():
+        print(f"wrote {page.relative_to(ROOT)}")

@@ -108,3 +108,20 @@ def test_the_site_shows_no_raw_role_and_no_unset_default() -> None:
     assert hook.on_page_content(html) == (
         "<p><code>enqueue</code> and <code>poller.Message</code></p><td></td>"
     )
+
+
+def test_the_reference_sections_in_the_pages_are_the_codes() -> None:
+    """The settings, errors, SQLSTATEs, API routes and module map are written into the
+    pages (readable in the repository): as the code makes them now (`make reference`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hook", repo_root() / "docs/hooks/reference.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    stale = [
+        str(page.relative_to(repo_root()))
+        for page in sorted((repo_root() / "docs").rglob("*.md"))
+        if hook.regenerate(page.read_text()) != page.read_text()
+    ]
+    assert stale == [], "run `make reference`"
