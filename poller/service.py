@@ -36,10 +36,9 @@ import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller import metrics
+from poller import metrics, queries
 from poller.claimer import Claimer
 from poller.claims import Claims
 from poller.completer import Completer
@@ -53,7 +52,6 @@ from poller.keyring import Keyring
 from poller.maintenance import Call, GaugeRefresher, Periodic, Purger, Reclaimer
 from poller.migrate import check_schema
 from poller.ops import serving
-from poller.schema import endpoints
 from poller.senders import Sender
 from poller.settings import Settings
 from poller.shards import ClaimScope, ShardManager, check_cluster
@@ -216,7 +214,7 @@ async def check_secrets(engine: AsyncEngine, keyring: Keyring) -> None:
     """Every endpoint's signing secret opens with the keyring, or ConfigurationError
     naming the endpoints (a poller with the wrong POLLER_SECRETS_KEY must not start)."""
     async with engine.connect() as conn:
-        rows = (await conn.execute(select(endpoints).order_by(endpoints.c.name))).all()
+        rows = (await conn.execute(queries.EVERY_ENDPOINT)).all()
     unreadable = [e for e in (Endpoint.from_row(row, keyring) for row in rows) if e.secret_error]
     if unreadable:
         names = ", ".join(e.name for e in unreadable[:5])
@@ -232,7 +230,7 @@ async def check_operator_endpoint(engine: AsyncEngine, name: str | None) -> None
     if name is None:
         return
     async with engine.connect() as conn:
-        found = (await conn.execute(select(endpoints.c.id).where(endpoints.c.name == name))).first()
+        found = (await conn.execute(queries.ENDPOINT_ID, {"name": name})).first()
     if found is None:
         raise ConfigurationError(
             f"POLLER_OPERATOR_ENDPOINT={name}: no such endpoint "

@@ -7,19 +7,18 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from poller import admin, parse, stats
+from poller import admin, parse, queries, stats
 from poller.cancel import pause_endpoint, resume_endpoint
 from poller.dashboard.web import action, dashboard, page, who
 from poller.endpoints import Endpoint, get_endpoint, set_enabled
 from poller.errors import InvalidInput, MessageNotFound, PollerError, UnknownEndpoint
 from poller.ordering import blocked_keys
 from poller.replay import replay
-from poller.schema import endpoints
 
 log = logging.getLogger("poller.dashboard")
 
@@ -214,14 +213,6 @@ async def message(request: Request) -> Response:
     )
 
 
-ENDPOINT_COLUMNS = (
-    endpoints.c.name,
-    endpoints.c.url,
-    endpoints.c.event_types,
-    endpoints.c.tenant,
-)  # what health_report lacks; never the secrets
-
-
 @page
 async def endpoint_page(request: Request) -> Response:
     """One endpoint's delivery settings and health: header names, never their values;
@@ -255,10 +246,7 @@ async def endpoint_list(request: Request) -> Response:
     def read(conn: Connection) -> list[dict[str, Any]]:
         report = stats.health_report(conn, after=after, contains=contains, limit=PAGE_SIZE + 1)
         names = [row["name"] for row in report]
-        described = {
-            r.name: r
-            for r in conn.execute(select(*ENDPOINT_COLUMNS).where(endpoints.c.name.in_(names)))
-        }
+        described = {r.name: r for r in conn.execute(queries.ENDPOINTS_SHOWN, {"names": names})}
         for row in report:
             info = described.get(row["name"])
             row["url"] = info.url if info else ""

@@ -62,3 +62,20 @@ DELETE_EMPTY_ENDPOINT = _statement(
     RETURNING e.id
     """,
 )
+
+# Every endpoint, whole, by name: `poller run` opens each one's signing secret before
+# it starts (poller/service.py), so a wrong POLLER_SECRETS_KEY stops it at once.
+EVERY_ENDPOINT = _statement("EVERY_ENDPOINT", "SELECT * FROM poller_endpoints ORDER BY name")
+
+# An endpoint's id by name, or no row: POLLER_OPERATOR_ENDPOINT must name one.
+ENDPOINT_ID = _statement("ENDPOINT_ID", "SELECT id FROM poller_endpoints WHERE name = :name")
+
+# What the dashboard's endpoint list shows beside their health (stats.health_report):
+# where each goes and what it takes — never a secret.
+ENDPOINTS_SHOWN = _statement(
+    "ENDPOINTS_SHOWN",
+    """
+    SELECT name, url, event_types, tenant FROM poller_endpoints
+    WHERE name = ANY(CAST(:names AS text[]))
+    """,
+)
