@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
-from poller import parse, schema_api
+from poller import parse, queries
 from poller.errors import InvalidInput, TokenExists, TokenNotFound, TokenRefused
 from poller.subscriptions import check_tenant
 
@@ -35,7 +35,6 @@ PREFIX = "wpt_"
 LAST_USE_EVERY = timedelta(minutes=1)
 _TOKEN = re.compile(r"wpt_[A-Za-z0-9_-]{43}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-T = schema_api.api_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,16 +149,15 @@ def create_token(
     try:
         with conn.begin_nested():
             row = conn.execute(
-                insert(T)
-                .values(
-                    name=name,
-                    scope=str(scope),
-                    read_only=read_only,
-                    token_sha256=_digest(token),
-                    created_by=created_by,
-                    expires_at=expires_at,
-                )
-                .returning(*T.c)
+                queries.CREATE_TOKEN,
+                {
+                    "name": name,
+                    "scope": str(scope),
+                    "read_only": read_only,
+                    "token_sha256": _digest(token),
+                    "created_by": created_by,
+                    "expires_at": expires_at,
+                },
             ).one()
     except IntegrityError:
         raise TokenExists(f"a token named {name!r} exists (revoked ones keep their name)") from None
@@ -168,7 +166,7 @@ def create_token(
 
 def list_tokens(conn: Connection) -> list[Token]:
     """Every token, revoked and expired ones too, oldest first."""
-    return [_token(row) for row in conn.execute(select(T).order_by(T.c.id))]
+    return [_token(row) for row in conn.execute(queries.EVERY_TOKEN)]
 
 
 def revoke_token(conn: Connection, name: str) -> Token:
@@ -176,12 +174,7 @@ def revoke_token(conn: Connection, name: str) -> Token:
     a revoked token changes nothing."""
     if not _NAME.fullmatch(name):  # no token has it (PostgreSQL refuses a NUL outright)
         raise TokenNotFound(f"no token named {name[:64]!r}")
-    row = conn.execute(
-        update(T)
-        .where(T.c.name == name)
-        .values(revoked_at=func.coalesce(T.c.revoked_at, func.now()))
-        .returning(*T.c)
-    ).one_or_none()
+    row = conn.execute(queries.REVOKE_TOKEN, {"name": name}).one_or_none()
     if row is None:
         raise TokenNotFound(f"no token named {name[:64]!r}")
     return _token(row)
@@ -192,7 +185,7 @@ def authenticate(conn: Connection, presented: str) -> Token:
     revoked (the same answer for each, and never the token in it). Records its use."""
     if not _TOKEN.fullmatch(presented):
         raise TokenRefused("not a webhook-poller API token")
-    row = conn.execute(select(T).where(T.c.token_sha256 == _digest(presented))).one_or_none()
+    row = conn.execute(queries.TOKEN_BY_DIGEST, {"token_sha256": _digest(presented)}).one_or_none()
     if row is None:
         raise TokenRefused("unknown, expired or revoked token")
     found = _token(row)
@@ -200,5 +193,5 @@ def authenticate(conn: Connection, presented: str) -> Token:
     if found.state(now) != "active":
         raise TokenRefused("unknown, expired or revoked token")
     if found.last_used_at is None or now - found.last_used_at >= LAST_USE_EVERY:
-        conn.execute(update(T).where(T.c.id == found.id).values(last_used_at=func.now()))
+        conn.execute(queries.TOKEN_USED, {"id": found.id})
     return found
