@@ -18,11 +18,10 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Connection
 
+from poller import queries
 from poller.errors import InvalidInput, RequestConflict
-from poller.schema_api import api_requests as T
 
 KEPT = timedelta(days=1)
 MAX_KEY = 255
@@ -39,19 +38,15 @@ def claim(conn: Connection, caller: str, key: str, body: Any, made: str) -> str 
     and make it, in this transaction); else the name the first such request made."""
     if not key or len(key) > MAX_KEY or not key.isprintable():
         raise InvalidInput(f"Idempotency-Key: 1 to {MAX_KEY} printable characters")
-    conn.execute(delete(T).where(T.c.created_at < func.now() - KEPT))
+    conn.execute(queries.FORGET_REQUESTS, {"kept": KEPT.total_seconds()})
     fingerprint = digest(body)
+    mine = {"caller": caller, "idempotency_key": key}
     taken = conn.execute(
-        insert(T)
-        .values(caller=caller, idempotency_key=key, request_sha256=fingerprint, made=made)
-        .on_conflict_do_nothing()
-        .returning(T.c.made)
+        queries.TAKE_REQUEST, {**mine, "request_sha256": fingerprint, "made": made}
     ).first()
     if taken is not None:
         return None
-    first = conn.execute(
-        select(T.c.request_sha256, T.c.made).where(T.c.caller == caller, T.c.idempotency_key == key)
-    ).one()
+    first = conn.execute(queries.REQUEST_TAKEN, mine).one()
     if first.request_sha256 != fingerprint:
         raise RequestConflict(f"Idempotency-Key {key[:60]!r} was used for a different request")
     return str(first.made)

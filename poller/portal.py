@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
-from sqlalchemy import Connection, delete, func
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Connection
 
+from poller import queries
 from poller.errors import ConfigurationError, InvalidInput
-from poller.schema_api import portal_links_used
 from poller.settings import Settings
 from poller.signing import same_text
 from poller.subscriptions import check_tenant
@@ -129,14 +128,10 @@ def read_link(key: bytes, token: str, now: float | None = None) -> Link:
 def spend_link(conn: Connection, link: Link) -> None:
     """Record that ``link`` was opened, in ``conn``'s transaction; InvalidInput when it
     was already (of two at once, one wins). Forgets links expired an hour ago."""
-    conn.execute(
-        delete(portal_links_used).where(portal_links_used.c.expires_at < func.now() - USED_KEPT)
-    )
+    conn.execute(queries.FORGET_LINKS, {"kept": USED_KEPT.total_seconds()})
     fresh = conn.execute(
-        insert(portal_links_used)
-        .values(nonce=link.nonce, expires_at=datetime.fromtimestamp(link.expires, UTC))
-        .on_conflict_do_nothing()
-        .returning(portal_links_used.c.nonce)
+        queries.SPEND_LINK,
+        {"nonce": link.nonce, "expires_at": datetime.fromtimestamp(link.expires, UTC)},
     ).first()
     if fresh is None:
         raise InvalidInput(USED)

@@ -16,7 +16,7 @@ The statements live in one module per part of the flow — ``enqueue``,
 ``claims``, ``health``, ``cluster`` (election, shards), ``maintenance``, ``ordering``,
 ``publish`` (fan-out, replay), ``reports`` (operational events, stats), ``cancel``
 (operators' holds: cancel, pause), ``endpoints`` (the registry), ``tokens`` (the
-API's tokens) — and are all
+API's tokens), ``requests`` (the API's idempotency keys, opened portal links) — and are all
 reachable here as ``queries.NAME``.
 """
 
@@ -34,6 +34,7 @@ from poller.queries.maintenance import *  # noqa: F403
 from poller.queries.ordering import *  # noqa: F403
 from poller.queries.publish import *  # noqa: F403
 from poller.queries.reports import *  # noqa: F403
+from poller.queries.requests import *  # noqa: F403
 from poller.queries.tokens import *  # noqa: F403
 
 __all__ = ["STATEMENTS", "Statement"]
