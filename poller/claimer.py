@@ -158,8 +158,10 @@ class Claimer:
             self.cycles += 1
             for callback in self.on_cycle:
                 callback(claimed)
-            if claimed < room or room <= 0:
+            if room <= 0:  # no room: until a wake-up, or a delivery at work starts waiting
                 await self._sleep(self._until_room(self._idle_for()))
+            elif claimed < room:  # it took all that was due: more room would find nothing
+                await self._sleep(self._idle_for())
 
     def _until_room(self, seconds: float) -> float:
         """``seconds``, or less when a delivery at work starts waiting sooner (its room

@@ -107,3 +107,39 @@ async def test_deliveries_ending_with_nothing_more_due_make_no_claim(
             await wait_for(written, timeout=10)
             assert ended and claims
             assert max(claims) < ended[-1]  # no claim after the last delivery ended
+
+
+async def test_slow_deliveries_that_took_all_that_was_due_wake_no_empty_claim(
+    engine: Engine, db_url: str
+) -> None:
+    """A claim took every due message; its deliveries wait on a slow receiver past
+    POLLER_WAITING_AFTER, which frees room — but room finds nothing more: no claim runs
+    until something new comes. (The claimer woke when the first delivery began to
+    wait and claimed nothing, once per batch: the empty claim after the last delivery
+    a loaded machine showed.)"""
+    from poller.receiver import Faults
+    from tests.integration.helpers import seed, wait_for
+    from tests.integration.service_helpers import (
+        counts,
+        fast_settings,
+        running_poller,
+        running_receiver,
+    )
+
+    # Deliveries wait 1 s on the receiver, and count as waiting after 0.5 s. A NOTIFY
+    # may arrive while the claim that takes its rows runs, and wake one empty claim
+    # right after it: only claims later than waiting_after / 2 are what this is about.
+    settings = fast_settings(
+        poll_interval=30, waiting_after=0.5, request_timeout=3.0, claim_lease=10.0
+    )
+    async with running_receiver(Faults(latency=1.0)) as (_, url):
+        make_endpoint(engine, "billing", url=url)
+        async with running_poller(db_url, settings) as poller:
+            cycles: list[tuple[float, int]] = []  # when each claim cycle ended, what it took
+            poller.claimer.on_cycle.append(lambda n: cycles.append((time.monotonic(), n)))
+            await wait_for(lambda: poller.claimer.listening, timeout=10)
+            seed(engine, 5)
+            await wait_for(lambda: counts(engine) == {"delivered": 5}, timeout=10)
+    took = next(at for at, n in cycles if n == 5)
+    late = [n for at, n in cycles if at > took + 0.25]
+    assert late == [], f"claims while the deliveries waited: {late}"
