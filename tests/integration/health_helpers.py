@@ -32,6 +32,20 @@ def health(engine: Engine, name: str = "billing") -> Any:
         ).one()
 
 
+def age_first_hundred(engine: Engine) -> None:
+    """The first 100 messages an hour old and due an hour ago; every 50th of them is to
+    be looked up first (an earlier outcome unknown)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE poller_outbox SET created_at = created_at - interval '1 hour', "
+                "next_attempt_at = now() - interval '1 hour', "
+                "needs_lookup = (id % 50 = 0) "
+                "WHERE id IN (SELECT id FROM poller_outbox ORDER BY id LIMIT 100)"
+            )
+        )
+
+
 def attempts_spent(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(text("SELECT sum(attempts) FROM poller_outbox")).scalar_one())

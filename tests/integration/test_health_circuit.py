@@ -24,6 +24,7 @@ from poller.receiver import Faults
 from poller.schema import CIRCUIT_HOLD as HOLD
 from tests.conftest import make_endpoint
 from tests.integration.health_helpers import (
+    age_first_hundred,
     attempts_spent,
     claim,
     claim_within,
@@ -167,15 +168,7 @@ async def test_a_backlog_aged_out_behind_an_open_circuit_ends_in_bulk_with_a_pro
     make_endpoint(engine, "billing", max_attempts=10, max_age=60.0)
     seed(engine, 153)
     await breaker.complete([failing(m) for m in await claim(breaker, 3)])
-    with engine.begin() as conn:  # 100 aged out, 2 of them to be looked up; 50 fresh
-        conn.execute(
-            text(
-                "UPDATE poller_outbox SET created_at = created_at - interval '1 hour', "
-                "next_attempt_at = now() - interval '1 hour', "
-                "needs_lookup = (id % 50 = 0) "
-                "WHERE id IN (SELECT id FROM poller_outbox ORDER BY id LIMIT 100)"
-            )
-        )
+    age_first_hundred(engine)  # 100 aged out, 2 of them to be looked up; 50 fresh
     batch = await claim_within(breaker)
     aged = [m for m in batch if m.expired]
     assert len(aged) == 98 and not any(m.probe for m in aged)

@@ -20,6 +20,7 @@ from poller.health import MIN_RATE
 from poller.receiver import Faults
 from tests.conftest import make_endpoint
 from tests.integration.health_helpers import (
+    age_first_hundred,
     claim,
     claim_within,
     dataclass_replace,
@@ -144,15 +145,7 @@ async def test_a_backlog_aged_out_behind_a_rate_limit_spends_no_tokens(
         conn.execute(text("UPDATE poller_endpoints SET rate_limit = 0.001, rate_burst = 1"))
         conn.execute(text("UPDATE poller_endpoint_health SET tokens_at = now() - interval '1 h'"))
     seed(engine, 103)
-    with engine.begin() as conn:  # 100 aged out, 2 of them to be looked up; 3 fresh
-        conn.execute(
-            text(
-                "UPDATE poller_outbox SET created_at = created_at - interval '1 hour', "
-                "next_attempt_at = now() - interval '1 hour', "
-                "needs_lookup = (id % 50 = 0) "
-                "WHERE id IN (SELECT id FROM poller_outbox ORDER BY id LIMIT 100)"
-            )
-        )
+    age_first_hundred(engine)  # 100 aged out, 2 of them to be looked up; 3 fresh
     batch = await claim(breaker)
     aged = [m for m in batch if m.expired]
     assert len(aged) == 98 and not any(m.probe or m.needs_lookup for m in aged)
