@@ -61,7 +61,7 @@ reference: $(STAMP) ## Rewrite the reference sections generated from the code (s
 	$(BIN)/python docs/hooks/reference.py
 
 openapi: $(STAMP) ## Write the management API's OpenAPI document to docs/api/openapi.json
-	$(BIN)/python -c 'from poller.dashboard import api, openapi; print(openapi.text(api.openapi_document()), end="")' > docs/api/openapi.json
+	$(BIN)/python -c 'from poller.web.api import openapi, routes; print(openapi.text(routes.openapi_document()), end="")' > docs/api/openapi.json
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples

@@ -1,14 +1,14 @@
-"""Alembic environment: migrates poller's tables (poller/schema.py's metadata)."""
+"""Alembic environment: migrates poller's tables (poller/store/schema.py's metadata)."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from poller import schema_api, schema_election  # noqa: F401  (their tables, on the same metadata)
-from poller.db import sqlalchemy_url, sync_engine
-from poller.migrate import VERSION_TABLE
-from poller.schema import metadata
 from poller.settings import load_settings
+from poller.store import schema_api, schema_election  # noqa: F401  (their tables, on the metadata)
+from poller.store.db import sqlalchemy_url, sync_engine
+from poller.store.migrate import VERSION_TABLE
+from poller.store.schema import metadata
 
 config = context.config
 
@@ -17,7 +17,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from poller.db import database_url
+    from poller.store.db import database_url
 
     return sqlalchemy_url(database_url(load_settings()))
 

@@ -5,7 +5,7 @@ shows the tenant portal of the signed-in customer's organisation in an iframe.
     export POLLER_PORTAL_KEY=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')
     export POLLER_PORTAL_URL=http://127.0.0.1:8188            # where browsers reach it
     export POLLER_PORTAL_EMBED_ORIGINS='["http://127.0.0.1:5000"]'   # this app may frame it
-    poller dashboard &                                         # serves /portal too
+    poller serve &                                         # serves /portal too
     flask --app examples/portal_flask:app run --port 5000
     open http://127.0.0.1:5000/settings/webhooks
 

@@ -38,10 +38,10 @@ from sqlalchemy import Engine, text
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.deliveries import start_receiver
 from loadtest.procs import Proc, clean_env
-from poller import maintenance
-from poller.db import async_engine, sync_engine
-from poller.embedded import free_port
-from poller.endpoints import create_endpoint, new_secret
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.local.embedded import free_port
+from poller.service import maintenance
+from poller.store.db import async_engine, sync_engine
 
 INSERT_DUE = """
 INSERT INTO poller_outbox (endpoint_id, bucket, event_type, payload, idempotency_key, max_attempts)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import psycopg
 
-from poller import migrate
-from poller.db import libpq_url
-from poller.embedded import EmbeddedPostgres
-from poller.server_watch import stop_at_exit
+from poller.local.embedded import EmbeddedPostgres
+from poller.service.server_watch import stop_at_exit
+from poller.store import migrate
+from poller.store.db import libpq_url
 
 
 @contextlib.contextmanager

@@ -43,11 +43,12 @@ from sqlalchemy.orm import Session
 
 from loadtest.hunt_check import UNSETTLED
 from loadtest.procs import Proc, clean_env, guarded
-from poller import Message, enqueue_many, migrate
-from poller.db import sync_engine
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis
-from poller.endpoints import create_endpoint, new_secret
-from poller.server_watch import stop_at_exit
+from poller import Message, enqueue_many
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.service.server_watch import stop_at_exit
+from poller.store import migrate
+from poller.store.db import sync_engine
 
 POLLERS = 3
 ORDERED_KEYS = 200

@@ -1,9 +1,9 @@
-"""Claim + complete throughput through poller.claims, beside the raw psycopg ceiling.
+"""Claim + complete throughput through poller.rows.claims, beside the raw psycopg ceiling.
 
     python -m loadtest.claims [--rows 200000] [--batch 100] [--connections 1 4]
 
 For each connection count, the same queue (ROWS due rows) is drained in turns:
-once by processes using :class:`poller.claims.Claims` as the service does (a
+once by processes using :class:`poller.rows.claims.Claims` as the service does (a
 claim and a completion of deliveries are each one statement on a connection of
 their own; JUDGE_HEALTH in a transaction when it would change something) and
 once by processes sending the *same statements* through plain psycopg. Each process
@@ -32,15 +32,15 @@ from sqlalchemy import text
 
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_due, insert_history
-from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID, NO_BUCKET, Claims
-from poller.db import async_engine, autocommit_connection, libpq_url, sync_engine
-from poller.endpoints import create_endpoint
-from poller.health import HealthPolicy
-from poller.outcomes import delivered
+from poller.endpoints.registry import create_endpoint
+from poller.rows.claims import ALL_BUCKETS_LITERAL, LEAST_ID, NO_BUCKET, Claims
+from poller.rules.health import HealthPolicy
+from poller.rules.outcomes import delivered
+from poller.store import queries
+from poller.store.db import async_engine, autocommit_connection, libpq_url, sync_engine
 
-# The same text poller.claims sends to the driver since it skips SQLAlchemy there
-# (poller/db.py fetch): what differs between the two columns is everything around it.
+# The same text poller.rows.claims sends to the driver since it skips SQLAlchemy there
+# (poller/store/db.py fetch): what differs between the two columns is everything around it.
 RAW_CLAIM = queries.CLAIM_BATCH.psycopg
 RAW_COMPLETE = queries.COMPLETE_BATCH.psycopg
 RAW_JUDGE = queries.JUDGE_HEALTH.psycopg
@@ -103,7 +103,7 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
             rows = [r for r in await cur.fetchall() if r[0] is not None]
         if not rows:
             break
-        # The same JSON a hand-written client would send (poller.outcomes.OUTCOME_COLUMNS,
+        # The same JSON a hand-written client would send (poller.rules.outcomes.OUTCOME_COLUMNS,
         # then started_at), built as cheaply as possible.
         outcomes = [
             [r[0], r[8], r[6], "delivered", "delivered", None, False, None, "send", None, 200]
@@ -111,7 +111,7 @@ async def _drain_raw(url: str, batch: int, start: Any) -> int:
         ]
         params = {"outcomes": json.dumps(outcomes), "poller_id": "bench", **HEALTH}
         n = len(rows)
-        # A correct client reads which completions the fence refused, as poller.claims does,
+        # A correct client reads which completions the fence refused, as poller.rows.claims does,
         # and tells the endpoint's health what the sends did (the breaker is shared) when
         # the completion says its health row is not one of a healthy endpoint.
         async with completing.cursor() as cur:
@@ -206,7 +206,7 @@ def main() -> None:
     with server_url() as admin:
         url = fresh_database(admin, "poller_bench")
         print(f"claim+complete, batch {args.batch}, {args.rows:,} due rows per run")
-        print(f"{'connections':>11} {'raw psycopg':>14} {'poller.claims':>14} {'ratio':>6}")
+        print(f"{'connections':>11} {'raw psycopg':>14} {'poller.rows.claims':>14} {'ratio':>6}")
         for n in args.connections:
             # Interleaved runs, median of each: the machine is shared and noisy.
             runs = {"raw": [], "poller": []}

@@ -200,7 +200,7 @@ def _pyreqwest_readahead(url: str, concurrency: int) -> tuple[Post, Close]:
 
 
 def _poller_reqwest(url: str, concurrency: int) -> tuple[Post, Close]:
-    from poller.reqwest_sender import ReqwestSender
+    from poller.deliver.reqwest_sender import ReqwestSender
 
     sender = ReqwestSender(limit=concurrency, allow_private=True)
 

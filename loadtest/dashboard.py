@@ -23,11 +23,11 @@ from sqlalchemy import text
 from starlette.testclient import TestClient
 
 from loadtest.bench_db import fresh_database, server_url
-from poller.dashboard import auth
-from poller.dashboard.app import create_app
-from poller.db import sync_engine
-from poller.endpoints import create_endpoint
+from poller.endpoints.registry import create_endpoint
 from poller.settings import load_settings
+from poller.store.db import sync_engine
+from poller.web import auth
+from poller.web.app import create_app
 
 TOKEN = "bench-dashboard-token-000"
 

@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
-from poller.dashboard import auth
-from poller.dashboard.app import create_app
 from poller.settings import load_settings
+from poller.web import auth
+from poller.web.app import create_app
 
 TOKEN = "hunt-dashboard-token-000"
 PAGES = ("/", "/failed", "/endpoints", "/keys", "/leases")

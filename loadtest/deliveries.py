@@ -60,9 +60,9 @@ from sqlalchemy.orm import Session
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.procs import Proc, clean_env, tree_cpu_seconds
 from poller import Event, Message, enqueue_many, publish_many
-from poller.db import sync_engine
-from poller.endpoints import create_endpoint, new_secret, update_endpoint
-from poller.schema import BUCKETS, endpoints
+from poller.endpoints.registry import create_endpoint, new_secret, update_endpoint
+from poller.store.db import sync_engine
+from poller.store.schema import BUCKETS, endpoints
 
 PAD = "x" * 200
 
@@ -162,7 +162,7 @@ async def raw_ceiling(
     """Requests/s of a plain client (``aiohttp`` or ``pyreqwest``) POSTing signed payloads,
     ``concurrency`` in flight, and the CPU seconds this process spent doing it (every
     thread: pyreqwest's runtime included)."""
-    from poller.signing import sign
+    from poller.rules.signing import sign
 
     bodies = [json.dumps(_payload(n)).encode() for n in range(messages)]
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -338,7 +338,7 @@ def paced(engine: Any, rate: float, seconds: float, timeout: float) -> dict[str,
 
 def _balanced_names(per_shard: int, shards: int = 8) -> list[str]:
     """Endpoint names whose buckets fill each of ``shards`` shards ``per_shard`` times."""
-    from poller.endpoints import bucket_for
+    from poller.endpoints.registry import bucket_for
 
     names: list[str] = []
     taken = [0] * shards

@@ -33,7 +33,7 @@ import psycopg
 import poller
 from loadtest.bench_db import fresh_database, server_url
 from poller import Message
-from poller.db import libpq_url, sync_engine
+from poller.store.db import libpq_url, sync_engine
 
 PAYLOAD = {"order": 1, "customer": "c-42", "total": "19.99", "lines": [{"sku": "a", "n": 2}]}
 PLAIN = """
@@ -135,7 +135,7 @@ async def _async(url: str, name: str, n: int, run: str) -> None:
     elif name == "sqlalchemy-async":
         from sqlalchemy.ext.asyncio import AsyncSession
 
-        from poller.db import async_engine
+        from poller.store.db import async_engine
 
         engine = async_engine(url)
         async with AsyncSession(engine) as session:
@@ -223,7 +223,7 @@ def main() -> None:
         libpq = libpq_url(url)
         engine = sync_engine(url)
         with engine.begin() as conn:
-            from poller.endpoints import create_endpoint
+            from poller.endpoints.registry import create_endpoint
 
             create_endpoint(conn, "billing", "https://billing.example.com/hooks")
         engine.dispose()

@@ -34,8 +34,8 @@ from loadtest.bench_db import fresh_database, server_url
 from loadtest.deliveries import start_receiver
 from loadtest.procs import Proc, clean_env
 from poller import Message, enqueue_many
-from poller.db import sync_engine
-from poller.endpoints import create_endpoint, new_secret
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.store.db import sync_engine
 
 WITHIN = 60.0  # seconds: every one of the fast tenant's messages arrives within this
 

@@ -7,7 +7,7 @@ governed endpoints of each scenario (none; one rate limited; ten open circuits
 past their cool-down; a thousand or all rate limited, with a token each, with
 none, or one in a hundred with one). Each figure is the median wall time of
 CLAIM_GOVERNED (a claim of 64) as the claim connection runs it — prepared once,
-planned for all values (poller/db.py) — each run rolled back, so every run sees
+planned for all values (poller/store/db.py) — each run rolled back, so every run sees
 the same rows. Then, with every endpoint rate limited (a token each; one in a
 hundred with one) or behind an open circuit, the same claim by a poller's share
 of the shards (as loadtest/scopes.py): what it costs and how many it finds, its
@@ -28,11 +28,11 @@ from sqlalchemy import text
 
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_due
-from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, LEAST_ID, NO_BUCKET, buckets_literal
-from poller.db import GENERIC_PLAN_SETTINGS, QUEUE_SETTINGS, libpq_url, sync_engine
-from poller.endpoints import create_endpoint
-from poller.schema import BUCKETS
+from poller.endpoints.registry import create_endpoint
+from poller.rows.claims import ALL_BUCKETS_LITERAL, LEAST_ID, NO_BUCKET, buckets_literal
+from poller.store import queries
+from poller.store.db import GENERIC_PLAN_SETTINGS, QUEUE_SETTINGS, libpq_url, sync_engine
+from poller.store.schema import BUCKETS
 
 PARAMS = {
     "buckets": ALL_BUCKETS_LITERAL,

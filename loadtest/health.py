@@ -33,9 +33,9 @@ from loadtest.deliveries import _payload, start_receiver
 from loadtest.ordered import drain
 from loadtest.procs import Proc, clean_env
 from poller import Message, enqueue_many
-from poller.db import sync_engine
-from poller.embedded import free_port
-from poller.endpoints import create_endpoint, new_secret
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.local.embedded import free_port
+from poller.store.db import sync_engine
 
 CONCURRENCY = 64
 

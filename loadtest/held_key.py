@@ -33,8 +33,8 @@ from loadtest.bench_db import fresh_database, server_url
 from loadtest.deliveries import start_receiver
 from loadtest.procs import Proc, clean_env
 from poller import Message, enqueue_many
-from poller.db import sync_engine
-from poller.endpoints import create_endpoint, new_secret
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.store.db import sync_engine
 
 
 def _count(engine: Any, sql: str) -> int:

@@ -36,8 +36,8 @@ import time
 from collections import Counter
 from urllib.parse import unquote
 
-from poller.receiver import verify
-from poller.signing import Verifier
+from poller.local.receiver import verify
+from poller.rules.signing import Verifier
 
 HANG = 3.0  # longer than the hunt's request timeout
 

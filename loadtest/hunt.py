@@ -165,13 +165,14 @@ from loadtest.hunt_check import UNSETTLED, check, proxy_disagrees
 from loadtest.hunt_watch import stuck_circuits, watch_circuits
 from loadtest.otlp_sink import Sink
 from loadtest.procs import Proc, clean_env, guarded
-from poller import Message, migrate
-from poller.db import sync_engine
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis
-from poller.endpoints import create_endpoint, new_secret
-from poller.keyring import Keyring, new_key
-from poller.server_watch import stop_at_exit
-from poller.signing import public_key
+from poller import Message
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.rules.keyring import Keyring, new_key
+from poller.rules.signing import public_key
+from poller.service.server_watch import stop_at_exit
+from poller.store import migrate
+from poller.store.db import sync_engine
 
 TTL = 1.5
 CLAIM_LEASE = 3.0

@@ -60,19 +60,19 @@ from poller import (
     publish_many,
     publish_many_async,
 )
-from poller.admin import retry_messages
-from poller.cancel import cancel_messages, pause_endpoint
-from poller.db import is_transient, libpq_url
-from poller.doors import refusal
-from poller.endpoint_keys import rotate_secret
-from poller.endpoints import get_endpoint, set_enabled, update_endpoint
+from poller.endpoints.keys import rotate_secret
+from poller.endpoints.registry import get_endpoint, set_enabled, update_endpoint
 from poller.errors import EndpointDisabled, PollerError
-from poller.health import DEFAULT
-from poller.keyring import Keyring
-from poller.ordering import blocked_keys, skip_messages
-from poller.replay import replay
-from poller.signing import public_key
-from poller.tracing import trace_params
+from poller.operate.admin import retry_messages
+from poller.operate.cancel import cancel_messages, pause_endpoint
+from poller.operate.replay import replay
+from poller.outbox.doors import refusal
+from poller.rows.ordering import blocked_keys, skip_messages
+from poller.rules.health import DEFAULT
+from poller.rules.keyring import Keyring
+from poller.rules.signing import public_key
+from poller.rules.tracing import trace_params
+from poller.store.db import is_transient, libpq_url
 
 if TYPE_CHECKING:
     from loadtest.hostile import HostileReceiver
@@ -122,7 +122,7 @@ def failure(run: Run, what: str, exc: Exception) -> None:
 
 def _driver_transient(exc: BaseException) -> bool:
     """A connection of the application's other drivers (Plan.door) lost to PostgreSQL
-    restarting: psycopg2's and asyncpg's own errors, which poller.db does not know."""
+    restarting: psycopg2's and asyncpg's own errors, which poller.store.db does not know."""
     import asyncpg
     import psycopg2
 

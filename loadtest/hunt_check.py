@@ -17,7 +17,7 @@ from loadtest.forward_proxy import ForwardProxy
 from loadtest.hostile import HostileReceiver
 from loadtest.hunt_governed import governed
 from loadtest.hunt_heavy import doomed
-from poller.outcomes import MAX_PROBE_REFUNDS, MAX_REFUNDS
+from poller.rules.outcomes import MAX_PROBE_REFUNDS, MAX_REFUNDS
 
 # A row still to end, as the checks count it (``o``: poller_outbox): pending or in
 # flight, or waiting on a key that is not blocked behind a failed head. A waiting row
@@ -39,7 +39,7 @@ SETTLE = CLAIM_LEASE + 4.0  # after a fault: the lease runs out, then a sweep re
 SUPERVISED = 35.0  # a supervisor's children stop within 30 s of it dying (--processes)
 # A failed request as docs/explanation/health.md defines it (no answer, 5xx, 408, 429 —
 # to a send or a lookup, a probe or not), in SQL over the attempt rows. Written out here
-# rather than taken from poller/health.py: a checker that shares the rule cannot catch
+# rather than taken from poller/rules/health.py: a checker that shares the rule cannot catch
 # it drifting.
 FAILED_REQUEST = (
     "a.kind IN ('send', 'lookup') AND NOT a.stale AND a.outcome IN "
@@ -76,7 +76,7 @@ def out_of_order(
 
 def wrong_positions(rows: dict[str, Any], receiver: HostileReceiver) -> list[str]:
     """Ordered messages that arrived with a webhook-ordering-seq other than their position
-    (the event's id for a published event, else the message's: poller/ordering.py)."""
+    (the event's id for a published event, else the message's: poller/rows/ordering.py)."""
     return sorted(
         f"{k} ({sorted(receiver.positions.get(k, set()))} != {r.position})"
         for k, r in rows.items()

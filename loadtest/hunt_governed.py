@@ -7,9 +7,9 @@ with a rate limit of :data:`RATE` a second and a burst of :data:`BURST`, get
 every :data:`ORDERED_EVERY`-th endpoint's messages are on two ordering keys (a
 key's next message is due once the one before has ended, with no NOTIFY: only a
 governed claim takes it, and the poller that wrote the outcome must come back for
-it, poller/claimer.py ``Claimer.written``).
+it, poller/claim/claimer.py ``Claimer.written``).
 The governed claim takes them walking the governed endpoints in turn from where
-its last claim stopped (poller/queries/health.py), under the hunt's kills,
+its last claim stopped (poller/store/queries/health.py), under the hunt's kills,
 freezes, restarts and cut connections. Then (:func:`disagrees`):
 
 * none was sent faster than its limit, across pollers: between any two POSTs to
@@ -41,8 +41,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from poller import Message, enqueue_many
-from poller.endpoints import create_endpoint
-from poller.keyring import Keyring
+from poller.endpoints.registry import create_endpoint
+from poller.rules.keyring import Keyring
 
 COUNT = 20
 RATE = 4.0

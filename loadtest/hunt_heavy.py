@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 
 from poller import Message, enqueue_many
-from poller.db import is_transient
-from poller.endpoints import create_endpoint, remove_endpoint
+from poller.endpoints.registry import create_endpoint, remove_endpoint
 from poller.errors import EndpointBusy
+from poller.store.db import is_transient
 
 if TYPE_CHECKING:
     from loadtest.hostile import HostileReceiver

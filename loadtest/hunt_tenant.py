@@ -35,13 +35,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from poller import publish, tokens
-from poller.catalog import define_event_type
-from poller.dashboard import auth
-from poller.dashboard.app import create_app
-from poller.endpoints import create_endpoint
+from poller import publish
+from poller.access import tokens
+from poller.endpoints.registry import create_endpoint
 from poller.errors import PayloadInvalid
+from poller.outbox.catalog import define_event_type
 from poller.settings import load_settings
+from poller.web import auth
+from poller.web.app import create_app
 
 if TYPE_CHECKING:
     from loadtest.hunt import Run

@@ -37,13 +37,13 @@ import httpx
 
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.deliveries import paced, start_receiver
-from poller.claimer import Claimer
+from poller.claim.claimer import Claimer
 from poller.cli import run as cli_run
-from poller.db import sync_engine
-from poller.dispatcher import Dispatcher
-from poller.endpoints import create_endpoint, new_secret
-from poller.outcomes import ClaimedMessage
+from poller.deliver.dispatcher import Dispatcher
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.rules.outcomes import ClaimedMessage
 from poller.settings import load_settings
+from poller.store.db import sync_engine
 
 CLAIMED: dict[str, tuple[float, float]] = {}  # key -> the claim that took it: began, returned
 SENT: dict[str, float] = {}  # key -> its send began

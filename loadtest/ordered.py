@@ -33,8 +33,8 @@ from loadtest.deliveries import _payload, start_poller, start_receiver
 from loadtest.fixtures import insert_waiting
 from loadtest.procs import Proc
 from poller import Message, enqueue_many
-from poller.db import sync_engine
-from poller.endpoints import new_secret
+from poller.endpoints.registry import new_secret
+from poller.store.db import sync_engine
 
 
 def _applied(receiver_url: str) -> int:

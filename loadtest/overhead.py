@@ -36,16 +36,16 @@ from prometheus_client import REGISTRY
 
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.deliveries import drain, start_receiver
-from poller import sending
-from poller.claims import Claims
 from poller.cli import run as cli_run
-from poller.db import sync_engine
-from poller.endpoints import create_endpoint, new_secret
+from poller.deliver import sending
+from poller.deliver.wire import Reply
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.rows.claims import Claims
 from poller.settings import load_settings
-from poller.wire import Reply
+from poller.store.db import sync_engine
 
 if TYPE_CHECKING:
-    from poller.tls import TLSSettings
+    from poller.endpoints.tls import TLSSettings
 
 OK = Reply(200, None, b"")
 
@@ -189,7 +189,7 @@ def main() -> None:
         )
         Claims.complete = _counting(Claims.complete)  # type: ignore[method-assign]
         if not args.wire:
-            # where `poller run` gets its sender (it imports poller.sending when it starts)
+            # where `poller run` gets its sender (it imports poller.deliver.sending when it starts)
             sending.make_sender = lambda _settings: AnswerAtOnce()  # type: ignore[assignment,return-value]
         try:
             figures = cli_run.event_loop_run(_measured(args, url))

@@ -34,7 +34,7 @@ from sqlalchemy import Engine, text
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.fixtures import insert_history
 from poller import Event, Message, enqueue, enqueue_many, publish, publish_many
-from poller.db import sync_engine
+from poller.store.db import sync_engine
 
 PAYLOAD = {"order": 1, "customer": "c-42", "total": "19.99", "lines": [{"sku": "a", "n": 2}]}
 # Random text (base64 of random bytes): a payload TOAST compression cannot shrink much.

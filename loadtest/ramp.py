@@ -39,7 +39,7 @@ from sqlalchemy import Engine, text
 
 from loadtest.procs import Proc, clean_env, machine_cpu_seconds, tree_cpu_seconds
 from loadtest.stack import servers, stack
-from poller.db import sync_engine
+from poller.store.db import sync_engine
 
 DEFAULT_RATES = "100,200,400,600,800,1000,1300,1600,2000,2500,3000"
 CREATED = "SELECT idempotency_key, extract(epoch FROM created_at) FROM poller_outbox"

@@ -33,7 +33,7 @@ from sqlalchemy import text
 from loadtest.procs import Proc, clean_env
 from loadtest.report import collect, write
 from loadtest.stack import servers, stack
-from poller.db import sync_engine
+from poller.store.db import sync_engine
 
 FAULT_FLAGS = ["--fail-rate", "0.1", "--drop-after-process-rate", "0.02", "--latency", "0.05"]
 

@@ -11,7 +11,7 @@ have (a fleet whose load is uneven).
 
 The claim walks the endpoints with pending messages in turn, through the
 outbox's pending index led by the bucket, and jumps over the buckets it was not
-given (poller/queries/claims.py): every scope should cost about the same, and an
+given (poller/store/queries/claims.py): every scope should cost about the same, and an
 idle shard less. Walked by endpoint (before migration 0024), a poller walked
 past the other shards' endpoints: 1.3 ms for every bucket, 28 ms for a shard of
 256, 40 ms for an idle shard of 8.
@@ -25,9 +25,9 @@ from sqlalchemy import text
 
 from loadtest.bench_db import fresh_database, server_url
 from loadtest.governed import PARAMS, _seed, median_ms, shard_buckets
-from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL
-from poller.db import sync_engine
+from poller.rows.claims import ALL_BUCKETS_LITERAL
+from poller.store import queries
+from poller.store.db import sync_engine
 
 SCOPES = {  # name -> (buckets, what is done first)
     "every bucket (one poller)": (ALL_BUCKETS_LITERAL, "SELECT 1"),

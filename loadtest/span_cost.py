@@ -1,4 +1,4 @@
-"""What one attempt's span costs in one process: the poller's (poller/otel.py: started,
+"""What one attempt's span costs in one process: the poller's (poller/observe/otel.py: started,
 ended, framed into an export request) against the OpenTelemetry SDK's span and OTLP
 encoder for the same span (a benchmark: it prints figures; CPU µs a span, best of
 ``--repeat``). Why the poller writes its spans itself.
@@ -15,9 +15,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from poller.delivery import Attempt, Verdict
-from poller.endpoints import Endpoint
-from poller.outcomes import ClaimedMessage
+from poller.deliver.delivery import Attempt, Verdict
+from poller.endpoints.registry import Endpoint
+from poller.rules.outcomes import ClaimedMessage
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -34,7 +34,7 @@ def _ours(spans: int) -> tuple[float, float, float]:
     """µs a span: starting it, ending it, framing it into a request."""
     os.environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
     os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(spans)
-    from poller import otel, otlp
+    from poller.observe import otel, otlp
 
     async def run() -> tuple[float, float, float]:
         telemetry = otel.setup()

@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 
 from loadtest.procs import Proc, clean_env
-from poller import migrate
-from poller.db import sync_engine
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
-from poller.endpoints import create_endpoint, new_secret
-from poller.server_watch import stop_at_exit
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from poller.service.server_watch import stop_at_exit
+from poller.store import migrate
+from poller.store.db import sync_engine
 
 
 @dataclass

@@ -39,8 +39,8 @@ from loadtest.deliveries import cpu_seconds, start_receiver
 from loadtest.otlp_sink import Sink
 from loadtest.procs import Proc, clean_env
 from poller import Message, enqueue_many
-from poller.db import sync_engine
-from poller.endpoints import create_endpoint, new_secret
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.store.db import sync_engine
 
 CHUNK = 500  # messages a transaction (each in its own span)
 WINDOW_ENDS = 0.9  # the window closes when either side has delivered this share

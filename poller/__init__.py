@@ -41,8 +41,16 @@ from poller.errors import (
 )
 
 if TYPE_CHECKING:
-    from poller.catalog import define_event_type
-    from poller.fanout import (
+    from poller.access.portal import portal_link
+    from poller.outbox.catalog import define_event_type
+    from poller.outbox.enqueue import (
+        Message,
+        enqueue,
+        enqueue_async,
+        enqueue_many,
+        enqueue_many_async,
+    )
+    from poller.outbox.publish import (
         Event,
         Published,
         publish,
@@ -50,45 +58,34 @@ if TYPE_CHECKING:
         publish_many,
         publish_many_async,
     )
-    from poller.outbox import (
-        Message,
-        enqueue,
-        enqueue_async,
-        enqueue_many,
-        enqueue_many_async,
-    )
-    from poller.payloads import RawJSON
-    from poller.portal import portal_link
+    from poller.rules.payloads import RawJSON
     from poller.settings import Settings, load_settings
 
 _LAZY = {
-    "Event": "poller.fanout",
-    "Message": "poller.outbox",
-    "Published": "poller.fanout",
-    "RawJSON": "poller.payloads",
-    "define_event_type": "poller.catalog",
-    "portal_link": "poller.portal",
+    "Event": "poller.outbox.publish",
+    "Message": "poller.outbox.enqueue",
+    "Published": "poller.outbox.publish",
+    "RawJSON": "poller.rules.payloads",
+    "define_event_type": "poller.outbox.catalog",
+    "portal_link": "poller.access.portal",
     "Settings": "poller.settings",
-    "enqueue": "poller.outbox",
-    "enqueue_async": "poller.outbox",
-    "enqueue_many": "poller.outbox",
-    "enqueue_many_async": "poller.outbox",
+    "enqueue": "poller.outbox.enqueue",
+    "enqueue_async": "poller.outbox.enqueue",
+    "enqueue_many": "poller.outbox.enqueue",
+    "enqueue_many_async": "poller.outbox.enqueue",
     "load_settings": "poller.settings",
-    "publish": "poller.fanout",
-    "publish_async": "poller.fanout",
-    "publish_many": "poller.fanout",
-    "publish_many_async": "poller.fanout",
+    "publish": "poller.outbox.publish",
+    "publish_async": "poller.outbox.publish",
+    "publish_many": "poller.outbox.publish",
+    "publish_many_async": "poller.outbox.publish",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        from poller.rules.version import version
 
-        try:
-            found = version("webhook-poller")
-        except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
-            found = "0.0.0"
+        found = version()
     elif name in _LAZY:
         found = getattr(importlib.import_module(_LAZY[name]), name)
     else:

@@ -84,7 +84,7 @@ class ConfigurationError(PollerError, ValueError):
 
 class ConnectionNotSupported(PollerError, TypeError):
     """enqueue, publish or their _async forms were given a connection they do not take
-    (poller/doors.py lists those they do)."""
+    (poller/outbox/doors.py lists those they do)."""
 
 
 class EmbeddedServerError(PollerError, RuntimeError):
@@ -193,7 +193,7 @@ class EventConflict(IdempotencyConflict):
 
 class RequestConflict(PollerError):
     """An API request's ``Idempotency-Key`` was used before for a different request
-    (poller/once.py)."""
+    (poller/web/api/once.py)."""
 
 
 # --- endpoints ---------------------------------------------------------------
@@ -276,7 +276,7 @@ class ServiceCrashed(PollerError, RuntimeError):
 
 
 class TokenNotFound(NotFound):
-    """No API token has this name (poller/tokens.py)."""
+    """No API token has this name (poller/access/tokens.py)."""
 
 
 class TokenExists(PollerError):
@@ -290,7 +290,7 @@ class TokenRefused(PollerError):
 
 
 class PayloadInvalid(InvalidPayload):
-    """The payload does not match its event type's schema (poller/catalog.py); nothing
+    """The payload does not match its event type's schema (poller/outbox/catalog.py); nothing
     was published. ``errors``: where and why, the first few."""
 
     def __init__(self, message: str, errors: list[str] | None = None) -> None:
@@ -312,7 +312,7 @@ class InvalidHost(InvalidInput):
 
 class AddressRefused(PollerError, OSError):
     """A delivery would connect to an address that private-target refusal forbids
-    (poller/netguard.py). An ``OSError``, as the HTTP clients expect of a socket."""
+    (poller/endpoints/netguard.py). An ``OSError``, as the HTTP clients expect of a socket."""
 
     def __init__(self, message: str) -> None:
         OSError.__init__(self, errno.EACCES, message)  # strerror carries it into client errors
@@ -323,7 +323,7 @@ class ElectionUnavailable(PollerError):
 
 
 class SendError(PollerError):
-    """A delivery's exchange failed (poller/wire.py); ``sent`` tells whether the receiver
+    """A delivery's exchange failed (poller/deliver/wire.py); ``sent`` tells whether the receiver
     may have the request."""
 
     def __init__(self, error_class: str, message: str, *, sent: bool) -> None:
@@ -336,7 +336,7 @@ class SendError(PollerError):
 
 class SchemaTooCostly(PollerError):
     """Checking a payload against a JSON Schema ran out of its steps
-    (poller/json_schemas.py): reported as the payload's refusal."""
+    (poller/outbox/json_schemas.py): reported as the payload's refusal."""
 
 
 class RequestRefused(PollerError):

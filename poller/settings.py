@@ -17,24 +17,23 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import functools
 import ipaddress
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from poller.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from poller.proxy import Proxy
-from poller.health import HealthPolicy
-from poller.keyring import Keyring, keyring_for, parse_keys
-from poller.retry import MAX_SCHEDULE_LENGTH
+from poller.rules.health import HealthPolicy
+from poller.rules.keyring import Keyring, keyring_for, parse_keys
+from poller.rules.retry import MAX_SCHEDULE_LENGTH
 
 DEFAULT_RETRY_SCHEDULE: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
 """Seconds after the previous attempt (±20 % jitter). Ten attempts in about three days."""
@@ -46,7 +45,7 @@ MAX_RETRY_SECONDS = 30 * 86400.0
 """A retry interval, or an honoured Retry-After, is at most 30 days."""
 
 MIN_INTERVAL = 0.05
-MAX_ATTEMPTS = 1000  # an attempt budget's bound, on every door (poller/endpoint_checks.py)
+MAX_ATTEMPTS = 1000  # an attempt budget's bound, on every door (poller/endpoints/checks.py)
 MAX_IN_FLIGHT = 10_000  # deliveries of one endpoint at once, at most
 """A loop's interval or a request's timeout is at least this: 1e-300 was taken, and a
 sweep or poll loop then ran flat out against the database, every request timed out."""
@@ -70,7 +69,7 @@ SECRET_FIELDS = frozenset(
 """Settings whose values never appear in an error message (passwords, keys)."""
 
 
-DASHBOARD_ADDR = "127.0.0.1:8188"  # where `poller dashboard` serves when nothing says
+DASHBOARD_ADDR = "127.0.0.1:8188"  # where `poller serve` serves when nothing says
 METRICS_ENDPOINTS = 200  # endpoints with their own delivery-metric series (a process)
 
 
@@ -158,12 +157,12 @@ class Settings(BaseSettings):
     """Allow endpoints on private, loopback or link-local addresses (demo, tests)."""
     trace_propagation: bool = True
     """Send a message's trace context (``traceparent``, ``tracestate``) to its receiver
-    when the application enqueued it inside an OpenTelemetry span (poller/tracing.py);
+    when the application enqueued it inside an OpenTelemetry span (poller/rules/tracing.py);
     an endpoint can refuse it (``--no-trace-context``)."""
     proxy_url: SecretStr | None = None
     """Egress proxy every delivery and lookup goes through, ``http://[user:pass@]host:port``
     (CONNECT for https targets): deliveries leave from its address. The poller checks
-    each target and asks the proxy for the checked address (poller/proxy.py); proxy
+    each target and asks the proxy for the checked address (poller/deliver/proxy.py); proxy
     environment variables stay ignored. Unset: direct."""
 
     @field_validator("proxy_url")
@@ -171,16 +170,12 @@ class Settings(BaseSettings):
     def _proxy(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or not value.get_secret_value().strip():
             return None
-        from poller.proxy import parse_proxy  # the HTTP stack only when a proxy is set
-
         parse_proxy(value.get_secret_value())  # ValueError saying what, never the password
         return value
 
     @property
     def proxy(self) -> Proxy | None:
-        """The egress proxy (poller/proxy.py), if one is set."""
-        from poller.proxy import parse_proxy
-
+        """The egress proxy (poller/deliver/proxy.py), if one is set."""
         return None if self.proxy_url is None else parse_proxy(self.proxy_url.get_secret_value())
 
     metrics_addr: str | None = None
@@ -195,7 +190,7 @@ class Settings(BaseSettings):
     """``json`` (one object per line), ``console`` (a readable line) or ``auto``: console
     on a terminal, JSON otherwise."""
     dashboard_addr: str | None = DASHBOARD_ADDR
-    """``host:port`` ``poller dashboard`` serves on. It shows payloads: keep it on loopback,
+    """``host:port`` ``poller serve`` serves on. It shows payloads: keep it on loopback,
     or behind a TLS proxy, unless you mean it."""
     dashboard_token: SecretStr | None = None
     """Token that opens the dashboard (``Authorization: Bearer``, or the login page). Unset
@@ -207,7 +202,7 @@ class Settings(BaseSettings):
     dashboard_read_only: bool = False
     """Show everything, change nothing: no retry, replay, enable or disable."""
     api_rate_limit: float = Field(default=50.0, ge=0.01, le=100_000)
-    """Requests a second each API token may make (``/api/v1``, poller/dashboard/api.py),
+    """Requests a second each API token may make (``/api/v1``, poller/web/api/routes.py),
     0.01 to 100,000, in bursts of up to twice that (at least one); past it, 429 with
     ``Retry-After``. Per process."""
     tenant_max_endpoints: int = Field(default=100, ge=0, le=1_000_000)
@@ -216,10 +211,10 @@ class Settings(BaseSettings):
     writes a row per subscribed endpoint inside the application's transaction, and
     the portal's home page lists them all."""
     portal_key: SecretStr | None = None
-    """Signs tenant portal links and sessions (32+ characters; poller/portal.py). Unset
+    """Signs tenant portal links and sessions (32+ characters; poller/access/portal.py). Unset
     and no database URL: a key kept in the embedded server's data folder."""
     portal_addr: str | None = None
-    """``host:port`` on which ``poller dashboard`` serves the tenant portal and the API
+    """``host:port`` on which ``poller serve`` serves the tenant portal and the API
     apart (unset: beside the operator's pages, on POLLER_DASHBOARD_ADDR, which then
     serves the operator's pages and the API only). Publish this one to customers and
     keep the operator's on a private network (docs/how-to/deploy.md)."""
@@ -252,7 +247,7 @@ class Settings(BaseSettings):
     (a blocked event loop) is killed and restarted."""
     circuit_failures: int = Field(default=10, ge=0, le=1_000_000)
     """Failed sends in a row (no answer, 5xx, 408, 429) that open an endpoint's circuit:
-    its messages then wait, spending no attempts (poller/health.py). 0: never open."""
+    its messages then wait, spending no attempts (poller/rules/health.py). 0: never open."""
     circuit_cooldown: float = Field(default=30.0, ge=MIN_INTERVAL, le=86400)
     """Seconds a circuit stays open before one probe message is sent (at least 0.05:
     5e-324 was taken, and a failing endpoint was probed ten times a second for
@@ -264,10 +259,10 @@ class Settings(BaseSettings):
     (the reason is stored; ``endpoints enable`` undoes it). 0: never."""
     operator_endpoint: str | None = None
     """Name of the endpoint that receives operational events (circuit opened/closed,
-    endpoint disabled, message failed) as signed webhooks (poller/events.py)."""
+    endpoint disabled, message failed) as signed webhooks (poller/rows/events.py)."""
     secrets_key: SecretStr | None = None
     """Fernet key(s), comma-separated, that encrypt signing secrets at rest: the first
-    seals, all open (poller/keyring.py). Unset: secrets are stored in plain text."""
+    seals, all open (poller/rules/keyring.py). Unset: secrets are stored in plain text."""
 
     @field_validator("secrets_key")
     @classmethod
@@ -332,7 +327,7 @@ class Settings(BaseSettings):
     def _schedule_not_empty(cls, value: tuple[float, ...]) -> tuple[float, ...]:
         if not value:
             raise ValueError("must list at least one interval, e.g. [5, 300, 1800]")
-        if len(value) > MAX_SCHEDULE_LENGTH:  # as an endpoint's (poller/retry.py)
+        if len(value) > MAX_SCHEDULE_LENGTH:  # as an endpoint's (poller/rules/retry.py)
             raise ValueError(f"may list at most {MAX_SCHEDULE_LENGTH} intervals")
         return value
 
@@ -495,3 +490,62 @@ def load_settings(**overrides: Any) -> Settings:
 def default_settings() -> Settings:
     """Settings read once from the environment, for the enqueue defaults."""
     return load_settings()
+
+
+# The egress proxy setting, parsed (poller/deliver/proxy.py routes deliveries through it).
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Its URL without credentials (what the HTTP clients are given)."""
+        return f"http://{netloc(self.host, self.port)}"
+
+    @property
+    def shown(self) -> str:
+        """What errors and logs may say of it: its address, never its credentials (the
+        rule of every URL an error shows: poller/endpoints/urls.py shown_url)."""
+        return f"http://{netloc(self.host, self.port)}"
+
+    @property
+    def authorization(self) -> str | None:
+        """The ``Proxy-Authorization`` value (basic), if it has credentials."""
+        if self.username is None:
+            return None
+        pair = f"{self.username}:{self.password or ''}".encode()
+        return "Basic " + base64.b64encode(pair).decode("ascii")
+
+
+def netloc(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_proxy(value: str) -> Proxy:
+    """``http://[user:pass@]host:port`` → Proxy; ValueError saying what is wrong (never
+    quoting the password)."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        raise ValueError("POLLER_PROXY_URL is not a URL like http://user:pass@host:3128") from None
+    if parts.scheme != "http":
+        raise ValueError(
+            "POLLER_PROXY_URL must start with http:// (the tunnel carries TLS to https targets)"
+        )
+    if not parts.hostname:
+        raise ValueError("POLLER_PROXY_URL has no host")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError("POLLER_PROXY_URL must be http://[user:pass@]host:port, no path")
+    return Proxy(
+        parts.hostname,
+        port or 80,
+        unquote(parts.username) if parts.username is not None else None,
+        unquote(parts.password) if parts.password is not None else None,
+    )

@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from poller import queries
-from poller.doors import Door
+from poller.outbox.doors import Door
+from poller.store import queries
 
 
 @dataclass(frozen=True, slots=True)

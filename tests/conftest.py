@@ -25,12 +25,12 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller import migrate
-from poller.db import async_engine, libpq_url, sync_engine
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis
-from poller.endpoints import CreatedEndpoint, create_endpoint
-from poller.server_watch import stop_at_exit
+from poller.endpoints.registry import CreatedEndpoint, create_endpoint
+from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.service.server_watch import stop_at_exit
 from poller.settings import default_settings
+from poller.store import migrate
+from poller.store.db import async_engine, libpq_url, sync_engine
 
 TEMPLATE = f"poller_template_{os.getpid()}"
 

@@ -25,8 +25,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Why a message or event cannot be written, checked before anything is: NULL when
--- it can, else {SQLSTATE, message, detail (JSON)}. The same rules as poller/names.py,
--- poller/payloads.py and poller/insert.py.
+-- it can, else {SQLSTATE, message, detail (JSON)}. The same rules as poller/rules/names.py,
+-- poller/rules/payloads.py and poller/outbox/insert.py.
 CREATE FUNCTION poller_refusal(
     p_event_type text, p_payload text, p_key text, p_ordering_key text,
     p_deliver_at timestamptz, p_deliver_after interval, p_max_attempts integer,
@@ -143,7 +143,7 @@ BEGIN
 END
 $$;
 
--- A tenant's name, as an endpoint's (poller/subscriptions.py): NULL when it may be one.
+-- A tenant's name, as an endpoint's (poller/endpoints/subscriptions.py): NULL when it may be one.
 CREATE FUNCTION poller_tenant_refusal(p_tenant text) RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_tenant IS NULL OR p_tenant ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' THEN NULL

@@ -1,7 +1,7 @@
 """every failed request counted: probe refunds bounded, a health backlog, a running count
 
 * ``poller_outbox.probe_refunds``: attempts handed back after failed probes of
-  an open circuit, bounded per message (poller/outcomes.py
+  an open circuit, bounded per message (poller/rules/outcomes.py
   ``MAX_PROBE_REFUNDS``) like a graceful shutdown's, so that with auto-disable
   off a message is not probed for ever. A constant default: no rewrite.
 * ``poller_health_backlog``: what a completion told an endpoint's health while

@@ -1,7 +1,7 @@
 """an endpoint's TLS: a client certificate and key (mutual TLS), a private CA bundle
 
 ``client_cert`` and ``ca_bundle`` are PEM text (public); ``client_key`` is the
-client certificate's private key, sealed like signing secrets (poller/keyring.py).
+client certificate's private key, sealed like signing secrets (poller/rules/keyring.py).
 
 Revision ID: 0016
 Revises: 0015

@@ -1,6 +1,6 @@
 """trace context through the outbox: an application's W3C traceparent and tracestate,
 stored with the message (or the event, for fan-out) by the insert that enqueues it; and
-an endpoint's choice to receive it (poller/tracing.py)
+an endpoint's choice to receive it (poller/rules/tracing.py)
 
 Revision ID: 0017
 Revises: 0016

@@ -1,5 +1,5 @@
 """the management API's tokens: a name, a scope (admin or tenant:NAME), read-only or
-not, an expiry, and the SHA-256 of the token, never the token (poller/tokens.py)
+not, an expiry, and the SHA-256 of the token, never the token (poller/access/tokens.py)
 
 Revision ID: 0018
 Revises: 0017

@@ -1,5 +1,5 @@
 """the event-type catalog: each published event type's description, JSON Schema,
-example and deprecation (poller/catalog.py)
+example and deprecation (poller/outbox/catalog.py)
 
 Revision ID: 0019
 Revises: 0018

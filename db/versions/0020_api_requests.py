@@ -1,5 +1,5 @@
 """what an API create with an Idempotency-Key made, so the same request again
-answers as the first did (poller/once.py)
+answers as the first did (poller/web/api/once.py)
 
 Revision ID: 0020
 Revises: 0019

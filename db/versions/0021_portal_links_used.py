@@ -1,4 +1,4 @@
-"""portal links opened, so each opens the portal once (poller/portal.py)
+"""portal links opened, so each opens the portal once (poller/access/portal.py)
 
 Revision ID: 0021
 Revises: 0020

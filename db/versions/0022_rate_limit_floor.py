@@ -1,4 +1,4 @@
-"""an endpoint's rate_limit is at least 0.00001 a second (poller/health.py)
+"""an endpoint's rate_limit is at least 0.00001 a second (poller/rules/health.py)
 
 Below it, the token bucket's arithmetic in PostgreSQL underflowed and every claim of
 rate-limited endpoints failed. A stored rate below the floor is raised to it.

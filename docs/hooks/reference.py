@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _attribute_docs(path: Path, class_name: str) -> dict[str, str]:
-    from poller.docstrings import attribute_docs
+    from poller.rules.docstrings import attribute_docs
 
     return attribute_docs(path.read_text()).get(class_name, {})
 

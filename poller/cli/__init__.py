@@ -31,11 +31,6 @@ BUG_HINT = "unexpected error (a bug in webhook-poller; run again with -v for the
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "admin": ("admin", "Inspect and repair: stats, failed messages, retry, purge, leases."),
-    "dashboard": (
-        "dashboard",
-        "Serve the web faces: the operator's dashboard (queue, failures, endpoints, leases; "
-        "retry and replay), the management API (/api/v1) and the tenant portal (/portal).",
-    ),
     "db": ("db", "Database schema migrations."),
     "demo": (
         "demo",
@@ -64,11 +59,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run",
         "Deliver messages until SIGTERM/SIGINT (graceful), a second signal exits at once.",
     ),
+    "serve": (
+        "serve",
+        "Serve the web faces: the operator's dashboard (queue, failures, endpoints, leases; "
+        "retry and replay), the management API (/api/v1) and the tenant portal (/portal).",
+    ),
     "tokens": ("tokens", "The management API's tokens: make one (shown once), list, revoke."),
 }
 """Each command: the module of poller/cli/ that defines it, and its one-line help
 (shown by ``poller --help`` without importing the module; a test checks it is the
 command's own)."""
+
+ALIASES = {"dashboard": "serve"}
+"""Older names a command still answers to (not listed): ``poller dashboard`` served the
+three web faces before ``poller serve`` was named for what it does."""
 
 
 EXTRAS = {
@@ -107,7 +111,7 @@ service run without it says in one line what to install (tests/acceptance/test_w
 
 NEEDS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(
-        ("admin", "dashboard", "endpoints", "portal-link", "receiver", "run", "tokens"),
+        ("admin", "endpoints", "portal-link", "receiver", "run", "serve", "tokens"),
         ("server",),
     ),
     "demo": ("server", "embedded"),
@@ -138,6 +142,7 @@ class _Group(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd_name = ALIASES.get(cmd_name, cmd_name)
         if cmd_name not in COMMANDS:
             return None
         for extra in NEEDS.get(cmd_name, ()):

@@ -27,16 +27,18 @@ from poller.cli.output import (
 from poller.errors import NothingMatched
 
 if TYPE_CHECKING:
-    from poller import admin as api
-    from poller import db, ordering, replay
     from poller import settings as config
-    from poller import stats as stats_api
+    from poller.operate import admin as api
+    from poller.operate import replay
+    from poller.operate import stats as stats_api
+    from poller.rows import ordering
+    from poller.store import db
 else:
-    api = lazy("poller.admin")
-    ordering = lazy("poller.ordering")
-    replay = lazy("poller.replay")
-    stats_api = lazy("poller.stats")
-    db = lazy("poller.db")
+    api = lazy("poller.operate.admin")
+    ordering = lazy("poller.rows.ordering")
+    replay = lazy("poller.operate.replay")
+    stats_api = lazy("poller.operate.stats")
+    db = lazy("poller.store.db")
     config = lazy("poller.settings")
 
 
@@ -425,7 +427,7 @@ def purge(
     total = sum(counts.values())
     if not dry_run and total:
         confirm(f"delete {total} messages and their attempts?", yes)
-        from poller import maintenance
+        from poller.service import maintenance
 
         settings = config.default_settings()
         plan = maintenance.retention_plan(
@@ -448,8 +450,8 @@ def leases(as_json: bool) -> None:
     """Shard leases: holder, fence, seconds left, and PostgreSQL's accepted fence."""
     import asyncio
 
+    from poller.claim.shards import lease_holdings
     from poller.election import make_elector
-    from poller.shards import lease_holdings
 
     settings, url = settings_and_url()
     command_engine()  # the schema check, and a clear error if the database is away

@@ -1,4 +1,4 @@
-"""``poller event-types``: the event-type catalog (poller/catalog.py) — list, show,
+"""``poller event-types``: the event-type catalog (poller/outbox/catalog.py) — list, show,
 define (description, JSON Schema, example, deprecated) and remove."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import click
 from poller.cli.common import command_engine
 from poller.cli.lazy import lazy
 from poller.cli.output import age, emit_json, json_option, table
-from poller.payloads import loads
+from poller.rules.payloads import loads
 
 if TYPE_CHECKING:
-    from poller import catalog
+    from poller.outbox import catalog
 else:
-    catalog = lazy("poller.catalog")
+    catalog = lazy("poller.outbox.catalog")
 
 MAX_FILE = 3 * 64 * 1024  # a schema's limit, and room for an example
 

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 def settings_and_url(*, create: bool = False) -> tuple[Settings, str]:
     """Validated settings and the database URL (the embedded server's when none is set;
     ``create``: make one if there is none)."""
-    from poller.db import database_url
     from poller.settings import load_settings
+    from poller.store.db import database_url
 
     settings = load_settings()
     return settings, database_url(settings, create=create)
@@ -31,7 +31,7 @@ def where(settings: Settings, url: str) -> str:
         hidden = {k: "***" for k in parsed.query if k.lower() in ("password", "sslpassword")}
         shown = parsed.update_query_dict(hidden).render_as_string(hide_password=True)
         return shown.replace("%2A%2A%2A", "***")
-    from poller.embedded import default_data_dir
+    from poller.local.embedded import default_data_dir
 
     return f"embedded PostgreSQL in {default_data_dir(settings.data_dir)}"
 
@@ -42,8 +42,8 @@ def command_engine() -> Engine:
     The schema must be at the newest revision: a command on an unmigrated
     database says so in one line instead of failing on a missing table.
     """
-    from poller.db import sync_engine
-    from poller.migrate import require_schema
+    from poller.store.db import sync_engine
+    from poller.store.migrate import require_schema
 
     _, url = settings_and_url()
     engine = sync_engine(url)

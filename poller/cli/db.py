@@ -10,9 +10,9 @@ from poller.cli.common import settings_and_url, where
 from poller.cli.lazy import lazy
 
 if TYPE_CHECKING:
-    from poller import migrate
+    from poller.store import migrate
 else:
-    migrate = lazy("poller.migrate")
+    migrate = lazy("poller.store.migrate")
 
 
 @click.group()

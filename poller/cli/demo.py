@@ -34,26 +34,19 @@ from rich.live import Live
 from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from poller import (
-    Event,
-    Message,
-    enqueue_async,
-    enqueue_many_async,
-    metrics,
-    migrate,
-    publish_many_async,
-    queries,
-)
+from poller import Event, Message, enqueue_async, enqueue_many_async, publish_many_async
 from poller.cli.run import event_loop_run
-from poller.db import poller_engine, sync_engine
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis
-from poller.endpoints import create_endpoint, new_secret
-from poller.events import OperationalEvent
-from poller.receiver import Faults, Receiver
-from poller.sending import make_sender
-from poller.service import Poller, serve
+from poller.deliver.sending import make_sender
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.local.receiver import Faults, Receiver
+from poller.observe import metrics
+from poller.rows.events import OperationalEvent
+from poller.rules.signing import public_key
+from poller.service.runner import Poller, serve
 from poller.settings import load_settings
-from poller.signing import public_key
+from poller.store import migrate, queries
+from poller.store.db import poller_engine, sync_engine
 
 # The default schedule waits 5 s, 5 min, 30 min… between attempts: right for a real
 # receiver, far too slow to watch. The demo retries after 0.2, 0.5 and 1 s instead.
@@ -132,20 +125,20 @@ def _this_command() -> str:
 
 
 def _dashboard(console: Console, folder: Path, url: str, redis_url: str) -> None:
-    """Serve the dashboard on the demo's database until SIGINT/SIGTERM (poller/dashboard)."""
+    """Serve the dashboard on the demo's database until SIGINT/SIGTERM (poller/web)."""
     import secrets
     from datetime import timedelta
 
-    from poller.dashboard import serve as board
-    from poller.portal import portal_link
+    from poller.access.portal import portal_link
     from poller.settings import load_settings
+    from poller.web import serve as board
 
     first = load_settings()
     addr = first.dashboard_addr or board.DEFAULT_ADDR
     key = first.portal_key.get_secret_value() if first.portal_key else secrets.token_urlsafe(32)
     settings = load_settings(database_url=url, redis_url=redis_url, election="redis",
                              portal_key=key)  # fmt: skip
-    from poller.embedded import DASHBOARD_TOKEN_FILE, dashboard_token
+    from poller.local.embedded import DASHBOARD_TOKEN_FILE, dashboard_token
 
     path = folder / DASHBOARD_TOKEN_FILE
     creds = board.Credentials(dashboard_token(path), token_file=path)

@@ -11,10 +11,10 @@ import click
 from poller.cli.lazy import lazy
 
 if TYPE_CHECKING:
-    from poller import embedded as servers
     from poller import settings as config
+    from poller.local import embedded as servers
 else:
-    servers = lazy("poller.embedded")
+    servers = lazy("poller.local.embedded")
     config = lazy("poller.settings")
 
 

@@ -1,7 +1,7 @@
 """The options ``poller endpoints add`` and ``update`` share, and how they are read.
 
 Limits and health settings (a number or ``default``), the retry schedule
-(durations, poller/parse.py), subscriptions, and headers — whose values are
+(durations, poller/rules/parse.py), subscriptions, and headers — whose values are
 credentials, so an error here never repeats what was typed after a header's name.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from poller.health import DEFAULT, MAX_RATE, MIN_COOLDOWN, MIN_RATE
+from poller.rules.health import DEFAULT, MAX_RATE, MIN_COOLDOWN, MIN_RATE
 
 
 class OrDefault(click.ParamType[Any]):
@@ -38,13 +38,13 @@ class OrDefault(click.ParamType[Any]):
 
 
 class RetrySchedule(click.ParamType[Any]):
-    """``5s,5m,30m,2h`` (durations, poller/parse.py) → seconds, or ``default``."""
+    """``5s,5m,30m,2h`` (durations, poller/rules/parse.py) → seconds, or ``default``."""
 
     name = "schedule|default"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from poller import parse
         from poller.errors import InvalidInput
+        from poller.rules import parse
 
         if value is DEFAULT or str(value).strip().lower() == "default":
             return DEFAULT
@@ -55,13 +55,13 @@ class RetrySchedule(click.ParamType[Any]):
 
 
 class AgeLimit(click.ParamType[Any]):
-    """``3d`` (a duration, poller/parse.py) → seconds, or ``none`` (no limit)."""
+    """``3d`` (a duration, poller/rules/parse.py) → seconds, or ``none`` (no limit)."""
 
     name = "duration|none"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from poller import parse
         from poller.errors import InvalidInput
+        from poller.rules import parse
 
         if value is DEFAULT or str(value).strip().lower() in ("none", "default"):
             return DEFAULT
@@ -72,8 +72,8 @@ class AgeLimit(click.ParamType[Any]):
 
 
 class PemFile(click.ParamType[Any]):
-    """A PEM file's text (poller/tls.py checks what it holds); with ``removable``, ``none``
-    removes the setting."""
+    """A PEM file's text (poller/endpoints/tls.py checks what it holds); with
+    ``removable``, ``none`` removes the setting."""
 
     name = "file"
 

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 from poller.cli.output import age, iso
 
 if TYPE_CHECKING:
-    from poller.endpoints import Endpoint
+    from poller.endpoints.registry import Endpoint
 
 
 def public(endpoint: Endpoint) -> dict[str, Any]:
-    """Everything but the secrets (poller/endpoint_view.py)."""
-    from poller.endpoint_view import public as shown
+    """Everything but the secrets (poller/endpoints/view.py)."""
+    from poller.endpoints.view import public as shown
 
     return shown(endpoint)
 

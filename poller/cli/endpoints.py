@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from poller import logs
 from poller.cli import holds
 from poller.cli.common import command_engine
 from poller.cli.endpoint_options import (
@@ -35,18 +34,20 @@ from poller.cli.output import (
     table,
     yes_option,
 )
-from poller.health import DEFAULT
+from poller.observe import logs
+from poller.rules.health import DEFAULT
 
 if TYPE_CHECKING:
-    from poller import endpoint_keys as keys
-    from poller import endpoints as api
-    from poller import keyring, stats
     from poller import settings as config
+    from poller.endpoints import keys
+    from poller.endpoints import registry as api
+    from poller.operate import stats
+    from poller.rules import keyring
 else:
-    api = lazy("poller.endpoints")
-    keys = lazy("poller.endpoint_keys")
-    stats = lazy("poller.stats")
-    keyring = lazy("poller.keyring")
+    api = lazy("poller.endpoints.registry")
+    keys = lazy("poller.endpoints.keys")
+    stats = lazy("poller.operate.stats")
+    keyring = lazy("poller.rules.keyring")
     config = lazy("poller.settings")
 
 audit = logging.getLogger("poller.audit")

@@ -41,7 +41,7 @@ def _file(path: str) -> str:
 
 def _payload(data: str) -> Any:
     """The --data text, sent exactly as written (a JSON object)."""
-    from poller import parse
+    from poller.rules import parse
 
     return parse.json_payload(_file(data[1:]) if data.startswith("@") else data, "--data")
 

@@ -1,5 +1,5 @@
 """``poller admin cancel`` and ``poller endpoints pause / resume``: an operator's holds
-(poller/cancel.py), attached to their groups by poller/cli/admin.py and endpoints.py."""
+(poller/operate/cancel.py), attached to their groups by poller/cli/admin.py and endpoints.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from poller.cli.output import ROW_ID, Since, Until, confirm, emit_json, iso, jso
 from poller.errors import NothingMatched
 
 if TYPE_CHECKING:
-    from poller import cancel as api
+    from poller.operate import cancel as api
 else:
-    api = lazy("poller.cancel")
+    api = lazy("poller.operate.cancel")
 
 
 def _ids(ids: list[int]) -> str:

@@ -5,9 +5,9 @@ imported the core (SQLAlchemy, pydantic, cryptography) at the top, listing
 them would take a second. A command module names the core modules it uses as
 
     if TYPE_CHECKING:
-        from poller import admin as api
+        from poller.operate import admin as api
     else:
-        api = lazy("poller.admin")
+        api = lazy("poller.operate.admin")
 
 and uses them as modules (``api.retry(...)``): mypy sees the real module, and
 the import happens at the first attribute a command reads (the standard
@@ -35,6 +35,6 @@ def lazy(name: str) -> ModuleType:
     sys.modules[name] = module
     loader.exec_module(module)
     parent, _, leaf = name.rpartition(".")
-    if parent:  # as an import would: `poller.admin` is an attribute of `poller`
+    if parent:  # as an import would: `poller.operate.admin` is an attribute of `poller`
         setattr(sys.modules[parent], leaf, module)
     return module

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 import click
 
-from poller import parse
 from poller.errors import InvalidInput
-from poller.logs import printable, printable_json
+from poller.observe.logs import printable, printable_json
+from poller.rules import parse
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,7 +39,8 @@ def yes_option(func: F) -> F:
 
 
 class Duration(click.ParamType[timedelta]):
-    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` or plain seconds (:func:`poller.parse.duration`)."""
+    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` or plain seconds
+    (:func:`poller.rules.parse.duration`)."""
 
     name = "duration"
 
@@ -51,7 +52,7 @@ class Duration(click.ParamType[timedelta]):
 
 
 class Since(click.ParamType[datetime]):
-    """A duration ago (``1h``) or an ISO 8601 time (:func:`poller.parse.moment`)."""
+    """A duration ago (``1h``) or an ISO 8601 time (:func:`poller.rules.parse.moment`)."""
 
     name = "since"
 
@@ -63,7 +64,7 @@ class Since(click.ParamType[datetime]):
 
 
 class Until(click.ParamType[datetime]):
-    """A duration from now (``2h``) or an ISO 8601 time (:func:`poller.parse.deadline`)."""
+    """A duration from now (``2h``) or an ISO 8601 time (:func:`poller.rules.parse.deadline`)."""
 
     name = "until"
 
@@ -75,7 +76,7 @@ class Until(click.ParamType[datetime]):
 
 
 class RowId(click.ParamType[int]):
-    """A message or event id (:func:`poller.parse.row_id`)."""
+    """A message or event id (:func:`poller.rules.parse.row_id`)."""
 
     name = "id"
 
@@ -124,7 +125,7 @@ def error_text(text: str) -> str:
 
 
 def safe_json(document: Any, **dumps: Any) -> str:
-    """JSON with every character a terminal could act on escaped (poller/logs.py)."""
+    """JSON with every character a terminal could act on escaped (poller/observe/logs.py)."""
     return printable_json(document, **dumps)
 
 

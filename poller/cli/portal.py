@@ -1,4 +1,4 @@
-"""``poller portal-link``: a short-lived link to one tenant's portal (poller/portal.py)."""
+"""``poller portal-link``: a short-lived link to one tenant's portal (poller/access/portal.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from poller.cli.lazy import lazy
 from poller.cli.output import Duration, emit_json, json_option
 
 if TYPE_CHECKING:
-    from poller import portal
     from poller import settings as config
+    from poller.access import portal
 else:
-    portal = lazy("poller.portal")
+    portal = lazy("poller.access.portal")
     config = lazy("poller.settings")
 
 

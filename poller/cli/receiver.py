@@ -8,8 +8,8 @@ import signal
 import click
 
 from poller.cli.run import event_loop_run
-from poller.receiver import Faults, Receiver, serve
-from poller.signing import Verifier
+from poller.local.receiver import Faults, Receiver, serve
+from poller.rules.signing import Verifier
 
 
 @click.command()

@@ -20,13 +20,21 @@ from poller.cli.lazy import lazy
 from poller.errors import ServiceCrashed
 
 if TYPE_CHECKING:
-    from poller import db, logs, otel, processes, sending, service
-    from poller.service import Poller
+    from poller.deliver import sending
+    from poller.observe import logs, otel
+    from poller.service import processes
+    from poller.service import runner as service
+    from poller.service.runner import Poller
     from poller.settings import Settings
+    from poller.store import db
 else:  # a flag refused (`--processes 0`) answers before the service is imported
-    db, logs, otel = lazy("poller.db"), lazy("poller.logs"), lazy("poller.otel")
-    processes, sending = lazy("poller.processes"), lazy("poller.sending")
-    service = lazy("poller.service")
+    db, logs, otel = (
+        lazy("poller.store.db"),
+        lazy("poller.observe.logs"),
+        lazy("poller.observe.otel"),
+    )
+    processes, sending = lazy("poller.service.processes"), lazy("poller.deliver.sending")
+    service = lazy("poller.service.runner")
 
 T = TypeVar("T")
 MAX_PROCESSES = 256  # `--processes`
@@ -60,7 +68,7 @@ async def run_service(settings: Settings, url: str, poller_id: str) -> None:
         loop.add_signal_handler(signum, on_signal, signum)
     engine = db.poller_engine(url, settings, pool_size=4, max_overflow=4)
     sender = sending.make_sender(settings)
-    telemetry = otel.setup()  # OTEL_EXPORTER_OTLP_ENDPOINT… (poller/otel.py); else None
+    telemetry = otel.setup()  # OTEL_EXPORTER_OTLP_ENDPOINT… (poller/observe/otel.py); else None
     if telemetry is not None:
         telemetry.start_exporting()
     ready: asyncio.Future[Poller] = loop.create_future()
@@ -165,7 +173,7 @@ def run(poller_id: str | None, shards: int | None, concurrency: int | None, coun
     logging.getLogger("poller").info(
         "poller %s starting (HTTP client %s)", name, settings.http_client
     )
-    if settings.proxy is not None:  # its password never: poller/proxy.py
+    if settings.proxy is not None:  # its password never: poller/deliver/proxy.py
         logging.getLogger("poller").info("deliveries go through the proxy %s", settings.proxy.shown)
     try:
         event_loop_run(run_service(settings, url, name))

@@ -1,4 +1,4 @@
-"""``poller tokens``: the management API's tokens (poller/tokens.py)."""
+"""``poller tokens``: the management API's tokens (poller/access/tokens.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from poller.cli.lazy import lazy
 from poller.cli.output import Until, age, emit_json, iso, json_option, table
 
 if TYPE_CHECKING:
-    from poller import tokens as api
+    from poller.access import tokens as api
 else:
-    api = lazy("poller.tokens")
+    api = lazy("poller.access.tokens")
 
 
 @click.group()

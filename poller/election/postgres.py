@@ -7,9 +7,9 @@ import time
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller import queries
 from poller.election import Holding, Lease
 from poller.errors import ElectionUnavailable
+from poller.store import queries
 
 
 class PostgresElector:

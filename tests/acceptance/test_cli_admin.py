@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
-from poller.claims import Claims
 from poller.cli import cli
-from poller.db import async_engine
-from poller.outcomes import delivered, failed
+from poller.rows.claims import Claims
+from poller.rules.outcomes import delivered, failed
+from poller.store.db import async_engine
 from tests.integration.helpers import attempts_of, row, seed
 
 
@@ -251,7 +251,7 @@ async def test_a_receiver_down_for_an_hour_then_retried_from_the_cli(
     """The worked example in docs/how-to/operate.md: failures found, fixed, retried, delivered."""
     import asyncio
 
-    from poller.receiver import Faults
+    from poller.local.receiver import Faults
     from tests.integration.helpers import wait_for
     from tests.integration.service_helpers import (
         counts,
@@ -319,7 +319,7 @@ def test_admin_as_a_real_process(db_url: str) -> None:
 def test_filters_no_row_can_match_list_nothing(run, engine: Engine) -> None:  # type: ignore[no-untyped-def]
     """A NUL cannot reach PostgreSQL (it refuses one in text): such a filter matches
     nothing, as a type no message can have does."""
-    from poller.admin import FailedFilter, list_failed
+    from poller.operate.admin import FailedFilter, list_failed
 
     with engine.connect() as conn:  # before, each of these raised psycopg's DataError
         for where in (
@@ -342,7 +342,7 @@ async def test_a_receivers_words_never_drive_the_terminal(run, db_url: str, engi
     (clipboard writes, screen clears, C1 CSI, bidi overrides) are shown escaped, and rich
     never reads them as markup (`[/x]` crashed `admin failed`; `[link=…]` made a link)."""
     run("endpoints", "add", "billing", "http://127.0.0.1:9/")
-    from poller.outbox import Message, enqueue_many
+    from poller.outbox.enqueue import Message, enqueue_many
 
     with engine.begin() as conn:
         (msg_id,) = enqueue_many(
@@ -392,7 +392,7 @@ def test_an_unexpected_exception_is_a_bug_not_a_not_found(
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("state")
 
-    monkeypatch.setattr("poller.admin.message_detail", broken)
+    monkeypatch.setattr("poller.operate.admin.message_detail", broken)
     got, out, err = run("admin", "show", "1")
     assert got == 70, out + err
     assert err.startswith("error: unexpected error (a bug") and "KeyError" in err

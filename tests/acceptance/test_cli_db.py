@@ -33,7 +33,7 @@ def test_upgrade_gives_the_sql_doors_the_process_settings(empty_db_url: str) -> 
     """The SQL doors read their limits from the database: `db upgrade` writes them."""
     import psycopg
 
-    from poller.db import libpq_url
+    from poller.store.db import libpq_url
 
     env = {"POLLER_DATABASE_URL": empty_db_url, "POLLER_MAX_PAYLOAD_BYTES": "1000"}
     assert invoke("db", "upgrade", **env)[0] == 0
@@ -127,10 +127,10 @@ def test_embedded_default_starts_once_and_stops(tmp_path: Path) -> None:
         code, first, _ = invoke("embedded", "start", **env)
         code, second, _ = invoke("embedded", "start", **env)
         assert first == second  # idempotent: the same running servers
-        # and the web faces' token: `poller dashboard` in that shell needs nothing more
+        # and the web faces' token: `poller serve` in that shell needs nothing more
         exported = dict(re.findall(r"export (\w+)=(\S+)", first))
-        from poller.dashboard.auth import credentials
         from poller.settings import load_settings
+        from poller.web.auth import credentials
 
         token = exported["POLLER_DASHBOARD_TOKEN"]
         settings = load_settings(

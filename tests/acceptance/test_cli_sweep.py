@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from poller.cli import cli
-from poller.embedded import free_port
+from poller.local.embedded import free_port
 
 COMMANDS = [
     ["endpoints", "add", "billing", "https://hooks.example.com/in"],  # generates a secret

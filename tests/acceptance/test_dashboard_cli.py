@@ -1,4 +1,4 @@
-"""``poller dashboard`` and ``poller demo --dashboard`` as commands: bad settings are one
+"""``poller serve`` and ``poller demo --dashboard`` as commands: bad settings are one
 line and exit 2; the demo serves its own database and prints a link that logs in."""
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ TOKEN = "cli-dashboard-token-0123"
 def test_bad_settings_are_one_line_and_exit_2(
     db_url: str, args: list[str], env: dict[str, str], expected: str
 ) -> None:
-    result = CliRunner().invoke(
-        cli, ["dashboard", *args], env={"POLLER_DATABASE_URL": db_url, **env}
-    )
+    result = CliRunner().invoke(cli, ["serve", *args], env={"POLLER_DATABASE_URL": db_url, **env})
     assert result.exit_code == 2, result.output
     assert expected in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
@@ -46,7 +44,7 @@ def test_a_taken_port_is_one_line_and_exit_2(db_url: str) -> None:
         port = taken.getsockname()[1]
         result = CliRunner().invoke(
             cli,
-            ["dashboard", "--addr", f"127.0.0.1:{port}"],
+            ["serve", "--addr", f"127.0.0.1:{port}"],
             env={"POLLER_DATABASE_URL": db_url, "POLLER_DASHBOARD_TOKEN": TOKEN},
         )
     assert result.exit_code == 2
@@ -54,6 +52,7 @@ def test_a_taken_port_is_one_line_and_exit_2(db_url: str) -> None:
 
 
 def test_an_unmigrated_database_is_one_line_and_exit_2(empty_db_url: str) -> None:
+    """(Through `poller dashboard`, serve's earlier name, which it still answers to.)"""
     result = CliRunner().invoke(
         cli,
         ["dashboard"],
@@ -100,7 +99,7 @@ def test_the_customers_faces_can_be_served_apart_from_the_operators(
     env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_DASHBOARD_TOKEN=TOKEN,
                      POLLER_DASHBOARD_ADDR="127.0.0.1:0", POLLER_PORTAL_ADDR="127.0.0.1:0",
                      POLLER_PORTAL_KEY="portal-test-key-0123456789abcdef0123")  # fmt: skip
-    with started(["dashboard"], env, tmp_path / "dashboard.log") as served:
+    with started(["serve"], env, tmp_path / "serve.log") as served:
         operators = served.wait_for(r"dashboard \+ api .* on (http://\S+)/").group(1)
         customers = served.wait_for(r"portal \+ api .* on (http://\S+)/").group(1)
         bearer = {"Authorization": f"Bearer {TOKEN}"}

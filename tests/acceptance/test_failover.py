@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from poller.embedded import EmbeddedRedis
+from poller.local.embedded import EmbeddedRedis
 from tests.acceptance.procs import Proc, poller_env, receiver, started, stats, wait_until
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed

@@ -12,11 +12,11 @@ from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from poller.cli import cli
-from poller.dashboard import auth
-from poller.dashboard.app import create_app
-from poller.endpoints import create_endpoint
-from poller.keyring import new_key
+from poller.endpoints.registry import create_endpoint
+from poller.rules.keyring import new_key
 from poller.settings import default_settings, load_settings
+from poller.web import auth
+from poller.web.app import create_app
 from tests.integration.helpers import seed
 from tests.integration.pki import authority, issue
 

@@ -49,8 +49,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_processes_share_restart_and_drain(engine: Engine, db_url: str, tmp_path: Path) -> None:
-    from poller.embedded import free_port
-    from poller.endpoints import bucket_for
+    from poller.endpoints.registry import bucket_for
+    from poller.local.embedded import free_port
 
     # An endpoint in each of the 4 shards: whichever way the children split them, both
     # have work (with one endpoint, both delivered only if its shard changed hands)
@@ -134,7 +134,7 @@ def test_children_of_a_killed_supervisor_stop_by_themselves(
 ) -> None:
     """SIGKILL gives the supervisor no chance to forward anything: its children, in
     their own sessions, must notice it is gone and stop rather than run on as orphans."""
-    from poller.embedded import free_port
+    from poller.local.embedded import free_port
 
     port = free_port()
     env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_METRICS_ADDR=f"127.0.0.1:{port}")

@@ -104,7 +104,7 @@ def test_a_crashed_loop_makes_the_process_unhealthy_and_exit_70(
     engine: Engine, db_url: str, tmp_path: Path
 ) -> None:
     """Crash-only (G11): a loop meeting a state nobody planned for does not limp on."""
-    from poller.embedded import free_port
+    from poller.local.embedded import free_port
 
     with receiver(tmp_path) as (_, url):
         make_endpoint(engine, "a", url=url)
@@ -140,9 +140,9 @@ def test_run_on_an_unmigrated_database_is_one_line_and_exit_2(
 @pytest.mark.slow
 def test_a_poller_started_while_postgres_is_down_waits_for_it(tmp_path: Path) -> None:
     """Found by the fault hunt: a poller restarted during a PostgreSQL restart exited 2."""
-    from poller import migrate
-    from poller.db import sync_engine
-    from poller.embedded import EmbeddedPostgres
+    from poller.local.embedded import EmbeddedPostgres
+    from poller.store import migrate
+    from poller.store.db import sync_engine
 
     server = EmbeddedPostgres(tmp_path / "pg", durable=False)
     (tmp_path / "pg").mkdir()

@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from poller import enqueue, publish
-from poller.endpoints import create_endpoint
+from poller.endpoints.registry import create_endpoint
 from tests.acceptance.procs import poller_env, started
 from tests.integration import servers
 from tests.integration.otlp_collector import attributes, collector

@@ -61,9 +61,9 @@ def test_installed_wheel_upgrades_an_empty_database(
     where = _run(installed_wheel, tmp_path, "-c", "import poller; print(poller.__file__)")
     assert where.stdout.strip().startswith(str(installed_wheel)), where.stderr
     assert (installed_wheel / "poller" / "_migrations" / "env.py").exists()
-    dashboard = installed_wheel / "poller" / "dashboard"  # its pages and assets ship too
-    assert (dashboard / "templates" / "overview.html").exists()
-    assert (dashboard / "static" / "dashboard.js").exists()
+    web = installed_wheel / "poller" / "web"  # the faces' pages and assets ship too
+    assert (web / "templates" / "overview.html").exists()
+    assert (web / "static" / "dashboard.js").exists()
 
     done = _run(
         installed_wheel, tmp_path, "-m", "poller", "db", "upgrade", POLLER_DATABASE_URL=empty_db_url
@@ -167,7 +167,7 @@ def test_the_bare_install_enqueues_migrates_and_says_what_the_service_needs(
 
     upgraded = run("-m", "poller", "db", "upgrade")
     assert upgraded.returncode == 0, upgraded.stderr[-2000:]
-    from poller.db import sync_engine
+    from poller.store.db import sync_engine
     from tests.conftest import make_endpoint
 
     engine = sync_engine(empty_db_url)
@@ -175,7 +175,7 @@ def test_the_bare_install_enqueues_migrates_and_says_what_the_service_needs(
     engine.dispose()
     app = run("-c", f"""
 import importlib.util, psycopg, poller
-from poller.db import libpq_url
+from poller.store.db import libpq_url
 missing = [m for m in {SERVICE_ONLY!r} if importlib.util.find_spec(m) is None]
 with psycopg.connect(libpq_url({empty_db_url!r})) as conn:
     sent = poller.enqueue(conn, endpoint="billing", event_type="order.paid",

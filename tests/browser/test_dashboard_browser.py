@@ -1,6 +1,6 @@
 """The dashboard in a real browser: Playwright driving Debian's Chromium.
 
-Real processes all the way: ``poller dashboard`` and ``poller receiver`` as
+Real processes all the way: ``poller serve`` and ``poller receiver`` as
 subprocesses, a ``poller run`` that delivers what the page retries, PostgreSQL.
 Screenshots of every page go to ``.pytest-output/dashboard/`` (the docs' comes
 from here). ``make browser`` installs Chromium; without it these tests skip,
@@ -20,7 +20,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from poller.outbox import Message, enqueue_many
+from poller.outbox.enqueue import Message, enqueue_many
 from tests.acceptance.procs import poller_env, receiver, started, stats, wait_until
 from tests.conftest import make_endpoint, repo_root
 
@@ -110,7 +110,7 @@ def test_operator_session_in_chromium(
             )
         hostile_id = ids[3]
         env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_DASHBOARD_TOKEN=TOKEN)
-        with started(["dashboard", "--addr", "127.0.0.1:0"], env, tmp_path / "dash.log") as dash:
+        with started(["serve", "--addr", "127.0.0.1:0"], env, tmp_path / "dash.log") as dash:
             port = dash.wait_for(r"on http://127\.0\.0\.1:(\d+)/").group(1)
             base = f"http://127.0.0.1:{port}"
 

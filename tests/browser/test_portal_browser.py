@@ -2,7 +2,7 @@
 application gave, add an endpoint with event types from the catalog, copy its secret,
 send a test event and see its attempt arrive, retry a failed delivery; another
 tenant's endpoint is not there, a forged cross-site POST and an expired link are
-refused. Real processes: ``poller dashboard``, ``poller run``, ``poller receiver``."""
+refused. Real processes: ``poller serve``, ``poller run``, ``poller receiver``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, text
 
-from poller import portal
-from poller.catalog import define_event_type
-from poller.endpoints import create_endpoint
-from poller.outbox import enqueue
+from poller.access import portal
+from poller.endpoints.registry import create_endpoint
+from poller.outbox.catalog import define_event_type
+from poller.outbox.enqueue import enqueue
 from poller.settings import load_settings
 from tests.acceptance.procs import poller_env, receiver, started, stats, wait_until
 from tests.browser.test_dashboard_browser import TOKEN, browser_page, pytestmark, shot
@@ -42,7 +42,7 @@ def test_a_tenant_manages_its_webhooks_in_the_portal(
     with receiver(tmp_path) as (_, receiver_url):
         env = poller_env(POLLER_DATABASE_URL=db_url, POLLER_DASHBOARD_TOKEN=TOKEN,
                          POLLER_PORTAL_KEY=KEY)  # fmt: skip
-        with started(["dashboard", "--addr", "127.0.0.1:0"], env, tmp_path / "dash.log") as dash:
+        with started(["serve", "--addr", "127.0.0.1:0"], env, tmp_path / "dash.log") as dash:
             port = dash.wait_for(r"on http://127\.0\.0\.1:(\d+)/").group(1)
             base = f"http://127.0.0.1:{port}"
             settings = load_settings(portal_key=KEY)

@@ -52,7 +52,7 @@ def door(request: pytest.FixtureRequest) -> Iterator[Door]:
     request.applymarker(pytest.mark.django_db(transaction=True))
     request.getfixturevalue("_django_db_helper")
     url = django_url()
-    from poller.db import sync_engine
+    from poller.store.db import sync_engine
 
     engine = sync_engine(url)
     with engine.begin() as conn:  # Django flushes its own tables only
@@ -63,7 +63,7 @@ def door(request: pytest.FixtureRequest) -> Iterator[Door]:
 
 @pytest.fixture
 def door_engine(door: Door) -> Iterator[Any]:
-    from poller.db import sync_engine
+    from poller.store.db import sync_engine
 
     engine = sync_engine(door.db_url)
     yield engine

@@ -44,8 +44,8 @@ def main(url: str, driver: str) -> None:
     before = check()
     call_command("migrate", "poller", verbosity=0)
     after = check()
-    from poller.db import sync_engine
-    from poller.endpoints import create_endpoint
+    from poller.endpoints.registry import create_endpoint
+    from poller.store.db import sync_engine
 
     engine = sync_engine(url)
     with engine.begin() as conn:

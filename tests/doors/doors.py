@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import poller
-from poller.db import libpq_url
-from poller.embedded import _package_dir
 from poller.errors import from_sqlstate
+from poller.local.embedded import _package_dir
+from poller.store.db import libpq_url
 
 NODE_DIR = Path(__file__).parent / "node"
 SYNC = ("sqlalchemy", "psycopg", "psycopg2")
@@ -89,7 +89,7 @@ class Door:
     def _sqlalchemy(self, calls: Sequence[Call], commit: bool) -> list[int]:
         from sqlalchemy.orm import Session
 
-        from poller.db import sync_engine
+        from poller.store.db import sync_engine
 
         engine = sync_engine(self.db_url)
         try:
@@ -149,7 +149,7 @@ class Door:
     async def _sqlalchemy_async(self, calls: Sequence[Call], commit: bool) -> list[int]:
         from sqlalchemy.ext.asyncio import AsyncSession
 
-        from poller.db import async_engine
+        from poller.store.db import async_engine
 
         engine = async_engine(self.db_url)
         try:

@@ -159,7 +159,7 @@ async def test_a_payload_an_sql_door_could_not_check_is_never_sent_off_schema(
 ) -> None:
     """The database cannot check a catalog type's JSON Schema: an event published through
     SQL is checked by the poller before any send, and one that breaks it fails unsent."""
-    from poller.catalog import define_event_type
+    from poller.outbox.catalog import define_event_type
 
     async with running_receiver() as (receiver, url):
         make_endpoint(engine, "billing", url=url, event_types=["order.paid"])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from poller import migrate
 from poller.errors import ConnectionNotSupported
+from poller.store import migrate
 
 APP = Path(__file__).with_name("django_app.py")
 

@@ -8,7 +8,7 @@ import json
 import psycopg
 from sqlalchemy import Engine
 
-from poller.db import libpq_url
+from poller.store.db import libpq_url
 from tests.conftest import make_endpoint, repo_root
 from tests.integration.helpers import wait_for
 from tests.integration.service_helpers import fast_settings, running_poller, running_receiver

@@ -259,7 +259,7 @@ def test_the_checker_catches_a_dashboard_that_miscounts_or_lets_markup_through(
     from sqlalchemy import text
 
     from loadtest.dashboard_check import dashboard_disagrees
-    from poller import stats
+    from poller.operate import stats
 
     seed_messages(engine, 2)
     with engine.begin() as conn:

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from poller.claims import Claims
-from poller.db import async_engine
-from poller.outcomes import delivered
+from poller.rows.claims import Claims
+from poller.rules.outcomes import delivered
+from poller.store.db import async_engine
 
 
 async def _main(url: str, out: Path, go: Path) -> None:

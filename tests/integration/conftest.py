@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller.claims import Claims
-from poller.health import HealthPolicy
+from poller.rows.claims import Claims
+from poller.rules.health import HealthPolicy
 
 
 @pytest.fixture

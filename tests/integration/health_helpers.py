@@ -13,11 +13,11 @@ from typing import Any
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
-from poller import outcomes
-from poller.claims import Claims
 from poller.cli import cli
-from poller.outcomes import ClaimedMessage
-from poller.receiver import Receiver
+from poller.local.receiver import Receiver
+from poller.rows.claims import Claims
+from poller.rules import outcomes
+from poller.rules.outcomes import ClaimedMessage
 
 
 def health(engine: Engine, name: str = "billing") -> Any:

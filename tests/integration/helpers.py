@@ -12,7 +12,7 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from poller import Message, enqueue_many
-from poller.schema import delivery_attempts, outbox
+from poller.store.schema import delivery_attempts, outbox
 
 
 def seed(engine: Engine, n: int, endpoint: str = "billing", **fields: Any) -> list[int]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from poller.httpx_sender import HttpxSender
-from poller.reqwest_sender import ReqwestSender
-from poller.senders import AiohttpSender, Sender
+from poller.deliver.aiohttp_sender import AiohttpSender
+from poller.deliver.httpx_sender import HttpxSender
+from poller.deliver.reqwest_sender import ReqwestSender
+from poller.deliver.wire import Sender
 
 KINDS = ("aiohttp", "httpx", "reqwest")
 

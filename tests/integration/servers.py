@@ -93,6 +93,6 @@ def answer(status: int, headers: str = "", body: bytes = b"") -> Handler:
 
 
 def free_closed_port() -> str:
-    from poller.embedded import free_port
+    from poller.local.embedded import free_port
 
     return f"http://127.0.0.1:{free_port()}"

@@ -9,13 +9,13 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from poller.db import poller_engine
+from poller.deliver.sending import make_sender
 from poller.election import Elector
-from poller.events import EventHook
-from poller.receiver import Faults, Receiver
-from poller.sending import make_sender
-from poller.service import Poller, serve
+from poller.local.receiver import Faults, Receiver
+from poller.rows.events import EventHook
+from poller.service.runner import Poller, serve
 from poller.settings import Settings, load_settings
+from poller.store.db import poller_engine
 
 FAST: dict[str, Any] = {
     "retry_schedule": [0.05],

@@ -1,4 +1,4 @@
-"""The management API (poller/dashboard/api.py): tokens or the operator's credentials,
+"""The management API (poller/web/api/routes.py): tokens or the operator's credentials,
 a tenant's token seeing its tenant alone (anything else 404, as for nothing), and every
 failure a problem document."""
 
@@ -15,8 +15,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from poller import Message, enqueue_many, tokens
-from poller.endpoints import create_endpoint, make_room
+from poller import Message, enqueue_many
+from poller.access import tokens
+from poller.endpoints.registry import create_endpoint, make_room
 from poller.errors import TenantFull
 from poller.settings import default_settings
 from tests.integration.test_dashboard import TOKEN, client
@@ -273,7 +274,7 @@ def test_every_route_hides_every_other_tenants_resource(
     acme's token, with each of globex's and the untenanted endpoints and messages: 404,
     or a list without them; and nothing changed, by reads or by changes (retry, cancel
     of another tenant's message)."""
-    from poller.dashboard.api import OPERATIONS
+    from poller.web.api.routes import OPERATIONS
 
     web, made = api
     events = {}
@@ -357,7 +358,7 @@ def test_a_tenant_retries_and_cancels_its_own_messages(
 
 
 def test_each_token_is_throttled_on_its_own(engine: Engine) -> None:
-    from poller.dashboard.rest import Limits
+    from poller.web.auth import Limits
 
     limits = Limits(2.0)  # bursts of 4, then one every half second
     assert [limits.wait("a", now=0.0) for _ in range(5)] == [0, 0, 0, 0, 0.5]
@@ -777,7 +778,7 @@ def test_a_bug_is_a_500_with_an_id_in_the_log_never_a_client_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A ValueError a route did not expect is a bug: not the caller's 422."""
-    from poller.dashboard import api_endpoints
+    from poller.web.api import endpoints as api_endpoints
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("a bug")

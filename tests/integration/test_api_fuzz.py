@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from poller import tokens
-from poller.dashboard.api import OPERATIONS, routes
-from poller.outbox import enqueue
+from poller.access import tokens
+from poller.outbox.enqueue import enqueue
+from poller.web.api.routes import OPERATIONS, routes
 from tests.conftest import make_endpoint
 from tests.integration.test_dashboard import client
 from tests.integration.test_dashboard_fuzz import IDS, NAMES, NASTY

@@ -1,4 +1,4 @@
-"""Operators' holds (poller/cancel.py): cancel ends open messages for good, ordered keys
+"""Operators' holds (poller/operate/cancel.py): cancel ends open messages for good, ordered keys
 move past them, a claim racing a cancel ends one way; pause holds an endpoint's messages
 across restarts without touching its health."""
 
@@ -14,13 +14,13 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from poller import Message, enqueue_many
-from poller.admin import retry_messages
-from poller.cancel import CancelFilter, cancel_messages, pause_endpoint, plan_cancel
 from poller.cli import cli
-from poller.endpoints import create_endpoint, get_endpoint
+from poller.endpoints.registry import create_endpoint, get_endpoint
 from poller.errors import InvalidInput
-from poller.receiver import Faults
-from poller.stats import queue_stats
+from poller.local.receiver import Faults
+from poller.operate.admin import retry_messages
+from poller.operate.cancel import CancelFilter, cancel_messages, pause_endpoint, plan_cancel
+from poller.operate.stats import queue_stats
 from tests.integration.helpers import attempts_of, row, seed, wait_for
 from tests.integration.service_helpers import (
     counts,
@@ -213,8 +213,8 @@ def test_the_internal_admin_functions_check_their_own_input(engine: Engine, endp
     """The faces check ids, limits and times before calling these; called directly, an id
     past bigint named no row where PostgreSQL raised DataError, and a naive time raised
     TypeError."""
-    from poller import admin, replay
     from poller.errors import EventNotFound, MessageNotFound
+    from poller.operate import admin, replay
 
     (kept,) = seed(engine, 1)
     huge, tiny = 2**63, -(2**63) - 1

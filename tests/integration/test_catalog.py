@@ -1,4 +1,4 @@
-"""The event-type catalog (poller/catalog.py): a type with a JSON Schema takes only
+"""The event-type catalog (poller/outbox/catalog.py): a type with a JSON Schema takes only
 payloads that match it, through publish, publish_many and the async ones; nothing of a
 refused publish is left."""
 
@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
 from poller import Event, PayloadInvalid, define_event_type, publish, publish_async, publish_many
-from poller.catalog import get_event_type, list_event_types, remove_event_type
-from poller.endpoints import create_endpoint
+from poller.endpoints.registry import create_endpoint
 from poller.errors import EventTypeNotFound, InvalidEventType, InvalidInput
+from poller.outbox.catalog import get_event_type, list_event_types, remove_event_type
 
 SCHEMA = {
     "type": "object",

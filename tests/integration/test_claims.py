@@ -10,10 +10,9 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller import queries
-from poller.claims import Claims
-from poller.endpoints import CreatedEndpoint
-from poller.outcomes import (
+from poller.endpoints.registry import CreatedEndpoint
+from poller.rows.claims import Claims
+from poller.rules.outcomes import (
     MAX_REFUNDS,
     crashed,
     delivered,
@@ -23,6 +22,7 @@ from poller.outcomes import (
     retry,
     unknown,
 )
+from poller.store import queries
 from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, expire_claims, make_due, row, seed
 

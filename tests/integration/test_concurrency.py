@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from poller.endpoints import CreatedEndpoint
-from poller.schema import outbox
+from poller.endpoints.registry import CreatedEndpoint
+from poller.store.schema import outbox
 from tests.conftest import repo_root
 from tests.integration.helpers import seed
 

@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from poller.dashboard import auth
-from poller.dashboard.app import create_app
-from poller.embedded import DASHBOARD_TOKEN_FILE, dashboard_token
 from poller.errors import ConfigurationError
-from poller.outbox import Message, enqueue_many
+from poller.local.embedded import DASHBOARD_TOKEN_FILE, dashboard_token
+from poller.outbox.enqueue import Message, enqueue_many
 from poller.settings import load_settings
+from poller.web import auth
+from poller.web.app import create_app
 from tests.conftest import make_endpoint
 
 TOKEN = "t" * 12 + "-dashboard-token"
@@ -184,7 +184,7 @@ def test_another_sites_page_cannot_lock_the_operator_out(engine: Engine) -> None
 def test_served_on_loopback_it_answers_loopback_hosts_only(engine: Engine) -> None:
     """DNS rebinding: a page on evil.example re-pointed to 127.0.0.1 reaches the port as
     its own origin (its Origin matches its Host). On loopback, only loopback Hosts pass."""
-    from poller.dashboard.web import host_of
+    from poller.web.base import host_of
 
     assert [host_of(h) for h in ("[::1]:8188", "[::1]", "a.example:80", "a", "::1")] == [
         "[::1]", "[::1]", "a.example", "a", "::1",
@@ -356,8 +356,8 @@ def test_no_signing_secret_in_any_page(engine: Engine, web: TestClient) -> None:
 def test_the_endpoint_page_shows_names_subjects_and_public_keys_never_values(
     engine: Engine, web: TestClient
 ) -> None:
-    from poller.cancel import pause_endpoint
-    from poller.endpoints import create_endpoint
+    from poller.endpoints.registry import create_endpoint
+    from poller.operate.cancel import pause_endpoint
     from tests.integration.pki import authority, issue
 
     ca = authority()
@@ -568,7 +568,7 @@ def test_values_no_row_can_have_are_not_found_not_errors(
 def test_a_database_that_is_away_is_a_503_page(
     engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from poller.db import sync_engine
+    from poller.store.db import sync_engine
     from tests.integration.servers import free_closed_port
 
     port = free_closed_port().rsplit(":", 1)[1]
@@ -585,8 +585,8 @@ def test_an_expected_failure_no_page_handles_is_a_status_page(
 ) -> None:
     """Every face maps the error tree once: a NotFound escaping a page is a 404 page, any
     other PollerError a 400, never a 500 with a traceback."""
-    from poller import admin
     from poller.errors import InvalidInput, NothingMatched
+    from poller.operate import admin
 
     def raises(exc: Exception) -> Any:
         def detail(*args: object, **kwargs: object) -> None:

@@ -18,10 +18,10 @@ from sqlalchemy import Engine, event, text
 from starlette.testclient import TestClient
 
 from loadtest.dashboard import seed
-from poller import stats
-from poller.dashboard import auth
-from poller.dashboard.app import create_app
+from poller.operate import stats
 from poller.settings import load_settings
+from poller.web import auth
+from poller.web.app import create_app
 
 TOKEN = "plans-dashboard-token-0000"
 BIG = ("poller_outbox", "poller_delivery_attempts")

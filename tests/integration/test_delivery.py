@@ -10,11 +10,12 @@ from datetime import UTC, datetime
 import pytest
 from standardwebhooks import Webhook
 
-from poller.delivery import LookupAnswer, Verdict, lookup, send
-from poller.endpoints import Endpoint, new_secret
-from poller.outcomes import ClaimedMessage
-from poller.receiver import Faults, Receiver
-from poller.senders import AiohttpSender, Sender
+from poller.deliver.aiohttp_sender import AiohttpSender
+from poller.deliver.delivery import lookup, send
+from poller.deliver.wire import Sender
+from poller.endpoints.registry import Endpoint, new_secret
+from poller.local.receiver import Faults, Receiver
+from poller.rules.outcomes import ClaimedMessage, LookupAnswer, Verdict
 from tests.integration import senders, servers
 
 NOW = datetime.now(UTC)
@@ -231,7 +232,7 @@ async def test_bad_tls_certificate_is_known_not_sent(tmp_path, kind: str) -> Non
 
 
 def test_permanent_statuses_fail_at_once() -> None:
-    from poller.delivery import classify_status
+    from poller.deliver.delivery import classify_status
 
     assert classify_status(422, permanent=(400, 422)) is Verdict.FAILED
     assert classify_status(422) is Verdict.RETRY
@@ -270,7 +271,7 @@ async def test_a_host_that_never_accepts_is_a_connect_timeout_not_unknown(kind: 
 
 
 async def test_connect_errors_read_plainly(client: Sender) -> None:
-    from poller.embedded import free_port
+    from poller.local.embedded import free_port
 
     port = free_port()
     attempt = await _send(client, f"http://127.0.0.1:{port}/hook")

@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from poller.claims import Claims
+from poller.claim.shards import ShardManager, check_cluster
 from poller.election import Lease
 from poller.election.none import NoElector
 from poller.election.postgres import PostgresElector
-from poller.service import Poller
-from poller.shards import ShardManager, check_cluster
+from poller.rows.claims import Claims
+from poller.service.runner import Poller
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import (
@@ -161,7 +161,7 @@ async def test_no_loss_no_double_flight_without_a_single_leader(
 
 
 async def test_lease_holdings_show_each_shard(aengine: AsyncEngine, engine: Engine) -> None:
-    from poller.shards import lease_holdings
+    from poller.claim.shards import lease_holdings
 
     await check_cluster(aengine, 2)
     elector = PostgresElector(aengine, "p1")
@@ -178,8 +178,8 @@ async def test_lease_holdings_show_each_shard(aengine: AsyncEngine, engine: Engi
 
 
 async def test_shard_count_is_agreed_even_when_pollers_start_together(db_url: str) -> None:
-    from poller.db import async_engine
     from poller.errors import ConfigurationError
+    from poller.store.db import async_engine
 
     engines = [async_engine(db_url) for _ in range(8)]
     try:

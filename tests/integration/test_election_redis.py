@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 
-from poller.embedded import EmbeddedRedis
+from poller.local.embedded import EmbeddedRedis
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import (

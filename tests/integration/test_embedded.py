@@ -13,8 +13,8 @@ import psycopg
 import pytest
 import redis
 
-from poller.db import libpq_url
-from poller.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.store.db import libpq_url
 
 
 @pytest.mark.slow
@@ -53,7 +53,7 @@ def test_redis_start_stop_restart_loses_keys(tmp_path: Path) -> None:
 def test_files_tampered_with_are_not_trusted(tmp_path: Path) -> None:
     """The port and pid files are ours, but a person (or a full disk) can spoil them: a
     port that is no port, bytes that are not text. The server starts on a free port."""
-    from poller.embedded import _port_in
+    from poller.local.embedded import _port_in
 
     assert [_port_in(t) for t in ("6379\n", "0", "65536", "99999", "²", "-1", "x", "")] == [
         6379, None, None, None, None, None, None, None,
@@ -126,8 +126,8 @@ def _killed(setup: str, tmp_path: Path) -> str:
 
 def test_a_server_stops_when_the_process_that_watches_over_it_dies(tmp_path: Path) -> None:
     _killed(
-        "from poller.embedded import EmbeddedRedis\n"
-        "from poller.server_watch import stop_at_exit\n"
+        "from poller.local.embedded import EmbeddedRedis\n"
+        "from poller.service.server_watch import stop_at_exit\n"
         "server = EmbeddedRedis(Path(sys.argv[1]))\n"
         "stop_at_exit(server, remove=Path(sys.argv[1]) / 'redis')\n"
         "print(server.start(), flush=True)\n",

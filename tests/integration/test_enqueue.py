@@ -25,8 +25,8 @@ from poller import (
     enqueue_many,
     enqueue_many_async,
 )
-from poller.endpoints import CreatedEndpoint
-from poller.schema import endpoints, outbox
+from poller.endpoints.registry import CreatedEndpoint
+from poller.store.schema import endpoints, outbox
 from tests.conftest import make_endpoint
 
 

@@ -11,8 +11,8 @@ from types import ModuleType
 import pytest
 from sqlalchemy import Engine, text
 
-from poller.delivery import webhook_headers
-from poller.endpoints import Endpoint
+from poller.deliver.delivery import webhook_headers
+from poller.endpoints.registry import Endpoint
 from tests.conftest import make_endpoint, repo_root
 
 SECRET = "whsec_" + "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"
@@ -75,7 +75,7 @@ def test_the_traced_example_keeps_one_trace_from_the_shop_to_the_receiver(
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    from poller.tracing import propagated
+    from poller.rules.tracing import propagated
 
     example = _example("traced_flask")
     provider = TracerProvider()

@@ -11,8 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 from poller import Message, enqueue_many
-from poller.claims import Claims
-from poller.receiver import Faults
+from poller.local.receiver import Faults
+from poller.rows.claims import Claims
 from tests.conftest import make_endpoint
 from tests.integration.helpers import wait_for
 from tests.integration.service_helpers import fast_settings, running_poller, running_receiver

@@ -1,5 +1,5 @@
 """Fan-out end to end: published events delivered by running pollers, replay, the CLI,
-retention and the migration (poller/fanout.py, poller/replay.py)."""
+retention and the migration (poller/outbox/publish.py, poller/operate/replay.py)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from poller import Event, enqueue, migrate, publish, publish_many
+from poller import Event, enqueue, publish, publish_many
 from poller.cli import cli
-from poller.db import async_engine, sync_engine
-from poller.endpoints import create_endpoint, new_secret
-from poller.maintenance import Purger
-from poller.receiver import Faults, Receiver
-from poller.replay import replay
+from poller.endpoints.registry import create_endpoint, new_secret
+from poller.local.receiver import Faults, Receiver
+from poller.operate.replay import replay
+from poller.service.maintenance import Purger
+from poller.store import migrate
+from poller.store.db import async_engine, sync_engine
 from tests.conftest import make_endpoint
 from tests.integration.helpers import wait_for
 from tests.integration.service_helpers import fast_settings, running_poller
@@ -360,7 +361,7 @@ async def test_positions_follow_the_events_order_through_a_disabled_spell_and_a_
     live ones went out; ended rows are sent again beside them. Whatever the order on
     the wire, each message's webhook-ordering-seq follows its event's order, so a
     receiver that applies only growing positions per key ends at the newest event."""
-    from poller.endpoints import set_enabled
+    from poller.endpoints.registry import set_enabled
 
     seen: list[tuple[int, int]] = []  # (position, event's n) as received
 

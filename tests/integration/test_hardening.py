@@ -17,10 +17,12 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from poller import enqueue, metrics, queries
-from poller.embedded import free_port
+from poller import enqueue
 from poller.errors import ServiceCrashed
-from poller.service import Poller
+from poller.local.embedded import free_port
+from poller.observe import metrics
+from poller.service.runner import Poller
+from poller.store import queries
 from tests.conftest import make_endpoint
 from tests.integration import senders, servers
 from tests.integration.helpers import attempts_of, row, seed, wait_for
@@ -33,9 +35,9 @@ from tests.integration.service_helpers import (
 )
 
 if TYPE_CHECKING:
-    from poller.claims import Claims
-    from poller.completer import Completer
-    from poller.outcomes import ClaimedMessage
+    from poller.complete.completer import Completer
+    from poller.rows.claims import Claims
+    from poller.rules.outcomes import ClaimedMessage
 
 
 def _counting(handler: servers.Handler, seen: list[bytes]) -> servers.Handler:
@@ -158,7 +160,7 @@ async def test_a_failure_after_a_governed_claim_hands_its_messages_back(
     """CLAIM_GOVERNED committed its claims, then CLAIM_BATCH failed: the governed messages
     come back unready, for the claimer to hand back, instead of staying in flight until
     their lease runs out (the hunt's DBA found it)."""
-    from poller.claims import Claims
+    from poller.rows.claims import Claims
 
     make_endpoint(engine, "a", url="http://127.0.0.1:9/")
     with engine.begin() as conn:  # a rate limit: its messages are claimed governed
@@ -181,7 +183,7 @@ async def test_a_claim_in_a_transaction_is_rolled_back_whole(
 ) -> None:
     """Without an endpoint cache the claim and its endpoint read are one transaction:
     the read failing rolls the claim back (no attempt counted, nothing in flight)."""
-    from poller.claims import Claims
+    from poller.rows.claims import Claims
 
     monkeypatch.setattr(queries, "ENDPOINTS_BY_ID", DIES)
     make_endpoint(engine, "a", url="http://127.0.0.1:9/")
@@ -293,7 +295,7 @@ async def test_a_crashed_loop_stops_the_poller_gracefully_and_loudly(
 
 
 async def test_healthz_turns_unhealthy_when_a_loop_crashes(engine: Engine, db_url: str) -> None:
-    from poller.receiver import Faults
+    from poller.local.receiver import Faults
 
     port = free_port()
     async with running_receiver(Faults(latency=1.5)) as (_, url):
@@ -327,8 +329,8 @@ async def test_healthz_turns_unhealthy_when_a_loop_crashes(engine: Engine, db_ur
 def test_a_notify_payload_that_is_not_a_bucket_is_ignored(payload: str) -> None:
     from types import SimpleNamespace
 
-    from poller.claimer import Claimer
-    from poller.shards import ClaimScope
+    from poller.claim.claimer import Claimer
+    from poller.claim.shards import ClaimScope
 
     claimer = SimpleNamespace(scope=lambda: ClaimScope((1, 2), None, 1, maintenance=False))
     assert Claimer._wants(claimer, payload) is False  # type: ignore[arg-type]
@@ -350,8 +352,8 @@ def test_a_notify_payload_that_is_not_a_bucket_is_ignored(payload: str) -> None:
 async def deliver(batch: Any, completer: Any, settings: Any) -> dict[int, Any]:
     """Deliver a claim's messages (held by ``completer`` already) through a Dispatcher, as
     the Claimer would; their outcomes by message id."""
-    from poller.dispatcher import Dispatcher, EndpointCache
-    from poller.sending import make_sender
+    from poller.deliver.dispatcher import Dispatcher, EndpointCache
+    from poller.deliver.sending import make_sender
 
     cache = EndpointCache()
     cache.update(batch.endpoints)
@@ -372,8 +374,8 @@ async def test_a_message_the_claim_found_aged_out_is_never_sent_whatever_this_cl
     behind must fail those unsent too, not send them to an endpoint whose circuit is open."""
     import dataclasses
 
-    from poller.claims import Claims
-    from poller.completer import Completer
+    from poller.complete.completer import Completer
+    from poller.rows.claims import Claims
 
     async with running_receiver() as (receiver, url):
         make_endpoint(engine, "a", url=url, max_age=600.0)
@@ -396,9 +398,9 @@ async def test_a_claim_past_its_lease_by_this_clock_is_handed_back_unsent(
 ) -> None:
     """A poller paused (SIGSTOP, a long GC, a VM migration) between its claim and its
     send must not send: the row may be another poller's by now."""
-    from poller import outcomes as claim_outcomes
-    from poller.claims import Claims
-    from poller.completer import Completer
+    from poller.complete.completer import Completer
+    from poller.rows.claims import Claims
+    from poller.rules import outcomes as claim_outcomes
 
     async with running_receiver() as (receiver, url):
         make_endpoint(engine, "a", url=url)
@@ -422,10 +424,10 @@ async def test_no_request_starts_without_its_timeout_of_lease_to_spare(
     """The heartbeat cannot reach the database: a claim whose lease has less left than
     the request timeout plus LEASE_MARGIN is handed back unsent, though the lease has
     not run out yet (a send then could outlive it, and the row be sent again beside it)."""
-    from poller.claims import Claims
-    from poller.completer import LEASE_MARGIN, Completer
-    from poller.db import poller_engine
-    from poller.embedded import free_port
+    from poller.complete.completer import LEASE_MARGIN, Completer
+    from poller.local.embedded import free_port
+    from poller.rows.claims import Claims
+    from poller.store.db import poller_engine
 
     settings = fast_settings(claim_lease=3.0, request_timeout=1.0)
     async with running_receiver() as (receiver, url):
@@ -453,8 +455,8 @@ async def test_a_dot_segment_key_stored_before_they_were_refused_is_never_looked
     """``…/webhooks/..`` resolves to ``…/``: a 200 there (a home page) would mark the
     unprocessed message delivered. Such a key is sent instead (the receiver dedupes
     on webhook-id); new ones are refused at enqueue (test_enqueue)."""
-    from poller.claims import Claims
-    from poller.completer import Completer
+    from poller.complete.completer import Completer
+    from poller.rows.claims import Claims
     from tests.integration.servers import raw_server, read_request
 
     requests: list[bytes] = []
@@ -484,8 +486,8 @@ async def test_a_dot_segment_key_stored_before_they_were_refused_is_never_looked
 async def _one_held(engine: Engine, aengine: Any) -> tuple[Claims, Completer, ClaimedMessage]:
     """One message claimed and held by a completer (not running yet): claims, completer,
     message."""
-    from poller.claims import Claims
-    from poller.completer import Completer
+    from poller.complete.completer import Completer
+    from poller.rows.claims import Claims
 
     make_endpoint(engine, "a", url="http://127.0.0.1:9/")
     seed(engine, 1, "a")
@@ -502,7 +504,7 @@ async def test_a_heartbeat_meeting_an_outcome_write_counts_no_claim_lost(
     """The heartbeat's statement can run after an outcome's write committed and before
     the completer let go of the row: the row is no longer in flight, yet nobody took it
     over — no warning, no claims_lost (an alert on it would fire on every busy poller)."""
-    from poller import outcomes
+    from poller.rules import outcomes
 
     claims, completer, msg = await _one_held(engine, aengine)
     committed, go_on = asyncio.Event(), asyncio.Event()
@@ -536,7 +538,7 @@ async def test_a_write_made_during_a_heartbeat_counts_no_claim_lost(
     """An outcome written and let go of, whole, while a heartbeat's statement is on its
     way: the row left the heartbeat's snapshot of held claims as done, not taken over
     (a single poller draining warned of 59-100 such claims a round)."""
-    from poller import outcomes
+    from poller.rules import outcomes
 
     claims, completer, msg = await _one_held(engine, aengine)
     entered, written = asyncio.Event(), asyncio.Event()
@@ -567,10 +569,10 @@ async def test_claims_slow_down_to_what_the_completer_writes(engine: Engine, aen
     """Outcomes waiting beyond one batch count against the room to claim: a completer
     that falls behind (a slow or absent database) stops the claims, rather than the
     poller holding ever more delivered, unwritten rows."""
-    from poller import outcomes
-    from poller.claims import Claims
-    from poller.completer import Completer
-    from poller.dispatcher import Dispatcher, EndpointCache
+    from poller.complete.completer import Completer
+    from poller.deliver.dispatcher import Dispatcher, EndpointCache
+    from poller.rows.claims import Claims
+    from poller.rules import outcomes
 
     make_endpoint(engine, "a", url="http://127.0.0.1:9/")
     seed(engine, 5, "a")

@@ -1,5 +1,5 @@
-"""Per-endpoint receiver options: headers (poller/headers.py) checked, sealed at rest, sent
-on deliveries and lookups through both HTTP clients, and never shown; and an endpoint's
+"""Per-endpoint receiver options: headers (poller/endpoints/headers.py) checked, sealed at
+rest, sent on deliveries and lookups through both HTTP clients, and never shown; and an endpoint's
 own retry schedule."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
 from poller.cli import cli
-from poller.delivery import lookup, send
-from poller.endpoint_keys import reseal_secrets
-from poller.endpoints import create_endpoint, get_endpoint, update_endpoint
+from poller.deliver.delivery import lookup, send
+from poller.deliver.wire import Sender
+from poller.endpoints.headers import MAX_BYTES, MAX_HEADERS, check_headers
+from poller.endpoints.keys import reseal_secrets
+from poller.endpoints.registry import create_endpoint, get_endpoint, update_endpoint
 from poller.errors import InvalidEndpoint
-from poller.headers import MAX_BYTES, MAX_HEADERS, check_headers
-from poller.keyring import Keyring, new_key
-from poller.receiver import Faults
-from poller.senders import Sender
+from poller.local.receiver import Faults
+from poller.rules.keyring import Keyring, new_key
 from tests.conftest import make_endpoint
 from tests.integration import servers
 from tests.integration.helpers import seed, wait_for

@@ -1,4 +1,4 @@
-"""Endpoint health (poller/health.py): the circuit breaker — failed sends open it, probes
+"""Endpoint health (poller/rules/health.py): the circuit breaker — failed sends open it, probes
 test it, a backlog ages out behind it — and auto-disable."""
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from poller import Message, enqueue_many, outcomes
-from poller.claims import Claims
-from poller.endpoints import set_enabled
-from poller.events import (
+from poller import Message, enqueue_many
+from poller.endpoints.registry import set_enabled
+from poller.local.receiver import Faults
+from poller.rows.claims import Claims
+from poller.rows.events import (
     ENDPOINT_DISABLED,
     OperationalEvent,
 )
-from poller.health import HealthPolicy
-from poller.receiver import Faults
-from poller.schema import CIRCUIT_HOLD as HOLD
+from poller.rules import outcomes
+from poller.rules.health import HealthPolicy
+from poller.store.schema import CIRCUIT_HOLD as HOLD
 from tests.conftest import make_endpoint
 from tests.integration.health_helpers import (
     age_first_hundred,

@@ -1,4 +1,4 @@
-"""Operational events (poller/events.py): what endpoint health reports, signed, to the
+"""Operational events (poller/rows/events.py): what endpoint health reports, signed, to the
 operator endpoint, and what happens when that endpoint is missing."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 from poller import Message, enqueue_many
-from poller.claims import Claims
-from poller.endpoints import new_secret
+from poller.endpoints.registry import new_secret
 from poller.errors import ConfigurationError
-from poller.events import (
+from poller.local.receiver import Faults
+from poller.rows.claims import Claims
+from poller.rows.events import (
     CIRCUIT_CLOSED,
     CIRCUIT_OPENED,
     MESSAGE_FAILED,
     EventSink,
     OperationalEvent,
 )
-from poller.health import HealthPolicy
-from poller.receiver import Faults
+from poller.rules.health import HealthPolicy
 from tests.conftest import make_endpoint
 from tests.integration.health_helpers import (
     failing,

@@ -1,4 +1,4 @@
-"""Endpoint health (poller/health.py): whole-endpoint pauses after 429/503 + Retry-After,
+"""Endpoint health (poller/rules/health.py): whole-endpoint pauses after 429/503 + Retry-After,
 and rate limits — tokens, not messages, across pollers, taken in turn."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from poller import Message, enqueue_many, outcomes
-from poller.claims import Claims
-from poller.endpoints import update_endpoint
-from poller.health import MIN_RATE
-from poller.receiver import Faults
+from poller import Message, enqueue_many
+from poller.endpoints.registry import update_endpoint
+from poller.local.receiver import Faults
+from poller.rows.claims import Claims
+from poller.rules import outcomes
+from poller.rules.health import MIN_RATE
 from tests.conftest import make_endpoint
 from tests.integration.health_helpers import (
     age_first_hundred,

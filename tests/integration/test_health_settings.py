@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from poller.endpoints import update_endpoint
+from poller.endpoints.registry import update_endpoint
 from poller.errors import InvalidEndpoint
-from poller.health import MIN_COOLDOWN, MIN_RATE
+from poller.rules.health import MIN_COOLDOWN, MIN_RATE
 from tests.conftest import make_endpoint
 from tests.integration.health_helpers import (
     cli_run,

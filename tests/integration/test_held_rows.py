@@ -11,11 +11,11 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller import Message, enqueue_many
-from poller.claims import Claims
-from poller.endpoints import remove_endpoint
+from poller.endpoints.registry import remove_endpoint
 from poller.errors import EndpointBusy, EndpointDisabled
-from poller.outcomes import delivered
-from poller.receiver import Faults
+from poller.local.receiver import Faults
+from poller.rows.claims import Claims
+from poller.rules.outcomes import delivered
 from tests.conftest import make_endpoint
 from tests.integration.helpers import expire_claims, seed, wait_for
 from tests.integration.service_helpers import fast_settings, running_poller, running_receiver

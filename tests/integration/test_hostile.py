@@ -9,10 +9,11 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from poller import InvalidIdempotencyKey, PayloadTooLarge, UnknownEndpoint, enqueue
-from poller.delivery import Verdict, send
-from poller.endpoints import CreatedEndpoint
+from poller.deliver.delivery import send
+from poller.endpoints.registry import CreatedEndpoint
+from poller.endpoints.urls import check_url
 from poller.errors import InvalidEndpoint
-from poller.urls import check_url
+from poller.rules.outcomes import Verdict
 from tests.integration import senders, servers
 from tests.integration.test_delivery import _endpoint, _message
 

@@ -9,11 +9,12 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from poller import IdempotencyKeySpent, Message, enqueue, enqueue_many, metrics
-from poller.claims import Claims
-from poller.endpoints import CreatedEndpoint
-from poller.maintenance import PER_ENDPOINT, GaugeRefresher, Purger
-from poller.outcomes import delivered, failed
+from poller import IdempotencyKeySpent, Message, enqueue, enqueue_many
+from poller.endpoints.registry import CreatedEndpoint
+from poller.observe import metrics
+from poller.rows.claims import Claims
+from poller.rules.outcomes import delivered, failed
+from poller.service.maintenance import PER_ENDPOINT, GaugeRefresher, Purger
 from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, seed
 
@@ -54,7 +55,7 @@ async def test_one_purge_run_takes_batches_until_caught_up_or_out_of_budget(
     aengine: AsyncEngine, engine: Engine, endpoint: CreatedEndpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One batch per sweep (1,000 per 5 s) could never keep up with delivery."""
-    from poller import maintenance
+    from poller.service import maintenance
 
     seed(engine, 250)
     with engine.begin() as conn:

@@ -6,13 +6,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from poller import (
+from poller.store import (
     migrate,
     schema_api,  # noqa: F401  (its tables, on the same metadata)
     schema_election,  # noqa: F401  (its tables, on the same metadata)
 )
-from poller.db import sync_engine
-from poller.schema import metadata
+from poller.store.db import sync_engine
+from poller.store.schema import metadata
 
 
 def test_autogenerate_finds_no_difference(db_url: str) -> None:
@@ -35,7 +35,7 @@ def test_autogenerate_finds_no_difference(db_url: str) -> None:
 
 
 def test_the_revision_the_code_needs_is_the_scripts_head() -> None:
-    assert migrate.scripts_head() == migrate.HEAD, "a new migration: set poller.migrate.HEAD"
+    assert migrate.scripts_head() == migrate.HEAD, "a new migration: set poller.store.migrate.HEAD"
     assert migrate.revisions()[-1] == migrate.HEAD
 
 
@@ -72,8 +72,8 @@ def test_0022_raises_a_stored_rate_limit_to_the_floor(empty_db_url: str) -> None
     raises it to the floor, and the new check refuses it."""
     from sqlalchemy import text
 
-    from poller.endpoints import create_endpoint
-    from poller.health import MIN_RATE
+    from poller.endpoints.registry import create_endpoint
+    from poller.rules.health import MIN_RATE
 
     migrate.upgrade(empty_db_url, "0021")
     engine = sync_engine(empty_db_url)
@@ -96,7 +96,7 @@ def test_0025_gives_every_health_row_its_endpoints_bucket(empty_db_url: str) -> 
     bucket, its endpoint's."""
     from sqlalchemy import text
 
-    from poller.endpoints import create_endpoint
+    from poller.endpoints.registry import create_endpoint
 
     buckets = text(
         "SELECT e.name, e.bucket, h.bucket FROM poller_endpoints e"

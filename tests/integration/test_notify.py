@@ -10,9 +10,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from poller import Message, enqueue, enqueue_many
-from poller.db import libpq_url
-from poller.schema import NOTIFY_CHANNEL
 from poller.settings import default_settings
+from poller.store.db import libpq_url
+from poller.store.schema import NOTIFY_CHANNEL
 from tests.conftest import make_endpoint
 
 
@@ -117,7 +117,7 @@ async def test_slow_deliveries_that_took_all_that_was_due_wake_no_empty_claim(
     until something new comes. (The claimer woke when the first delivery began to
     wait and claimed nothing, once per batch: the empty claim after the last delivery
     a loaded machine showed.)"""
-    from poller.receiver import Faults
+    from poller.local.receiver import Faults
     from tests.integration.helpers import seed, wait_for
     from tests.integration.service_helpers import (
         counts,

@@ -1,4 +1,4 @@
-"""The OpenAPI document (poller/dashboard/openapi.py): the committed copy is the one the
+"""The OpenAPI document (poller/web/api/openapi.py): the committed copy is the one the
 code makes (a change to the API is a diff of docs/api/openapi.json), it is a valid
 OpenAPI 3.1 document, and what the API answers is what it says, route by route."""
 
@@ -13,10 +13,10 @@ from openapi_spec_validator import validate
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from poller import tokens
-from poller.dashboard import openapi
-from poller.dashboard.api import OPERATIONS, openapi_document
-from poller.endpoints import create_endpoint
+from poller.access import tokens
+from poller.endpoints.registry import create_endpoint
+from poller.web.api import openapi
+from poller.web.api.routes import OPERATIONS, openapi_document
 from tests.integration.test_dashboard import client
 
 COMMITTED = Path(__file__).parents[2] / "docs" / "api" / "openapi.json"

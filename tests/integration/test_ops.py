@@ -11,11 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
-from poller import migrate
-from poller.db import poller_engine
-from poller.embedded import EmbeddedPostgres, free_port
-from poller.ops import serving
-from poller.receiver import Faults
+from poller.local.embedded import EmbeddedPostgres, free_port
+from poller.local.receiver import Faults
+from poller.service.ops import serving
+from poller.store import migrate
+from poller.store.db import poller_engine
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import (
@@ -157,7 +157,7 @@ def test_poller_run_serves_metrics_and_logs_json_without_secrets(
     failures = [
         line
         for line in lines
-        if "failed" in line["message"] and line["logger"] == "poller.dispatcher"
+        if "failed" in line["message"] and line["logger"] == "poller.deliver.dispatcher"
     ]
     assert failures and all(
         {"message_id", "key", "attempt", "endpoint"} <= set(line) for line in failures

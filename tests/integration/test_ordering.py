@@ -1,4 +1,4 @@
-"""Ordered delivery (poller/ordering.py): positions, heads, hand-over, blocking, skipping,
+"""Ordered delivery (poller/rows/ordering.py): positions, heads, hand-over, blocking, skipping,
 and the race between an enqueue and a head ending."""
 
 from __future__ import annotations
@@ -14,20 +14,14 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from poller import (
-    IdempotencyConflict,
-    InvalidOrderingKey,
-    Message,
-    enqueue,
-    enqueue_many,
-    outcomes,
-)
-from poller.admin import retry_messages
-from poller.claims import Claims
-from poller.db import poller_engine
-from poller.embedded import free_port
-from poller.ordering import blocked_keys, skip_messages
-from poller.receiver import Receiver
+from poller import IdempotencyConflict, InvalidOrderingKey, Message, enqueue, enqueue_many
+from poller.local.embedded import free_port
+from poller.local.receiver import Receiver
+from poller.operate.admin import retry_messages
+from poller.rows.claims import Claims
+from poller.rows.ordering import blocked_keys, skip_messages
+from poller.rules import outcomes
+from poller.store.db import poller_engine
 from tests.conftest import make_endpoint
 from tests.integration.helpers import wait_for
 from tests.integration.service_helpers import fast_settings, running_poller, running_receiver
@@ -207,7 +201,7 @@ async def test_a_reclaimed_head_that_ran_out_of_attempts_ends_its_turn(
 
 
 def test_purge_keeps_the_failed_head_of_a_blocked_key(engine: Engine, endpoint: Any) -> None:
-    from poller import queries
+    from poller.store import queries
 
     a = put(engine, "a", 2)
     with engine.begin() as conn:
@@ -395,7 +389,7 @@ async def test_four_pollers_keep_every_key_in_order_through_failures_and_drops(
     import contextlib
     import random
 
-    from poller.receiver import Faults
+    from poller.local.receiver import Faults
     from tests.integration.service_helpers import (
         counts,
         fast_settings,
@@ -465,7 +459,7 @@ def test_the_operator_story_on_the_command_line(engine: Engine, db_url: str) -> 
             ),
             {"i": ids[0]},
         )
-        from poller.ordering import advance_keys_sync
+        from poller.rows.ordering import advance_keys_sync
 
         advance_keys_sync(conn, [ids[0]])
     code, out = run("admin", "stats", "--json")
@@ -504,7 +498,7 @@ async def test_a_blocked_key_holds_back_nothing_but_itself(engine: Engine, claim
 
 @pytest.mark.parametrize("policy", ["maybe", "", "BLOCK", 1])
 def test_a_failed_head_policy_must_be_block_or_skip(engine: Engine, policy: Any) -> None:
-    from poller.endpoints import update_endpoint
+    from poller.endpoints.registry import update_endpoint
     from poller.errors import InvalidEndpoint
 
     with pytest.raises(InvalidEndpoint, match="on_failed_head must be one of block, skip"):

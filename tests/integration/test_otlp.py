@@ -1,7 +1,7 @@
-"""The poller's spans as a collector gets them (poller/otel.py, poller/otlp.py): encoded as
-the OTLP protobuf says, sampled as the SDK samples, configured by the standard
-variables, and never in a delivery's way when the collector is down, refuses, or never
-answers."""
+"""The poller's spans as a collector gets them (poller/observe/otel.py,
+poller/observe/otlp.py): encoded as the OTLP protobuf says, sampled as the SDK samples,
+configured by the standard variables, and never in a delivery's way when the collector
+is down, refuses, or never answers."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from opentelemetry.sdk.trace import sampling
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 from prometheus_client import REGISTRY
 
-from poller import otel, otlp
-from poller.delivery import Attempt, Verdict
-from poller.endpoints import Endpoint
-from poller.outcomes import ClaimedMessage
+from poller.endpoints.registry import Endpoint
+from poller.observe import otel, otlp
+from poller.rules.outcomes import Attempt, ClaimedMessage, Verdict
 from tests.integration.otlp_collector import attributes, collector
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

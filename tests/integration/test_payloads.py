@@ -16,8 +16,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from poller import InvalidPayload, Message, NaiveDatetime, RawJSON, enqueue, enqueue_many
-from poller.endpoints import CreatedEndpoint
-from poller.payloads import serialise_payload
+from poller.endpoints.registry import CreatedEndpoint
+from poller.rules.payloads import serialise_payload
 from tests.conftest import make_endpoint
 from tests.integration import servers
 from tests.integration.helpers import wait_for
@@ -186,8 +186,9 @@ def test_a_stored_payload_no_value_is_made_of_is_shown_as_its_text(engine: Engin
     from click.testing import CliRunner
     from sqlalchemy import text
 
-    from poller import admin, publish, replay
+    from poller import publish
     from poller.cli import cli
+    from poller.operate import admin, replay
 
     make_endpoint(engine, "a", event_types=["e"])
     with Session(engine) as session, session.begin():

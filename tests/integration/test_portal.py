@@ -1,4 +1,4 @@
-"""The tenant portal (poller/portal.py, poller/dashboard/portal.py) in process: links
+"""The tenant portal (poller/access/portal.py, poller/web/portal/pages.py) in process: links
 and sessions, one tenant's pages alone, changes only with the session's CSRF token from
 the portal's own origin, headers that let only the configured origins frame it. The
 whole journey in Chromium is in tests/browser/test_portal_browser.py."""
@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from poller import portal
-from poller.endpoints import create_endpoint, set_enabled
+from poller.access import portal
+from poller.endpoints.registry import create_endpoint, set_enabled
 from poller.errors import ConfigurationError, InvalidInput
 from poller.settings import load_settings
 from tests.integration.test_dashboard import client

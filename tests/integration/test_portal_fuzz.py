@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from poller.endpoints import create_endpoint
+from poller.endpoints.registry import create_endpoint
 from tests.integration.test_dashboard import client
 from tests.integration.test_dashboard_fuzz import NASTY
 from tests.integration.test_portal import KEY, _open

@@ -1,4 +1,4 @@
-"""Deliveries through an egress proxy (poller/proxy.py), through both HTTP clients: the
+"""Deliveries through an egress proxy (poller/deliver/proxy.py), through both HTTP clients: the
 proxy is asked for the checked address, never a name; a private target is refused before
 the proxy sees a byte; every proxy failure is classified and names the proxy, never its
 password."""
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from loadtest.forward_proxy import ForwardProxy
-from poller.delivery import Verdict, send
+from poller.deliver.delivery import send
+from poller.deliver.wire import Sender
 from poller.errors import ConfigurationError
-from poller.proxy import Proxy, parse_proxy
-from poller.receiver import Receiver
-from poller.senders import Sender
-from poller.settings import load_settings
+from poller.local.receiver import Receiver
+from poller.rules.outcomes import Verdict
+from poller.settings import Proxy, load_settings, parse_proxy
 from tests.integration import senders
 from tests.integration.pki import authority, issue, tls_server
 from tests.integration.test_delivery import _endpoint, _message

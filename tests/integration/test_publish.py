@@ -1,4 +1,4 @@
-"""Fan-out (poller/fanout.py): publish once, a delivery per subscribed endpoint."""
+"""Fan-out (poller/outbox/publish.py): publish once, a delivery per subscribed endpoint."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from poller import (
     publish_many,
     publish_many_async,
 )
-from poller.endpoints import set_enabled, update_endpoint
-from poller.health import DEFAULT
-from poller.schema import event_log
-from poller.subscriptions import subscribed
+from poller.endpoints.registry import set_enabled, update_endpoint
+from poller.endpoints.subscriptions import subscribed
+from poller.rules.health import DEFAULT
+from poller.store.schema import event_log
 from tests.conftest import make_endpoint
 
 

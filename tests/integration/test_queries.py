@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import Engine, text
 
 from loadtest.fixtures import insert_due, insert_history, insert_waiting
-from poller import queries
-from poller.claims import ALL_BUCKETS_LITERAL, buckets_literal
-from poller.db import GENERIC_PLAN_SETTINGS, QUEUE_SETTINGS
-from poller.endpoints import CreatedEndpoint
-from poller.health import HealthPolicy
-from poller.outcomes import Outcome, outcomes_json
+from poller.endpoints.registry import CreatedEndpoint
+from poller.rows.claims import ALL_BUCKETS_LITERAL, buckets_literal
+from poller.rules.health import HealthPolicy
+from poller.rules.outcomes import Outcome, outcomes_json
+from poller.store import queries
+from poller.store.db import GENERIC_PLAN_SETTINGS, QUEUE_SETTINGS
 from tests.conftest import make_endpoint
 
 NOW = datetime.now(UTC)
@@ -290,7 +290,7 @@ def _numbered(name: str) -> tuple[str, list[str]]:
 
 
 def _claim_connection(conn: Any) -> Any:
-    """``conn``'s driver connection with the claim connection's settings (poller/db.py);
+    """``conn``'s driver connection with the claim connection's settings (poller/store/db.py);
     the caller invalidates ``conn`` after, so they go with it."""
     driver = conn.connection.driver_connection
     for setting in QUEUE_SETTINGS + GENERIC_PLAN_SETTINGS:
@@ -300,7 +300,7 @@ def _claim_connection(conn: Any) -> Any:
 
 def _generic_plan(engine: Engine, name: str) -> str:
     """The plan the claim connection makes once for its prepared statement, values
-    unknown, with that connection's settings (poller/db.py autocommit_connection)."""
+    unknown, with that connection's settings (poller/store/db.py autocommit_connection)."""
     sql, _ = _numbered(name)
     with engine.connect() as conn:
         driver = _claim_connection(conn)
@@ -502,7 +502,7 @@ def _unkeyed_reads(plan: str, table: str = "poller_outbox") -> list[str]:
 
 
 def test_the_psycopg_text_of_every_statement_takes_the_same_parameters() -> None:
-    """The claim path sends a statement's psycopg text to the driver (poller/db.py fetch): a
+    """The claim path sends a statement's psycopg text to the driver (poller/store/db.py fetch): a
     colon in a literal or a stray % would change the statement silently; this would see it."""
 
     objects = {s.name: s for s in vars(queries).values() if isinstance(s, queries.Statement)}

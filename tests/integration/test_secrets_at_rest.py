@@ -1,4 +1,4 @@
-"""Signing secrets at rest (poller/keyring.py): sealed with POLLER_SECRETS_KEY, opened with
+"""Signing secrets at rest (poller/rules/keyring.py): sealed with POLLER_SECRETS_KEY, opened with
 any of its keys, re-sealed by ``rotate-key``; a poller that cannot open one does not start,
 and a delivery that meets one later is a counted attempt, never an unsigned request."""
 
@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
-from poller import endpoint_keys
-from poller import endpoints as api
 from poller.cli import cli
+from poller.endpoints import keys as endpoint_keys
+from poller.endpoints import registry as api
 from poller.errors import ConfigurationError, SecretUnreadable
-from poller.keyring import Keyring
+from poller.rules.keyring import Keyring
 from poller.settings import default_settings, load_settings
 from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, row, seed, wait_for

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session
 
 from loadtest.fixtures import insert_due
 from poller import enqueue
-from poller.endpoints import get_endpoint
-from poller.receiver import Faults
-from poller.schema import outbox
+from poller.endpoints.registry import get_endpoint
+from poller.local.receiver import Faults
+from poller.store.schema import outbox
 from tests.conftest import make_endpoint
 from tests.integration.helpers import attempts_of, row, seed, wait_for
 from tests.integration.service_helpers import (

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from poller import metrics, migrate
-from poller.db import sync_engine
-from poller.embedded import EmbeddedPostgres
-from poller.receiver import Faults
+from poller.local.embedded import EmbeddedPostgres
+from poller.local.receiver import Faults
+from poller.observe import metrics
+from poller.store import migrate
+from poller.store.db import sync_engine
 from tests.conftest import make_endpoint
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import (
@@ -85,7 +86,7 @@ async def test_polling_without_notify(engine: Engine, db_url: str) -> None:
 async def test_poller_sessions_end_transactions_left_idle(db_url: str) -> None:
     from sqlalchemy import text
 
-    from poller.db import poller_engine
+    from poller.store.db import poller_engine
 
     engine = poller_engine(db_url, fast_settings(lease_ttl=1.5))
     try:

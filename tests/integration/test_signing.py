@@ -1,4 +1,4 @@
-"""Asymmetric signatures (poller/signing.py): an ed25519 endpoint's webhooks verify with its
+"""Asymmetric signatures (poller/rules/signing.py): an ed25519 endpoint's webhooks verify with its
 public key alone, a rotation (even across schemes) signs with both keys, and the private key
 never leaves the poller."""
 
@@ -18,16 +18,16 @@ from sqlalchemy.orm import Session
 
 from poller import Message, enqueue_many
 from poller.cli import cli
-from poller.endpoint_keys import rotate_secret
-from poller.endpoints import (
+from poller.endpoints.keys import rotate_secret
+from poller.endpoints.registry import (
     create_endpoint,
     get_endpoint,
     new_secret,
     update_endpoint,
 )
 from poller.errors import InvalidEndpoint
-from poller.receiver import Receiver
-from poller.signing import Verifier, public_key, sign
+from poller.local.receiver import Receiver
+from poller.rules.signing import Verifier, public_key, sign
 from tests.integration.helpers import seed, wait_for
 from tests.integration.service_helpers import fast_settings, running_poller
 

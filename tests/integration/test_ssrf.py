@@ -16,12 +16,15 @@ import aiohttp
 import httpcore
 import pytest
 
-from poller import reqwest_sender, senders
-from poller.delivery import Attempt, LookupAnswer, Verdict, lookup, send
-from poller.embedded import free_port
-from poller.netguard import GuardedBackend
-from poller.receiver import Receiver
-from poller.senders import AiohttpSender, Sender
+from poller.deliver import aiohttp_sender as senders
+from poller.deliver import reqwest_sender
+from poller.deliver.aiohttp_sender import AiohttpSender
+from poller.deliver.delivery import lookup, send
+from poller.deliver.wire import Sender
+from poller.endpoints.netguard import GuardedBackend
+from poller.local.embedded import free_port
+from poller.local.receiver import Receiver
+from poller.rules.outcomes import Attempt, LookupAnswer, Verdict
 from tests.integration import senders as every
 from tests.integration.test_delivery import _endpoint, _message
 

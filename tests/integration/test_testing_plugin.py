@@ -9,7 +9,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from poller import Message, enqueue, enqueue_many, publish
-from poller.endpoints import CreatedEndpoint
+from poller.endpoints.registry import CreatedEndpoint
 from poller.testing import Outbox, contains
 from tests.conftest import make_endpoint
 
@@ -73,7 +73,7 @@ def test_it_reads_through_a_psycopg_connection_as_well(db_url: str, engine: Engi
     """An application on psycopg (or psycopg2, or Django's connection) hands its own."""
     import psycopg
 
-    from poller.db import libpq_url
+    from poller.store.db import libpq_url
 
     make_endpoint(engine, "billing")
     with psycopg.connect(libpq_url(db_url)) as conn:

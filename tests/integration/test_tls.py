@@ -1,4 +1,4 @@
-"""An endpoint's TLS (poller/tls.py) against real TLS receivers on 127.0.0.1, through both
+"""An endpoint's TLS (poller/endpoints/tls.py) against real TLS receivers on 127.0.0.1, through both
 HTTP clients: a private CA, mutual TLS, and each failure as "not sent" with its reason."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
 from poller.cli import cli
-from poller.delivery import Verdict, send
-from poller.endpoint_keys import reseal_secrets
-from poller.endpoints import create_endpoint, get_endpoint, update_endpoint
+from poller.deliver.delivery import send
+from poller.deliver.wire import Sender
+from poller.endpoints.keys import reseal_secrets
+from poller.endpoints.registry import create_endpoint, get_endpoint, update_endpoint
+from poller.endpoints.tls import check_tls
 from poller.errors import InvalidEndpoint
-from poller.keyring import Keyring, new_key
-from poller.senders import Sender
-from poller.tls import check_tls
+from poller.rules.keyring import Keyring, new_key
+from poller.rules.outcomes import Verdict
 from tests.integration import senders, servers
 from tests.integration.pki import Issued, authority, issue, tls_server
 from tests.integration.test_delivery import _endpoint, _message
@@ -223,7 +224,7 @@ async def test_reqwest_presents_the_client_certificate_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tls12: bool
 ) -> None:
     """Without a CA bundle the reqwest sender does mutual TLS in Rust (with one, the
-    aiohttp sender does: poller/reqwest_sender.py). The receiver's CA is made a system
+    aiohttp sender does: poller/deliver/reqwest_sender.py). The receiver's CA is made a system
     root for the test (rustls reads SSL_CERT_FILE when a client first verifies)."""
     ca, clients = authority(), authority("Client CA")
     mine, stranger = issue(clients, "billing", client=True), issue(authority(), "x", client=True)

@@ -1,4 +1,4 @@
-"""The management API's tokens (poller/tokens.py): shown once, kept as a hash, scoped,
+"""The management API's tokens (poller/access/tokens.py): shown once, kept as a hash, scoped,
 expiring, revocable; and ``poller tokens`` in one line for every refusal."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
-from poller import tokens
+from poller.access import tokens
 from poller.cli import cli
 from poller.errors import InvalidInput, TokenExists, TokenNotFound, TokenRefused
 

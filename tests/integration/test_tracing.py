@@ -1,4 +1,4 @@
-"""Trace context through the outbox (poller/tracing.py): captured by the enqueue's or the
+"""Trace context through the outbox (poller/rules/tracing.py): captured by the enqueue's or the
 publish's own insert when the application has a span, carried to the receiver as
 ``traceparent``; nothing stored, imported or sent without one."""
 
@@ -15,8 +15,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from poller import Message, enqueue, enqueue_many, publish
-from poller.endpoints import create_endpoint
-from poller.tracing import capture, propagated
+from poller.endpoints.registry import create_endpoint
+from poller.rules.tracing import capture, propagated
 from tests.integration import servers
 from tests.integration.helpers import wait_for
 from tests.integration.service_helpers import fast_settings, running_poller
@@ -60,7 +60,8 @@ def test_capture_reads_the_current_span_and_nothing_else() -> None:
 
 def test_without_opentelemetry_imported_nothing_is_imported() -> None:
     code = (
-        "import sys; from poller.tracing import capture; import poller.outbox, poller.fanout;"
+        "import sys; from poller.rules.tracing import capture;"
+        "import poller.outbox.enqueue, poller.outbox.publish;"
         "assert capture() is None; assert not [m for m in sys.modules if 'opentelemetry' in m]"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -176,7 +177,7 @@ async def test_a_deliverys_log_lines_carry_its_trace(
             create_endpoint(conn, "billing", f"{url}/billing")
         with Session(engine) as session, session.begin(), trace.use_span(_span()):
             enqueue(session, endpoint="billing", event_type="e", payload={}, idempotency_key="k")
-        caplog.set_level("INFO", logger="poller.dispatcher")
+        caplog.set_level("INFO", logger="poller.deliver.dispatcher")
         async with running_poller(db_url, fast_settings()):
 
             async def delivered() -> bool:
@@ -196,7 +197,7 @@ async def test_the_latency_metric_names_a_deliverys_trace_in_openmetrics(
 ) -> None:
     import httpx
 
-    from poller.embedded import free_port
+    from poller.local.embedded import free_port
 
     url, got = seen
     port = free_port()
@@ -228,7 +229,7 @@ async def test_the_latency_metric_names_a_deliverys_trace_in_openmetrics(
 def test_yes_no_options_take_true_or_false_not_a_word(engine: Engine) -> None:
     """bool("false") is True: a string was read as "send the trace context", and as
     "allow private targets"."""
-    from poller.endpoints import update_endpoint
+    from poller.endpoints.registry import update_endpoint
     from poller.errors import InvalidEndpoint
 
     with engine.begin() as conn, pytest.raises(InvalidEndpoint, match="True or False"):

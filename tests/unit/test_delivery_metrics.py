@@ -1,4 +1,4 @@
-"""The delivery metrics counted without locks (poller/delivery_metrics.py) scrape exactly
+"""The delivery metrics counted without locks (poller/observe/delivery_metrics.py) scrape exactly
 as prometheus-client's own Counter and Histogram would, in both formats."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
-from poller import delivery_metrics as dm
-from poller.delivery_metrics import DeliveryMetrics
+from poller.observe import delivery_metrics as dm
+from poller.observe.delivery_metrics import DeliveryMetrics
 
 TRACE = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7"}
 # (endpoint, duration, latency or None, outcome, exemplar), counted by two dispatchers in

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from poller import metrics
+from poller.observe import metrics
 from tests.conftest import repo_root
 
 ROOT = repo_root()
@@ -46,7 +46,7 @@ def test_compose_services_run_the_commands_the_acceptance_tests_run() -> None:
 def _metric_names() -> set[str]:
     from prometheus_client.metrics import MetricWrapperBase
 
-    from poller.delivery_metrics import DeliveryMetrics
+    from poller.observe.delivery_metrics import DeliveryMetrics
 
     names = set()
     for value in vars(metrics).values():

@@ -1,11 +1,11 @@
-"""The supervisor's merged /metrics (poller/processes.py): each child's series keep
+"""The supervisor's merged /metrics (poller/service/processes.py): each child's series keep
 their labels plus ``process``; a garbled child is skipped, not fatal."""
 
 from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from poller.processes import Fleet
+from poller.service.processes import Fleet
 
 
 def test_children_metrics_merge_with_a_process_label_and_garbage_is_skipped() -> None:
@@ -31,7 +31,7 @@ async def test_a_starting_child_is_not_taken_for_a_hung_one() -> None:
     import sys
     import time
 
-    from poller.processes import STARTUP_GRACE
+    from poller.service.processes import STARTUP_GRACE
 
     fleet = Fleet(1, base="f", env={}, metrics_addr=None, hung_after=2)
     child = fleet.children[0]

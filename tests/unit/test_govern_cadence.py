@@ -1,4 +1,4 @@
-"""How often a poller makes the governed claim (poller/claimer.py ``_govern_every``)."""
+"""How often a poller makes the governed claim (poller/claim/claimer.py ``_govern_every``)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from poller.claimer import Claimer
-from poller.dispatcher import EndpointCache
-from poller.endpoints import Endpoint
-from poller.health import GOVERN_IDLE_INTERVAL, GOVERN_INTERVAL, GOVERN_QUIET
+from poller.claim.claimer import Claimer
+from poller.claim.shards import ClaimScope
+from poller.deliver.dispatcher import EndpointCache
+from poller.endpoints.registry import Endpoint
+from poller.rules.health import GOVERN_IDLE_INTERVAL, GOVERN_INTERVAL, GOVERN_QUIET
 from poller.settings import load_settings
-from poller.shards import ClaimScope
 
 
 def _claimer(endpoints: EndpointCache, failed_at: float) -> Claimer:

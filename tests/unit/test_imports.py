@@ -59,11 +59,13 @@ def test_version_and_every_group_help_load_no_core() -> None:
 
 def test_a_pollers_start_loads_no_migration_tooling_nor_the_optional_client() -> None:
     """`poller run` on a migrated database compares the version table with a constant
-    (poller/migrate.py): Alembic, mako and pygments cost a tenth of its start-up CPU."""
+    (poller/store/migrate.py): Alembic, mako and pygments cost a tenth of its start-up CPU."""
     code = (
-        "from poller import db, logs, otel, processes, sending, service, ops\n"
-        "from poller.migrate import head_revision\n"
-        "sending.make_sender  # the default client's sender\n"
+        "from poller.store import db\n"
+        "from poller.observe import logs, otel\n"
+        "from poller.service import processes, runner, ops\n"
+        "from poller.deliver import sending, reqwest_sender  # the default client's sender\n"
+        "from poller.store.migrate import head_revision\n"
         "assert head_revision()\n"
     )
     loaded = _modules_after(code)
@@ -79,7 +81,7 @@ def test_the_command_list_shows_each_commands_own_help() -> None:
 
 
 def test_no_public_name_of_poller_is_shadowed_by_a_submodule() -> None:
-    """`from poller import publish` must be the function even after `import poller.fanout`
+    """`from poller import publish` must be the function even after `import poller.outbox.publish`
     (a submodule called publish would replace it once imported)."""
     code = (
         "import pkgutil, importlib, poller\n"
@@ -94,12 +96,15 @@ def test_no_public_name_of_poller_is_shadowed_by_a_submodule() -> None:
 
 
 PLANTS = [  # (module, the import planted in it, the contract it breaks)
-    ("poller/retry.py", "import poller.embedded", "Pure modules"),
-    ("poller/schema.py", "import poller.receiver", "Pure modules"),
-    ("poller/cli/run.py", "import poller.dashboard.api", "The CLI starts the dashboard"),
-    ("poller/errors.py", "import poller.outbox", "Faces over the core"),
-    ("poller/outbox.py", "import poller.cli", "Faces over the core"),
-    ("poller/dashboard/web.py", "import poller.dashboard.rest", "No import cycle"),
+    ("poller/rules/retry.py", "import poller.local.embedded", "Pure modules"),
+    ("poller/store/schema.py", "import poller.local.receiver", "Pure modules"),
+    ("poller/store/schema.py", "import poller.store.queries", "The statements over the schema"),
+    ("poller/cli/run.py", "import poller.web.api.routes", "The CLI starts the web faces"),
+    ("poller/errors.py", "import poller.outbox.enqueue", "The rooms in layers"),
+    ("poller/outbox/enqueue.py", "import poller.cli", "The rooms in layers"),
+    ("poller/complete/completer.py", "import poller.claim.claimer", "The rooms in layers"),
+    ("poller/web/api/routes.py", "import poller.web.dashboard.pages", "The web faces apart"),
+    ("poller/web/base.py", "import poller.web.api.rest", "No import cycle"),
 ]
 
 

@@ -1,5 +1,5 @@
-"""Event-type schemas cost time in proportion to the payload (poller/json_schemas.py): patterns
-run on RE2, uniqueItems by hashing."""
+"""Event-type schemas cost time in proportion to the payload
+(poller/outbox/json_schemas.py): patterns run on RE2, uniqueItems by hashing."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from poller import json_schemas
 from poller.errors import InvalidInput
-from poller.json_schemas import problems
+from poller.outbox import json_schemas
+from poller.outbox.json_schemas import problems
 
 NESTED = "^(a+)+$"  # Python's re took ~75 s for 30 characters, doubling with each one
 
@@ -61,7 +61,7 @@ def test_a_stored_schema_re2_cannot_run_is_checked_as_before(
     """Stored before patterns were checked: its publishes are checked as they were, not
     all refused."""
     schema = {"pattern": "^(?=a)a"}
-    with caplog.at_level(logging.WARNING, logger="poller.json_schemas"):
+    with caplog.at_level(logging.WARNING, logger="poller.outbox.json_schemas"):
         assert problems(schema, "ab", stored=True) == []
     assert problems(schema, "b", stored=True) == ["/: 'b' does not match '^(?=a)a'"]
     assert "define the type again" in caplog.text

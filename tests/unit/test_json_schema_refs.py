@@ -1,11 +1,11 @@
-"""An event type's $refs are looked up as jsonschema will (poller/json_schemas.py)."""
+"""An event type's $refs are looked up as jsonschema will (poller/outbox/json_schemas.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from poller.errors import InvalidInput
-from poller.json_schemas import problems
+from poller.outbox.json_schemas import problems
 
 BUNDLED = {  # a schema with a resource of its own: its refs are relative to its $id
     "$id": "https://schemas.example/order",

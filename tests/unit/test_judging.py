@@ -1,10 +1,10 @@
-"""When a completion's health signals need JUDGE_HEALTH (poller/judging.py)."""
+"""When a completion's health signals need JUDGE_HEALTH (poller/rows/judging.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from poller.judging import Signal, judging_due
+from poller.rows.judging import Signal, judging_due
 
 
 @pytest.mark.parametrize(
@@ -38,9 +38,9 @@ def test_a_later_signal_folds_into_an_earlier_one() -> None:
 def test_a_retried_completion_folds_carried_signals_in_once() -> None:
     """The carried signals stay as they were until the follow-ups commit: a completion
     whose transaction rolled back and is written again counts its sends once."""
-    from poller.completions import Completions
-    from poller.db import async_engine
-    from poller.outcomes import Outcome
+    from poller.rows.completions import Completions
+    from poller.rules.outcomes import Outcome
+    from poller.store.db import async_engine
 
     claims = Completions(async_engine("postgresql://u@127.0.0.1:1/x"), poller_id="p")
     claims._carried_signals = {7: Signal(ok=1)}

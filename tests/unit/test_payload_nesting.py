@@ -1,4 +1,4 @@
-"""A payload's nesting, read from its JSON text at C speed (poller/payloads.py)."""
+"""A payload's nesting, read from its JSON text at C speed (poller/rules/payloads.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from poller import payloads
 from poller.errors import InvalidPayload
-from poller.payloads import MAX_DEPTH, RawJSON, nesting, serialise_payload
+from poller.rules import payloads
+from poller.rules.payloads import MAX_DEPTH, RawJSON, nesting, serialise_payload
 
 TEXT = st.text(alphabet=st.sampled_from(['"', "\\", "[", "]", "{", "}", "a", "é", "\n", " "]))
 JSON = st.recursive(

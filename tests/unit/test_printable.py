@@ -1,4 +1,4 @@
-"""Text from outside reaches terminals escaped (poller/logs.py, poller/cli/output.py)."""
+"""Text from outside reaches terminals escaped (poller/observe/logs.py, poller/cli/output.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from poller.logs import ConsoleFormatter, JsonFormatter, printable, printable_json
+from poller.observe.logs import ConsoleFormatter, JsonFormatter, printable, printable_json
 
 HOSTILE = "\x1b]52;c;aGk=\x07 \x1b[2J \x9b \u202e \ud800 \U000e0041 é 漢\nnext"
 

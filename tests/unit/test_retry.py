@@ -9,7 +9,7 @@ from email.utils import format_datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from poller.retry import JITTER, MAX_DELAY, backoff, parse_retry_after, retry_delay
+from poller.rules.retry import JITTER, MAX_DELAY, backoff, parse_retry_after, retry_delay
 
 SCHEDULE = (5.0, 300.0, 1800.0)
 

@@ -1,4 +1,4 @@
-"""The HMAC signatures (poller/signing.py keys SHA-256 states once per secret) are the
+"""The HMAC signatures (poller/rules/signing.py keys SHA-256 states once per secret) are the
 standard library's HMAC-SHA256, for every secret length a key may have."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import hmac
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from poller.signing import SECRET_PREFIX, sign
+from poller.rules.signing import SECRET_PREFIX, sign
 
 
 def _expected(raw: bytes, msg_id: str, stamp: int, body: bytes) -> str:

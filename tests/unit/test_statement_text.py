@@ -1,4 +1,4 @@
-"""The statements' psycopg text (poller/queries/_registry.py): compact, and short enough on
+"""The statements' psycopg text (poller/store/queries/_registry.py): compact, and short enough on
 the hot path for psycopg to parse once."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from psycopg import _queries
 
-from poller import queries
-from poller.queries._registry import compact
+from poller.store import queries
+from poller.store.queries._registry import compact
 
 
 @pytest.mark.parametrize(

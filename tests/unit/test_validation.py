@@ -7,13 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from poller import InvalidIdempotencyKey, InvalidPayload, Message, PayloadTooLarge
-from poller.endpoints import bucket_for, new_secret
+from poller.endpoints.netguard import host_refusal
+from poller.endpoints.registry import bucket_for, new_secret
+from poller.endpoints.urls import check_url
 from poller.errors import InvalidEndpoint, PrivateTarget
-from poller.netguard import host_refusal
-from poller.outbox import check_message
-from poller.payloads import serialise_payload
+from poller.outbox.enqueue import check_message
 from poller.redact import scrub_urls, shown_url
-from poller.urls import check_url
+from poller.rules.payloads import serialise_payload
 
 visible_ascii = st.text(
     st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=255
@@ -240,9 +240,9 @@ def test_the_error_tree_drawn_in_errors_py_is_the_classes() -> None:
 def test_what_people_type_is_refused_with_what_was_expected(
     reader: str, value: str, message: str
 ) -> None:
-    """poller/parse.py reads for every face: the nastiest values are a typed error."""
-    from poller import parse
+    """poller/rules/parse.py reads for every face: the nastiest values are a typed error."""
     from poller.errors import PollerError
+    from poller.rules import parse
 
     with pytest.raises(PollerError, match=message):
         getattr(parse, reader)(value)
@@ -251,7 +251,7 @@ def test_what_people_type_is_refused_with_what_was_expected(
 def test_what_people_type_is_read() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from poller import parse
+    from poller.rules import parse
 
     now = datetime(2026, 12, 1, tzinfo=UTC)
     assert parse.duration("90s") == timedelta(seconds=90) == parse.duration(" 1.5m ")
@@ -267,8 +267,8 @@ def test_an_endless_list_of_event_types_is_refused_at_its_101st() -> None:
     """Counted as they come: 100,000 patterns took 100 s to refuse (a quadratic de-dupe)."""
     import itertools
 
+    from poller.endpoints.subscriptions import check_patterns
     from poller.errors import InvalidSubscription
-    from poller.subscriptions import check_patterns
 
     with pytest.raises(InvalidSubscription, match="at most 100"):
         check_patterns(f"t{n}" for n in itertools.count())
@@ -277,7 +277,7 @@ def test_an_endless_list_of_event_types_is_refused_at_its_101st() -> None:
 
 def test_an_endpoint_timeout_has_the_settings_floor() -> None:
     """1e-300 was taken: every request to the endpoint timed out at once."""
-    from poller.endpoint_checks import check_timeout
+    from poller.endpoints.checks import check_timeout
 
     with pytest.raises(InvalidEndpoint, match=r"at least 0\.05 s"):
         check_timeout(1e-300)

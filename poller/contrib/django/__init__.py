@@ -27,13 +27,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from poller.errors import ConnectionNotSupported
-from poller.fanout import Event, Published
-from poller.fanout import publish as _publish
-from poller.fanout import publish_many as _publish_many
-from poller.outbox import Message
-from poller.outbox import enqueue as _enqueue
-from poller.outbox import enqueue_many as _enqueue_many
-from poller.payloads import JsonDefault
+from poller.outbox.enqueue import Message
+from poller.outbox.enqueue import enqueue as _enqueue
+from poller.outbox.enqueue import enqueue_many as _enqueue_many
+from poller.outbox.publish import Event, Published
+from poller.outbox.publish import publish as _publish
+from poller.outbox.publish import publish_many as _publish_many
+from poller.rules.payloads import JsonDefault
 
 __all__ = ["enqueue", "enqueue_many", "publish", "publish_many"]
 

@@ -28,7 +28,7 @@ def tables_migrated(
     A database that cannot be reached is Django's to report; named, it is said here too."""
     from django.db import DEFAULT_DB_ALIAS, connections
 
-    from poller.migrate import HEAD, VERSION_TABLE
+    from poller.store.migrate import HEAD, VERSION_TABLE
 
     found: list[checks.CheckMessage] = []
     for alias in databases or (DEFAULT_DB_ALIAS,):

@@ -1,5 +1,5 @@
 """The poller's tables in a database Django knows: its connection settings as a URL
-for Alembic (poller/migrate.py), which migrates on a connection of its own."""
+for Alembic (poller/store/migrate.py), which migrates on a connection of its own."""
 
 from __future__ import annotations
 
@@ -37,6 +37,6 @@ def database_url(settings: dict[str, Any]) -> str:
 
 def upgrade_database(connection: Any) -> None:
     """Migrate the poller's tables in the database of a Django connection to the head."""
-    from poller.migrate import upgrade
+    from poller.store.migrate import upgrade
 
     upgrade(database_url(connection.settings_dict))

@@ -1,7 +1,7 @@
 """The poller's tables, made by its own Alembic scripts (what ``poller db upgrade``
 runs) in the database Django migrates. A release of webhook-poller with a new Alembic
 revision adds a Django migration here that runs them again (tests/doors check that the
-newest names :data:`poller.migrate.HEAD`), so ``manage.py migrate`` keeps the tables
+newest names :data:`poller.store.migrate.HEAD`), so ``manage.py migrate`` keeps the tables
 current. Unapplying leaves the tables: ``poller db downgrade`` removes them on purpose."""
 
 from __future__ import annotations

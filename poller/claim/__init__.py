@@ -1,0 +1,1 @@
+"""Claiming: when and how much this poller claims, and of which shards."""

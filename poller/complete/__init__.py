@@ -1,0 +1,1 @@
+"""Completing: outcomes written in batches, and the claims of rows still at work kept."""

@@ -1,0 +1,1 @@
+"""What the poller tells operators: metrics, logs, and trace spans over OTLP."""
