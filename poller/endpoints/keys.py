@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
-
 from poller.endpoints.headers import PLAIN_PREFIX as HEADERS_PLAIN
 from poller.endpoints.registry import Conn, Endpoint, change_one, get_endpoint, new_secret
 from poller.endpoints.tls import PLAIN_PREFIX as TLS_PLAIN
@@ -21,7 +19,7 @@ from poller.rules.keyring import PLAIN_PREFIX as KEY_PLAIN
 from poller.rules.keyring import Keyring
 from poller.rules.signing import check_scheme
 from poller.settings import default_settings
-from poller.store.schema import endpoints
+from poller.store.queries import registry as built
 
 
 def rotate_secret(
@@ -47,13 +45,8 @@ def rotate_secret(
             )
         signing = current.signing
     secret = new_secret(check_scheme(signing))
-    statement = update(endpoints).values(
-        previous_secret=endpoints.c.secret,
-        secret=keyring.seal(secret),
-        previous_secret_expires_at=func.now() + keep_old_for,
-        updated_at=func.now(),
-    )
-    return change_one(conn, name, statement, keyring), secret
+    values = built.rotated_key(keyring.seal(secret), keep_old_for)
+    return change_one(conn, name, values, keyring), secret
 
 
 SEALED: dict[str, str | tuple[str, ...]] = {
@@ -79,12 +72,7 @@ def reseal_secrets(conn: Conn, *, plain: bool = False, keyring: Keyring | None =
             "POLLER_SECRETS_KEY is not set: there is no key to encrypt with "
             "(make one with 'poller endpoints new-key')"
         )
-    columns = [endpoints.c[name] for name in SEALED]
-    rows = conn.execute(
-        select(endpoints.c.id, endpoints.c.name, *columns)
-        .order_by(endpoints.c.id)
-        .with_for_update()
-    ).all()
+    rows = conn.execute(built.sealed_columns(list(SEALED))).all()
     for row in rows:
         values = {}
         for column, prefix in SEALED.items():
@@ -97,5 +85,5 @@ def reseal_secrets(conn: Conn, *, plain: bool = False, keyring: Keyring | None =
                 )
             except SecretUnreadable as exc:
                 raise SecretUnreadable(f"endpoint {row.name!r}: {exc}") from None
-        conn.execute(update(endpoints).where(endpoints.c.id == row.id).values(**values))
+        conn.execute(built.reseal(row.id, values))
     return len(rows)

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -61,7 +61,8 @@ from poller.rules.signing import SECRET_PREFIX as SECRET_PREFIX
 from poller.rules.signing import Scheme, check_key, new_key
 from poller.settings import default_settings
 from poller.store import queries
-from poller.store.schema import BUCKETS, endpoints, outbox
+from poller.store.queries import registry as built
+from poller.store.schema import BUCKETS
 
 Conn = Session | Connection
 
@@ -95,10 +96,8 @@ def make_room(conn: Connection, tenant: str, limit: int) -> None:
     takes it."""
     if not limit:
         return
-    conn.execute(select(func.pg_advisory_xact_lock(_TENANT_LOCKS, func.hashtext(tenant))))
-    held = conn.execute(
-        select(func.count()).select_from(endpoints).where(endpoints.c.tenant == tenant)
-    ).scalar_one()
+    conn.execute(built.lock_tenant(_TENANT_LOCKS, tenant))
+    held = conn.execute(built.tenant_endpoints(tenant)).scalar_one()
     if held >= limit:
         raise TenantFull(tenant, limit)
 
@@ -177,7 +176,7 @@ def create_endpoint(
         values["retry_schedule"] = list(check_schedule(retry_schedule))
     try:
         with conn.begin_nested():
-            row = conn.execute(insert(endpoints).values(**values).returning(endpoints)).one()
+            row = conn.execute(built.create(values)).one()
     except IntegrityError as exc:
         if "uq_poller_endpoints_name" in str(exc.orig):
             raise EndpointExists(name) from None
@@ -199,7 +198,7 @@ def get_endpoint(conn: Conn, name: str, *, keyring: Keyring | None = None) -> En
     """The endpoint called ``name``, or UnknownEndpoint."""
     if not could_be_name(name):
         raise UnknownEndpoint(name)
-    row = conn.execute(select(endpoints).where(endpoints.c.name == name)).one_or_none()
+    row = conn.execute(built.by_name(name)).one_or_none()
     if row is None:
         raise UnknownEndpoint(name)
     return Endpoint.from_row(row, keyring)
@@ -217,23 +216,19 @@ def list_endpoints(
     ``after``, at most ``limit``: chosen by PostgreSQL, so a page of a tenant's opens the
     secrets of that page alone (the faces read every endpoint and opened every secret
     for each page: at 10,000 endpoints a page cost seconds)."""
-    by_name = endpoints.c.name.collate("C")
-    query = select(endpoints).order_by(by_name)
-    if tenant is not None:  # by ix_poller_endpoints_tenant
-        query = query.where(func.coalesce(endpoints.c.tenant, "") == tenant)
-    if after is not None:
-        if "\x00" in after:
-            raise InvalidInput("after: a name holds no NUL")
-        query = query.where(by_name > after)
-    if limit is not None:
-        query = query.limit(limit)
+    if after is not None and "\x00" in after:
+        raise InvalidInput("after: a name holds no NUL")
+    query = built.page(tenant, after, limit)
     return [Endpoint.from_row(row, keyring) for row in conn.execute(query).all()]
 
 
-def change_one(conn: Conn, name: str, statement: Any, keyring: Keyring | None = None) -> Endpoint:
+def change_one(
+    conn: Conn, name: str, values: dict[str, Any], keyring: Keyring | None = None
+) -> Endpoint:
+    """Change the endpoint called ``name`` (``values``: its checked, sealed columns)."""
     if not could_be_name(name):
         raise UnknownEndpoint(name)
-    row = conn.execute(statement.where(endpoints.c.name == name).returning(endpoints)).one_or_none()
+    row = conn.execute(built.change(name, values)).one_or_none()
     if row is None:
         raise UnknownEndpoint(name)
     return Endpoint.from_row(row, keyring)
@@ -309,9 +304,7 @@ def update_endpoint(
     changes.update(_resettable(retry_schedule=retry_schedule, max_age=max_age))
     if not changes:
         raise InvalidEndpoint("nothing to change: give at least one field")
-    endpoint = change_one(
-        conn, name, update(endpoints).values(**changes, updated_at=func.now()), keyring
-    )
+    endpoint = change_one(conn, name, changes, keyring)
     if "url" in changes:  # a new destination: what the old one did says nothing of it
         _reset_health(conn, endpoint.id)
     return endpoint
@@ -377,7 +370,7 @@ def set_enabled(conn: Conn, name: str, enabled: bool, reason: str | None = None)
     said = (reason or "disabled").encode("utf-8", "replace").decode("utf-8")  # lone surrogates
     said = said.replace("\x00", "\ufffd")[:1000]  # PostgreSQL stores no NUL
     values = {"enabled": enabled, "disabled_reason": None if enabled else said}
-    endpoint = change_one(conn, name, update(endpoints).values(**values, updated_at=func.now()))
+    endpoint = change_one(conn, name, values)
     if enabled:
         _reset_health(conn, endpoint.id)
     return endpoint
@@ -419,9 +412,7 @@ def remove_endpoint(
     """
     with engine.begin() as conn:
         endpoint = get_endpoint(conn, name)
-        count = conn.execute(
-            select(func.count()).where(outbox.c.endpoint_id == endpoint.id)
-        ).scalar_one()
+        count = conn.execute(built.messages_of(endpoint.id)).scalar_one()
         if count and not force:
             raise EndpointInUse(
                 f"endpoint {name!r} has {count} messages: remove it with force to delete "

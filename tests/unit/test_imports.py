@@ -3,6 +3,7 @@ cannot flake). The budget itself (≤ 0.3 s for `poller --version`) is measured 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -136,3 +137,26 @@ def test_the_import_contracts_fail_on_a_planted_violation(tmp_path: Path) -> Non
         path.write_text(clean)
         assert broken.returncode != 0, f"{planted} in {module} passed"
         assert f"{contract}" in broken.stdout.split("Broken contracts")[-1], broken.stdout[-2000:]
+
+
+BUILDERS = {"select", "insert", "update", "delete", "text", "func", "and_", "or_", "tuple_"}
+TABLES = {"outbox", "endpoints", "delivery_attempts", "event_log", "endpoint_health", "metadata"}
+
+
+def test_no_statement_is_built_outside_the_store() -> None:
+    """Every statement is named in poller/store/queries/: no module elsewhere imports
+    SQLAlchemy's statement builders or the schema's tables (its constants it may)."""
+    package = Path(__file__).resolve().parents[2] / "poller"
+    found = []
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).parts[0] == "store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module is None:
+                continue
+            names = {alias.name for alias in node.names}
+            if node.module.startswith("sqlalchemy") and names & BUILDERS:
+                found.append(f"{path.relative_to(package)}: {sorted(names & BUILDERS)}")
+            if node.module.startswith("poller.store.schema") and names & TABLES:
+                found.append(f"{path.relative_to(package)}: {sorted(names & TABLES)}")
+    assert found == []

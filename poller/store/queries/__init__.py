@@ -18,6 +18,12 @@ The statements live in one module per part of the flow — ``enqueue``,
 (operators' holds: cancel, pause), ``endpoints`` (the registry), ``tokens`` (the
 API's tokens), ``requests`` (the API's idempotency keys, opened portal links) — and are all
 reachable here as ``queries.NAME``.
+
+Statements whose shape depends on what is asked (a list's filters, the fields an
+update changes) are built with SQLAlchemy Core, by the functions of ``admin`` (the
+operators' lists, retry, purge), ``stats``, ``catalog`` and ``registry`` (endpoints and
+their keys), each with a comment saying what it reads or writes. No module outside
+poller/store builds a statement (tests/unit/test_imports.py checks it).
 """
 
 from __future__ import annotations
