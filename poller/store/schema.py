@@ -166,7 +166,7 @@ endpoints = Table(
         postgresql_using="gin",
         postgresql_with={"fastupdate": "off"},
     ),
-    # The governed claim (queries/health.py) walks the rate-limited endpoints by bucket.
+    # The governed claim (queries/claims.py) walks the rate-limited endpoints by bucket.
     Index(
         "ix_poller_endpoints_rate_limited",
         "bucket",
