@@ -1,5 +1,6 @@
-"""The dashboard as one ASGI app: the pages (poller/web/dashboard/pages.py) on the
-ground every page stands on (poller/web/base.py)."""
+"""The web faces a process serves, assembled into one ASGI app: the dashboard's pages
+(poller/web/dashboard), the API (poller/web/api) and the portal (poller/web/portal) on
+the ground every page and route stands on (poller/web/base.py, poller/web/auth.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""What every dashboard page stands on: authentication, security headers, rendering.
+"""What every web face stands on: authentication, security headers, rendering.
 
-The pages themselves are in poller/web/dashboard/pages.py; this module gives them
-:class:`Dashboard` (the database, the credentials, the renderer) and the
-decorators that guard them (:func:`page` for reads, :func:`action` for POSTs).
-poller/web/app.py puts the two together into one ASGI app.
+The faces (poller/web/dashboard, poller/web/api, poller/web/portal) get from here
+:class:`Dashboard` (the app's state: the database, the credentials, the renderer; named
+for the first face) and the decorators that guard pages (:func:`page` for reads,
+:func:`action` for POSTs); poller/web/app.py puts them together into one ASGI app.
 """
 
 from __future__ import annotations
