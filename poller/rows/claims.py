@@ -65,7 +65,17 @@ class ClaimBatch:
 
 
 _CLAIMED_FIELDS = tuple(ClaimedMessage.__dataclass_fields__)
-_GOVERNED_FIELDS = (*_CLAIMED_FIELDS, "governed", "gafter_bucket", "gafter", "accepted")
+_GOVERNED_FIELDS = (
+    *_CLAIMED_FIELDS, "spend", "governed", "gafter_bucket", "gafter", "accepted"
+)  # fmt: skip
+
+
+def _spend(rows: Sequence[Sequence[Any]]) -> dict[str, Any] | None:
+    """SPEND_TOKENS's parameters for CLAIM_GOVERNED's ``rows`` (None: it found nothing)."""
+    spend = rows[0][-5]
+    return None if spend == "[]" else {"spend": spend}
+
+
 _FENCED_FIELDS = (*_CLAIMED_FIELDS, "accepted")
 
 
@@ -223,12 +233,13 @@ class Claims:
         messages: list[ClaimedMessage] = []
         governed_count = None
         if governed:
-            found = await self.direct.fetch(
-                queries.CLAIM_GOVERNED, params, columns=_GOVERNED_FIELDS
-            )
+            found = await self.direct.fetch_then(
+                queries.CLAIM_GOVERNED, params, queries.SPEND_TOKENS, _spend,
+                columns=_GOVERNED_FIELDS,
+            )  # fmt: skip
             governed_count = self._governed(found)
             accepted.intersection_update(found[0][-1] or ())
-            messages = [ClaimedMessage(*row[:-4]) for row in found if row[0] is not None]
+            messages = [ClaimedMessage(*row[:-5]) for row in found if row[0] is not None]
             params["limit"] = limit - len(messages)
         try:
             if limit > len(messages) and (accepted or not fences):
@@ -328,8 +339,10 @@ class Claims:
             governed_count = None
             if governed:
                 found = await fetch(conn, queries.CLAIM_GOVERNED, params, columns=_GOVERNED_FIELDS)
+                if (spend := _spend(found)) is not None:
+                    await fetch(conn, queries.SPEND_TOKENS, spend)
                 governed_count = self._governed(found)
-                messages = [ClaimedMessage(*row[:-4]) for row in found if row[0] is not None]
+                messages = [ClaimedMessage(*row[:-5]) for row in found if row[0] is not None]
                 params["limit"] = limit - len(messages)
             if limit > len(messages):
                 claimed = await fetch(conn, queries.CLAIM_BATCH, params, columns=_FENCED_FIELDS)

@@ -54,9 +54,10 @@ Rate limits
 An endpoint's ``rate_limit`` (requests per second, with ``rate_burst``, default
 one second's worth) is a token bucket in its health row. Its messages are not
 claimed by the plain claim statement but by ``CLAIM_GOVERNED``, which takes
-tokens and messages in one statement under the row's lock (SKIP LOCKED): every
-poller draws on the same bucket, whatever the election mode, with no round
-trip per message. Each poller runs it at most ten times a second while there may
+the messages under the health row's lock (SKIP LOCKED), and ``SPEND_TOKENS``, which
+spends their tokens on that locked row in the same transaction: every poller
+draws on the same bucket, whatever the election mode, with no round trip per
+message. Each poller runs it at most ten times a second while there may
 be governed work (``GOVERN_INTERVAL``), else once a second (``GOVERN_IDLE_INTERVAL``).
 Messages at the head already past the endpoint's ``max_age`` (that need no lookup)
 take no token: they are claimed a claim's worth at a time and failed unsent, as

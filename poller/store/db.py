@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -214,7 +214,8 @@ class Autocommit:
     (docs/explanation/performance.md). The connection is opened on first
     use; one a statement found broken is dropped (the error is raised: the caller
     retries transient ones, and the next statement opens another). No transaction is
-    ever left open on it, so nothing it locks outlives its statement.
+    ever left open on it: what it locks is held for one statement, or for the two of a
+    governed claim (:meth:`fetch_then`), sent one after the other.
     """
 
     def __init__(self, engine: AsyncEngine, *, generic_plans: bool = True) -> None:
@@ -246,6 +247,33 @@ class Autocommit:
         try:
             async with conn.cursor(row_factory=factory) as cursor:
                 return await _rows(cursor, statement, params, columns)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            if conn.broken or conn.closed:
+                await self.close()
+            raise
+
+    async def fetch_then(
+        self,
+        statement: Statement,
+        params: Mapping[str, Any],
+        then: Statement,
+        then_params: Callable[[list[Any]], Mapping[str, Any] | None],
+        *,
+        columns: tuple[str, ...] | None = None,
+    ) -> list[Any]:
+        """``statement``'s rows, and ``then`` with what ``then_params`` makes of them (None:
+        nothing to run), in one transaction: committed when it returns, or rolled back
+        whole. A governed claim and the spending of what it took (SPEND_TOKENS)."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self._connection()
+        factory: Any = namedtuple_row if columns is None else tuple_row
+        try:
+            async with conn.transaction(), conn.cursor(row_factory=factory) as cursor:
+                rows = await _rows(cursor, statement, params, columns)
+                if (follow := then_params(rows)) is not None:
+                    await _rows(cursor, then, follow, None)
+            return rows
         except (psycopg.OperationalError, psycopg.InterfaceError):
             if conn.broken or conn.closed:
                 await self.close()

@@ -498,7 +498,9 @@ _TOKENS = """least(coalesce(e.rate_burst, greatest(1, ceil(e.rate_limit))),
 # by bucket (GOVERNED_IN_TURN: each one's partial index, rate limited or a circuit
 # not closed, in the claim's buckets only) until :limit are found, each with its
 # first pending message (one descent of the pending index). Only those health rows
-# are locked and written (their tokens spent, a probe's state). Every governed
+# are locked; ``spend`` (on every row) says what to write to them — their tokens
+# spent, a probe's state — which SPEND_TOKENS does, the second statement of the
+# claim's transaction, touching no other row. Every governed
 # endpoint was read, its health row locked and written, on every governed claim:
 # where all of 10,000 endpoints with messages were rate limited, 97-102 ms a claim,
 # ten times a second. The next governed claim starts after the last endpoint this
@@ -611,18 +613,6 @@ CLAIM_GOVERNED = _statement(
         LIMIT :limit
     ), taken AS (
         SELECT endpoint_id, count(*) FILTER (WHERE NOT aged) AS n FROM due GROUP BY endpoint_id
-    ), spent AS (
-        UPDATE poller_endpoint_health h
-        SET tokens = CASE WHEN a.rate_limit IS NULL THEN h.tokens
-                          ELSE a.tokens - coalesce(t.n, 0) END,
-            tokens_at = CASE WHEN a.rate_limit IS NULL THEN h.tokens_at ELSE now() END,
-            state = CASE WHEN a.probing AND t.n > 0 THEN 'half_open' ELSE h.state END,
-            probe_at = CASE WHEN a.probing AND t.n > 0 THEN now() ELSE h.probe_at END,
-            probes = h.probes + CASE WHEN a.probing AND t.n > 0 THEN 1 ELSE 0 END
-        FROM allow a
-        LEFT JOIN taken t ON t.endpoint_id = a.id
-        WHERE h.endpoint_id = a.id
-        RETURNING h.endpoint_id
     ), token AS (
         SELECT nextval('poller_claim_token_seq') AS claim_token
     ), queue AS (
@@ -660,6 +650,7 @@ CLAIM_GOVERNED = _statement(
         LIMIT 1
     )
     SELECT claimed.*,
+           sp.spend,
            CASE WHEN found.n > 0 THEN found.n
                 WHEN (SELECT max(step) FROM walk) >= {GOVERNED_WALK} THEN 1
                 WHEN EXISTS (  -- one waiting for a token or for room
@@ -683,7 +674,38 @@ CLAIM_GOVERNED = _statement(
            f.accepted
     FROM found
     CROSS JOIN place
+    CROSS JOIN (  -- what SPEND_TOKENS writes to the health rows locked above
+        SELECT CAST(coalesce(jsonb_agg(jsonb_build_object(
+                   'endpoint_id', a.id,
+                   'tokens', CASE WHEN a.rate_limit IS NOT NULL
+                                  THEN a.tokens - coalesce(t.n, 0) END,
+                   'probed', a.probing AND coalesce(t.n, 0) > 0)), '[]') AS text) AS spend
+        FROM allow a
+        LEFT JOIN taken t ON t.endpoint_id = a.id
+    ) AS sp
     CROSS JOIN (SELECT array_agg(shard) AS accepted FROM fenced) AS f
     LEFT JOIN claimed ON true
+    """,
+)
+
+# The second step of a governed claim, in its transaction: spend what CLAIM_GOVERNED
+# took (its ``spend``, one entry for each endpoint it found) on the health rows that
+# statement locked (FOR UPDATE OF h SKIP LOCKED), and on no other row, so it waits on
+# no one and no other poller can spend the same tokens meanwhile. A rate-limited
+# endpoint's bucket, refilled to the claim's moment, less the messages taken; a
+# circuit whose probe was taken turns (or stays) half-open, and counts the probe.
+SPEND_TOKENS = _statement(
+    "SPEND_TOKENS",
+    """
+    UPDATE poller_endpoint_health h
+    SET tokens = coalesce(s.tokens, h.tokens),
+        tokens_at = CASE WHEN s.tokens IS NULL THEN h.tokens_at ELSE now() END,
+        state = CASE WHEN s.probed THEN 'half_open' ELSE h.state END,
+        probe_at = CASE WHEN s.probed THEN now() ELSE h.probe_at END,
+        probes = h.probes + CASE WHEN s.probed THEN 1 ELSE 0 END
+    FROM jsonb_to_recordset(CAST(:spend AS jsonb))
+        AS s(endpoint_id bigint, tokens double precision, probed boolean)
+    WHERE h.endpoint_id = s.endpoint_id
+    RETURNING h.endpoint_id
     """,
 )
