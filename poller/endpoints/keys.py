@@ -19,7 +19,7 @@ from poller.rules.keyring import PLAIN_PREFIX as KEY_PLAIN
 from poller.rules.keyring import Keyring
 from poller.rules.signing import check_scheme
 from poller.settings import default_settings
-from poller.store.queries import registry as built
+from poller.store.queries import endpoints as built
 
 
 def rotate_secret(

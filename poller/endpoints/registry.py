@@ -61,7 +61,7 @@ from poller.rules.signing import SECRET_PREFIX as SECRET_PREFIX
 from poller.rules.signing import Scheme, check_key, new_key
 from poller.settings import default_settings
 from poller.store import queries
-from poller.store.queries import registry as built
+from poller.store.queries import endpoints as built
 from poller.store.schema import BUCKETS
 
 Conn = Session | Connection

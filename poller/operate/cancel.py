@@ -35,6 +35,7 @@ from poller.rules.names import could_be_event_type
 from poller.rules.parse import could_be_row_id
 from poller.store import queries
 from poller.store.queries import admin as built
+from poller.store.queries import cancel as holds
 
 OPEN = ("pending", "waiting")
 
@@ -55,7 +56,7 @@ class CancelFilter:
         endpoint_id = conn.execute(queries.ENDPOINT_ID, {"name": self.endpoint}).scalar()
         if endpoint_id is None:
             raise UnknownEndpoint(self.endpoint)
-        return built.open_where(  # OPEN's messages
+        return holds.open_where(  # OPEN's messages
             endpoint_id,
             event_type=self.event_type,
             since=self.since,

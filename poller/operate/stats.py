@@ -16,7 +16,7 @@ from sqlalchemy import Connection
 from poller.endpoints.checks import could_be_name
 from poller.errors import InvalidInput, UnknownEndpoint
 from poller.store import queries
-from poller.store.queries import stats as built
+from poller.store.queries import reports as built
 from poller.store.schema import STATUSES
 
 EXACT_BELOW = 200_000

@@ -20,9 +20,12 @@ API's tokens), ``requests`` (the API's idempotency keys, opened portal links) �
 reachable here as ``queries.NAME``.
 
 Statements whose shape depends on what is asked (a list's filters, the fields an
-update changes) are built with SQLAlchemy Core, by the functions of ``admin`` (the
-operators' lists, retry, purge), ``stats``, ``catalog`` and ``registry`` (endpoints and
-their keys), each with a comment saying what it reads or writes. No module outside
+update changes) are built with SQLAlchemy Core, each by a function (or a constant) of
+the module of its concern, with a comment saying what it reads or writes — ``admin``
+(the operators' lists, retry, purge: Core only), ``catalog`` (Core only), ``cancel``,
+``endpoints`` (the registry and its keys), ``reports`` (stats) — and reached through
+that module (``queries.endpoints.page(…)``); a module holding both lists its text
+statements in ``__all__``. No module outside
 poller/store builds a statement (tests/unit/test_imports.py checks it).
 """
 

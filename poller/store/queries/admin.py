@@ -234,25 +234,3 @@ def ended_before(status: str, older: timedelta) -> Select[Any]:
         "cancelled": outbox.c.cancelled_at,
     }[status]
     return select(func.count()).where(and_(outbox.c.status == status, column < func.now() - older))
-
-
-# Which open messages an operator's cancel takes (poller/operate/cancel.py): an
-# endpoint's pending and waiting ones, of one event type, created in [since, until).
-def open_where(
-    endpoint_id: int,
-    *,
-    event_type: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    possible: bool = True,
-) -> list[ColumnElement[bool]]:
-    if not possible:
-        return [false()]
-    clauses = [outbox.c.endpoint_id == endpoint_id, outbox.c.status.in_(("pending", "waiting"))]
-    if event_type is not None:
-        clauses.append(outbox.c.event_type == event_type)
-    if since is not None:
-        clauses.append(outbox.c.created_at >= since)
-    if until is not None:
-        clauses.append(outbox.c.created_at < until)
-    return clauses

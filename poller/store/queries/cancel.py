@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from sqlalchemy import ColumnElement, false
+
 from poller.store.queries._registry import statement as _statement
+from poller.store.schema import outbox
+
+__all__ = [  # what `queries` offers by name; the builder is this module's
+    "CANCEL_MESSAGES",
+    "HOLD_ENDPOINT",
+    "RELEASE_ENDPOINT",
+    "TAKE_KEYS_OF_MESSAGES",
+]
 
 # Cancel, step 1: of these messages, the ordered ones whose key row this
 # transaction could lock — skipping any held by an application's enqueue still
@@ -74,3 +86,25 @@ RELEASE_ENDPOINT = _statement(
     RETURNING id, bucket, pg_notify('poller_outbox', CAST(bucket AS text)) AS woke
     """,
 )
+
+
+# Which open messages an operator's cancel takes (poller/operate/cancel.py): an
+# endpoint's pending and waiting ones, of one event type, created in [since, until).
+def open_where(
+    endpoint_id: int,
+    *,
+    event_type: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    possible: bool = True,
+) -> list[ColumnElement[bool]]:
+    if not possible:
+        return [false()]
+    clauses = [outbox.c.endpoint_id == endpoint_id, outbox.c.status.in_(("pending", "waiting"))]
+    if event_type is not None:
+        clauses.append(outbox.c.event_type == event_type)
+    if since is not None:
+        clauses.append(outbox.c.created_at >= since)
+    if until is not None:
+        clauses.append(outbox.c.created_at < until)
+    return clauses
