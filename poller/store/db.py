@@ -8,7 +8,6 @@ under ``POLLER_DATA_DIR`` is started (or found running) and used.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,8 +23,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from poller.errors import ConfigurationError
 from poller.settings import Settings
 from poller.store.queries import Statement
-
-log = logging.getLogger("poller.store.db")
 
 TRANSIENT: tuple[type[BaseException], ...] = (
     OperationalError,  # connection lost, server restarting, deadlock, lock or statement timeout
@@ -241,7 +238,7 @@ class Autocommit:
     ) -> list[Any]:
         """:func:`fetch`, as one statement of its own (committed when it returns)."""
         conn = self._conn
-        if conn is None or conn.closed:
+        if conn is None or conn.closed:  # opened on first use, or again after a break
             conn = await self._connection()
         factory: Any = namedtuple_row if columns is None else tuple_row
         try:
@@ -265,7 +262,7 @@ class Autocommit:
         nothing to run), in one transaction: committed when it returns, or rolled back
         whole. A governed claim and the spending of what it took (SPEND_TOKENS)."""
         conn = self._conn
-        if conn is None or conn.closed:
+        if conn is None or conn.closed:  # opened on first use, or again after a break
             conn = await self._connection()
         factory: Any = namedtuple_row if columns is None else tuple_row
         try:
