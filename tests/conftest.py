@@ -1,7 +1,9 @@
 """Real servers for the whole suite.
 
 A session fixture starts embedded PostgreSQL and Redis (or uses
-POLLER_TEST_DATABASE_URL / POLLER_TEST_REDIS_URL), migrates a template
+POLLER_TEST_DATABASE_URL / POLLER_TEST_REDIS_URL); the brokers (NATS, RabbitMQ) are
+started once for the whole run, on the first test that asks (POLLER_TEST_NATS_URL /
+POLLER_TEST_RABBITMQ_URL), migrates a template
 database once, and every test that asks for ``db_url`` gets a fresh database
 cloned from it (CREATE DATABASE … TEMPLATE …): isolated, and cloned while the
 test before it ran (:class:`_Clones`).
@@ -26,7 +28,9 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from poller.endpoints.registry import CreatedEndpoint, create_endpoint
-from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.errors import EmbeddedServerError
+from poller.local.brokers import EmbeddedNats, EmbeddedRabbitMQ
+from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis, _file_lock
 from poller.service.server_watch import stop_at_exit
 from poller.settings import default_settings
 from poller.store import migrate
@@ -318,6 +322,49 @@ def redis_url() -> Iterator[str]:
             yield server.start()
         finally:
             server.stop()
+
+
+def _shared_broker(
+    request: pytest.FixtureRequest, kind: str, made: type[EmbeddedNats | EmbeddedRabbitMQ]
+) -> Iterator[str]:
+    """A broker the run's workers share: the first to ask starts it, and it stops when
+    the run's controller ends (poller/service/server_watch.py); without workers, when
+    this session ends. ``POLLER_TEST_{KIND}_URL`` names one to use instead."""
+    external = os.environ.get(f"POLLER_TEST_{kind.upper()}_URL")
+    if external:
+        yield external
+        return
+    run = getattr(request.config, "workerinput", {}).get("testrunuid")
+    if run is None:
+        folder = Path(tempfile.mkdtemp(prefix=f"poller-test-{kind}-"))
+    else:
+        folder = Path(tempfile.gettempdir()) / f"poller-test-{kind}-{run}"
+        folder.mkdir(exist_ok=True)
+    server = made(folder)
+    with _file_lock(folder / ".watched.lock"):
+        if not (folder / ".watched").exists():
+            stop_at_exit(server, remove=folder, pid=None if run is None else os.getppid())
+            (folder / ".watched").touch()
+    try:
+        url = server.start()
+    except EmbeddedServerError as exc:
+        pytest.skip(f"no {kind} broker here: {exc}")
+    yield url
+    if run is None:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def nats_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A JetStream server (nats://127.0.0.1:PORT), shared by the run's workers."""
+    yield from _shared_broker(request, "nats", EmbeddedNats)
+
+
+@pytest.fixture(scope="session")
+def amqp_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A RabbitMQ server (amqp://guest:guest@127.0.0.1:PORT/), shared by the run's workers."""
+    yield from _shared_broker(request, "rabbitmq", EmbeddedRabbitMQ)
 
 
 @pytest.fixture(autouse=True)

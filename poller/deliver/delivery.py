@@ -136,7 +136,7 @@ async def send(
         headers[ORDERING_KEY_HEADER] = msg.ordering_key
         headers[ORDERING_SEQ_HEADER] = str(msg.position or msg.id)
     reply, duration_ms = await _exchange(
-        sender, "POST", endpoint, endpoint.url, headers, body, timeout
+        sender, "POST", endpoint, endpoint.target, headers, body, timeout
     )
     if isinstance(reply, SendError):
         return _failed_exchange(reply, started_at, duration_ms)

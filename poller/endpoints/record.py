@@ -17,9 +17,13 @@ from poller.endpoints.headers import Headers
 from poller.endpoints.tls import PLAIN_PREFIX as TLS_PLAIN
 from poller.endpoints.tls import TLSSettings
 from poller.errors import SecretUnreadable
+from poller.rules.destinations import with_credentials
 from poller.rules.keyring import Keyring, is_sealed
 from poller.rules.signing import Scheme, public_key, scheme_of
 from poller.settings import default_settings
+
+CREDENTIALS_PLAIN = "userinfo:"
+"""The stored spelling of a broker URL's credentials without POLLER_SECRETS_KEY."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,9 @@ class Endpoint:
     """Its private key (stored sealed like the secret); never shown."""
     ca_bundle: str | None = None
     """PEM CA certificates its certificate chains to: then only they are trusted for it."""
+    url_credentials: str | None = field(repr=False, default=None)
+    """A broker URL's ``user:password`` (poller/rules/destinations.py), split off :attr:`url`
+    and stored sealed; never shown. :attr:`target` puts it back to connect with."""
     secret_sealed: bool = False
     """True when the stored secret is encrypted (POLLER_SECRETS_KEY)."""
     secret_error: str | None = None
@@ -117,6 +124,11 @@ class Endpoint:
         return TLSSettings(self.client_cert, self.client_key, self.ca_bundle)
 
     @property
+    def target(self) -> str:
+        """The URL to connect to: :attr:`url` with its credentials, if it has any."""
+        return with_credentials(self.url, self.url_credentials)
+
+    @property
     def header_names(self) -> tuple[str, ...]:
         """What may be shown of :attr:`headers`: their names."""
         return tuple(name for name, _ in self.headers)
@@ -138,8 +150,12 @@ class Endpoint:
                 values["headers"] = header_codec.loads(keyring.open(row.headers, HEADERS_PLAIN))
             if row.client_key is not None:
                 values["client_key"] = keyring.open(row.client_key, TLS_PLAIN)
+            if row.url_credentials is not None:
+                opened = keyring.open(row.url_credentials, CREDENTIALS_PLAIN)
+                values["url_credentials"] = opened.removeprefix(CREDENTIALS_PLAIN)
         except SecretUnreadable as exc:
             values.update(secret="", previous_secret=None, headers=(), secret_error=str(exc))
+            values.update(url_credentials=None)
             values.update(client_cert=None, ca_bundle=None)  # never half a TLS setting
         return cls(**values)
 
@@ -160,5 +176,5 @@ class Endpoint:
 _STORED_FIELDS = tuple(
     name
     for name in Endpoint.__dataclass_fields__
-    if name not in ("secret_sealed", "secret_error", "headers", "client_key")
+    if name not in ("secret_sealed", "secret_error", "headers", "client_key", "url_credentials")
 )

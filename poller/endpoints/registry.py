@@ -38,10 +38,11 @@ from poller.endpoints.checks import (
     signing_scheme,
 )
 from poller.endpoints.headers import Headers, check_headers
+from poller.endpoints.record import CREDENTIALS_PLAIN
 from poller.endpoints.record import Endpoint as Endpoint  # re-exported: the record
 from poller.endpoints.subscriptions import check_subscription_settings
 from poller.endpoints.tls import TLSSettings, check_tls
-from poller.endpoints.urls import check_lookup_url, check_url
+from poller.endpoints.urls import check_destination, check_lookup_url
 from poller.errors import (
     EndpointBusy,
     EndpointExists,
@@ -130,6 +131,7 @@ def create_endpoint(
     client_key: str | None = None,
     ca_bundle: str | None = None,
     trace_context: bool | None = None,
+    kinds: frozenset[str] | None = None,
 ) -> CreatedEndpoint:
     """Create an endpoint in the caller's transaction; the generated secret is returned once.
 
@@ -144,6 +146,8 @@ def create_endpoint(
     ends older messages ``failed`` (``expired``) instead of sending them.
     ``client_cert``/``client_key`` (PEM) are for mutual TLS, ``ca_bundle`` (PEM)
     a private CA (poller/endpoints/tls.py); the key is sealed like the secret.
+    ``url`` may name a broker (poller/rules/destinations.py): its credentials are
+    sealed like the secret; ``kinds`` narrows the destinations allowed (a tenant's).
     """
     keyring = keyring or default_settings().keyring
     allow_private = check_flag(
@@ -152,7 +156,6 @@ def create_endpoint(
     scheme = signing_scheme(signing, secret)
     values = {
         "name": check_name(name),
-        "url": check_url(url, allow_private=allow_private),
         "lookup_url": None
         if lookup_url is None
         else check_lookup_url(lookup_url, allow_private=allow_private),
@@ -167,6 +170,8 @@ def create_endpoint(
         **check_health_settings(rate_limit, rate_burst, circuit_failures, circuit_cooldown),
         **check_subscription_settings(event_types, tenant, payload_filter),
     }
+    values["url"], userinfo = check_destination(url, allow_private=allow_private, kinds=kinds)
+    values["url_credentials"] = _sealed_credentials(userinfo, keyring)
     plain = values["secret"]
     check_key(plain)
     values["secret"] = keyring.seal(plain)
@@ -187,6 +192,10 @@ def create_endpoint(
 def _tls_columns(tls: TLSSettings, keyring: Keyring) -> dict[str, Any]:
     key = None if tls.client_key is None else keyring.seal(tls.client_key)
     return {"client_cert": tls.client_cert, "client_key": key, "ca_bundle": tls.ca_bundle}
+
+
+def _sealed_credentials(userinfo: str | None, keyring: Keyring) -> str | None:
+    return None if userinfo is None else keyring.seal(CREDENTIALS_PLAIN + userinfo)
 
 
 def _sealed_headers(headers: Headers, keyring: Keyring) -> str | None:
@@ -261,6 +270,7 @@ def update_endpoint(
     client_key: str | None = None,
     ca_bundle: Any = None,
     trace_context: bool | None = None,
+    kinds: frozenset[str] | None = None,
 ) -> Endpoint:
     """Change the given fields (None leaves a field as it is); checked like create.
     A new ``url`` closes the endpoint's circuit (poller/rules/health.py).
@@ -283,7 +293,9 @@ def update_endpoint(
         conn, name, keyring, headers, clear_headers, client_cert, client_key, ca_bundle
     )
     if url is not None:
-        changes["url"] = check_url(url, allow_private=allow_private)
+        changes["url"], userinfo = check_destination(url, allow_private=allow_private, kinds=kinds)
+        keyring = keyring or default_settings().keyring
+        changes["url_credentials"] = _sealed_credentials(userinfo, keyring)
     if lookup_url is not None:
         changes["lookup_url"] = (
             None if lookup_url == "" else check_lookup_url(lookup_url, allow_private=allow_private)

@@ -1,8 +1,9 @@
 """What an endpoint's URL and lookup URL may be: checked once, stored as connected to.
 
-A URL is http or https, with a valid host (a DNS name, or an address in its
-canonical spelling: ``2130706433`` and ``0x7f.1`` are stored as ``127.0.0.1``,
-so what is stored is what the guard checks and the client connects to), no
+A URL is http or https, or a message broker's (poller/rules/destinations.py: ``nats``,
+``amqp(s)``, ``redis(s)``, checked by :func:`check_destination`), with a valid host (a
+DNS name, or an address in its canonical spelling: ``2130706433`` and ``0x7f.1`` are
+stored as ``127.0.0.1``, so what is stored is what the guard checks and the client connects to), no
 credentials, no spaces or control characters, and not a private, loopback or
 link-local address unless private targets are allowed (poller/endpoints/netguard.py). A
 lookup URL also holds :data:`LOOKUP_PLACEHOLDER`.
@@ -17,6 +18,7 @@ import idna
 
 from poller.endpoints.netguard import host_refusal, literal_address
 from poller.errors import InvalidEndpoint, InvalidHost, PrivateTarget
+from poller.rules import destinations
 
 LOOKUP_PLACEHOLDER = "{idempotency_key}"
 MAX_URL = 8192
@@ -111,6 +113,42 @@ def check_url(url: object, *, what: str = "url", allow_private: bool = False) ->
             f"{what} points at a private, loopback or link-local address ({reason})"
         )
     return url
+
+
+def check_destination(
+    url: object, *, allow_private: bool = False, kinds: frozenset[str] | None = None
+) -> tuple[str, str | None]:
+    """An endpoint's URL checked, and the credentials to seal apart from it.
+
+    An http(s) URL is :func:`check_url`'s (no credentials: an endpoint's headers carry
+    them). A broker URL (poller/rules/destinations.py) must read as one, with its host
+    checked as an HTTP one is; its ``user:password@`` comes back apart, to be stored
+    sealed, never shown. ``kinds``: the destinations allowed (``http``, ``nats``,
+    ``amqp``, ``redis``; None: every one), as a tenant's portal may be narrower.
+    """
+    if not isinstance(url, str) or not url:
+        raise InvalidEndpoint("url must be a non-empty http(s) or broker URL")
+    kind = destinations.kind_of(url)
+    if kinds is not None and kind not in kinds:
+        offered = ", ".join(k for k in destinations.KINDS if k in kinds)
+        raise InvalidEndpoint(f"url: {kind} destinations are not offered here (offered: {offered})")
+    if kind == "http":
+        return check_url(url, allow_private=allow_private), None
+    if len(url) > MAX_URL:
+        raise InvalidEndpoint(f"url is {len(url):,} characters; at most {MAX_URL:,} are allowed")
+    if any(ch.isspace() or ord(ch) < 0x20 or "\ud800" <= ch <= "\udfff" for ch in url):
+        raise InvalidEndpoint("url must not contain spaces, control characters or lone surrogates")
+    destinations.parse(url)  # what it publishes to, and its parameters
+    stored, userinfo = destinations.split_credentials(url)
+    parts = urlsplit(stored)
+    if parts.port == 0:
+        raise InvalidEndpoint("url has port 0")
+    stored, parts = _ascii_host(stored, parts, "url")
+    stored = _canonical_host(stored, parts, "url")
+    reason = host_refusal(urlsplit(stored).hostname or "")
+    if not allow_private and reason is not None:
+        raise PrivateTarget(f"url points at a private, loopback or link-local address ({reason})")
+    return stored, userinfo
 
 
 def check_lookup_url(url: object, *, allow_private: bool = False) -> str:

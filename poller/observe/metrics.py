@@ -66,6 +66,12 @@ STALE_COMPLETIONS = Counter(
 DB_ERRORS = Counter(
     "webhook_poller_db_errors_total", "Transient database errors met (and retried)."
 )
+BROKER_CONNECTIONS = Counter(
+    "webhook_poller_broker_connections_total",
+    "Connections to brokers opened (a reconnect is one more) or failed, by broker kind "
+    "(nats, amqp, redis) and result (opened, failed): poller/deliver/broker_links.py.",
+    ["kind", "result"],
+)
 RECLAIMED = Counter("webhook_poller_reclaimed_total", "Expired claims reclaimed.")
 CLAIMS_LOST = Counter(
     "webhook_poller_claims_lost_total",

@@ -19,7 +19,15 @@ import time
 from pathlib import Path
 
 from poller.errors import EmbeddedServerError
+from poller.local.brokers import EmbeddedNats, EmbeddedRabbitMQ
 from poller.local.embedded import START_TIMEOUT, EmbeddedPostgres, EmbeddedRedis, _pid_alive
+
+Server = EmbeddedPostgres | EmbeddedRedis | EmbeddedNats | EmbeddedRabbitMQ
+_KINDS: dict[str, type[EmbeddedRedis | EmbeddedNats | EmbeddedRabbitMQ]] = {
+    "redis": EmbeddedRedis,
+    "nats": EmbeddedNats,
+    "rabbitmq": EmbeddedRabbitMQ,
+}
 
 _WATCH = (  # forks at once: the watcher is no child of the process it watches
     "import os, sys\n"
@@ -30,19 +38,21 @@ _WATCH = (  # forks at once: the watcher is no child of the process it watches
 )
 
 
-def stop_at_exit(server: EmbeddedPostgres | EmbeddedRedis, *, remove: Path | None = None) -> None:
-    """Stop ``server`` (and remove the folder ``remove``) once this process has ended,
-    however it ends: a watcher process of its own waits on a pidfd of this one (no
+def stop_at_exit(server: Server, *, remove: Path | None = None, pid: int | None = None) -> None:
+    """Stop ``server`` (and remove the folder ``remove``) once this process — or the one
+    ``pid`` names: a test run's controller, whose workers share a broker — has ended,
+    however it ends: a watcher process of its own waits on a pidfd of it (no
     polling), then stops the server — nothing to do when the cleanup did it first."""
-    kind = "redis" if isinstance(server, EmbeddedRedis) else "postgres"
+    kind = next((k for k, made in _KINDS.items() if isinstance(server, made)), "postgres")
     args = [sys.executable, "-c", _WATCH, kind, str(server.data_dir), str(remove or "")]
+    pid = os.getpid() if pid is None else pid
     try:
-        pidfd = os.pidfd_open(os.getpid())
+        pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # pragma: no cover - Linux before 5.3, other systems
         pidfd = -1
     try:
         subprocess.run(
-            [*args, str(pidfd), str(os.getpid())],
+            [*args, str(pidfd), str(pid)],
             pass_fds=(pidfd,) if pidfd >= 0 else (),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -63,7 +73,7 @@ def _watch(kind: str, data_dir: str, remove: str, pidfd: str, pid: str) -> None:
         while _pid_alive(int(pid)):
             time.sleep(0.5)
     folder = Path(data_dir)
-    server = EmbeddedRedis(folder) if kind == "redis" else EmbeddedPostgres(folder, durable=False)
+    server = _KINDS[kind](folder) if kind in _KINDS else EmbeddedPostgres(folder, durable=False)
     with contextlib.suppress(EmbeddedServerError, OSError):
         server.stop()
     if remove:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from poller.settings import Settings
 
 VERSION_TABLE = "poller_alembic_version"
-HEAD = "0026"
+HEAD = "0027"
 """The newest revision of the scripts, which this code needs (tests/integration/
 test_migrations.py checks it against them)."""
 

@@ -81,6 +81,9 @@ endpoints = Table(
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("name", Text, nullable=False, unique=True),
     Column("url", Text, nullable=False),
+    # A broker URL's user:password (poller/rules/destinations.py), sealed like secrets;
+    # the url column holds it without them.
+    Column("url_credentials", Text),
     Column("secret", Text, nullable=False),
     # During rotation the previous secret keeps signing until it expires.
     Column("previous_secret", Text),

@@ -1,0 +1,157 @@
+"""Connections to brokers: one a destination, opened through the guard within the connect
+budget, kept and reused, dropped when it fails and opened again by the next send.
+
+Every broker sender (poller/deliver/nats_sender.py, amqp_sender.py, redis_sender.py)
+keeps its clients here. What it shares with the HTTP senders (poller/deliver/wire.py):
+
+* **The guard.** The broker's host is resolved once per connection and every address
+  checked (poller/endpoints/netguard.py); the client connects to the address that was
+  checked, never a second resolution. Over TLS the client connects by the host's name,
+  whose certificate it verifies: an answer rebound to another address fails the
+  handshake there.
+* **The connect budget.** Resolving and connecting (and, for AMQP, opening a channel)
+  must end within ``min(connect_timeout, timeout / 2)``; a failure or timeout there is
+  *not sent*, as for HTTP.
+* **Bounded reconnects.** A client's own reconnect loop is off: a connection that fails
+  is dropped, and the next send to the destination opens one more, once, within its
+  connect budget. Every connection opened or failed is counted
+  (``webhook_poller_broker_connections_total{kind,result}``), so a flapping broker shows.
+
+The connections kept are capped (:data:`LINKS_KEPT`); the oldest unused ones close first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from poller.deliver.wire import error_text
+from poller.endpoints.netguard import Resolve, refusal, system_resolve
+from poller.errors import SendError
+from poller.observe.metrics import BROKER_CONNECTIONS
+from poller.rules.destinations import Destination
+
+if TYPE_CHECKING:
+    from poller.endpoints.tls import TLSSettings
+
+C = TypeVar("C")
+Open = Callable[[Destination, str, float, "TLSSettings | None"], Awaitable[C]]
+"""Open a client to the destination at the checked address within the seconds given, with
+the endpoint's TLS settings (poller/endpoints/tls.py) when it has its own."""
+Key = tuple[str, "TLSSettings | None"]
+Close = Callable[[C], Awaitable[None]]
+
+LINKS_KEPT = 256
+
+
+class Links(Generic[C]):
+    """The open clients of one broker kind, a destination URL each."""
+
+    def __init__(
+        self,
+        kind: str,
+        open_: Open[C],
+        close: Close[C],
+        *,
+        allow_private: bool,
+        resolve: Resolve = system_resolve,
+    ) -> None:
+        self.kind = kind
+        self._open = open_
+        self._close = close
+        self._allow_private = allow_private
+        self._resolve = resolve
+        self._clients: OrderedDict[Key, C] = OrderedDict()
+        self._opening: dict[Key, asyncio.Future[C]] = {}
+
+    async def get(
+        self, url: str, destination: Destination, budget: float, tls: TLSSettings | None
+    ) -> C:
+        """The client for ``url``: the kept one, else one opened within ``budget`` seconds
+        (SendError ``sent=False`` when it cannot be)."""
+        key = (url, tls)
+        client = self._clients.get(key)
+        if client is not None:
+            self._clients.move_to_end(key)
+            return client
+        pending = self._opening.get(key)
+        if pending is None:  # one connect a destination at a time; the others wait on it
+            pending = asyncio.ensure_future(self._connect(destination, budget, tls))
+            self._opening[key] = pending
+            pending.add_done_callback(lambda _: self._opening.pop(key, None))
+        client = await asyncio.shield(pending)
+        if key not in self._clients:
+            self._clients[key] = client
+            await self._trim()
+        return self._clients[key]
+
+    async def drop(self, url: str, tls: TLSSettings | None, client: C) -> None:
+        """Forget a client that failed (the next send opens another) and close it."""
+        if self._clients.get((url, tls)) is client:
+            del self._clients[(url, tls)]
+        await self._quietly_close(client)
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), OrderedDict()
+        for client in clients:
+            await self._quietly_close(client)
+
+    async def _connect(self, destination: Destination, budget: float, tls: TLSSettings | None) -> C:
+        try:
+            async with asyncio.timeout(budget):
+                address = await self._checked_address(destination)
+                client = await self._open(destination, address, budget, tls)
+        except SendError:
+            BROKER_CONNECTIONS.labels(self.kind, "failed").inc()
+            raise
+        except TimeoutError:
+            BROKER_CONNECTIONS.labels(self.kind, "failed").inc()
+            raise SendError(
+                "ConnectTimeout",
+                f"connect timeout: no connection to {self.kind} broker "
+                f"{destination.host}:{destination.port} within {budget:g}s",
+                sent=False,
+            ) from None
+        except Exception as exc:  # every client's connect errors: known not sent
+            BROKER_CONNECTIONS.labels(self.kind, "failed").inc()
+            raise SendError(
+                "ConnectError",
+                f"cannot connect to {self.kind} broker {destination.host}:{destination.port}: "
+                f"{error_text(exc)}",
+                sent=False,
+            ) from exc
+        BROKER_CONNECTIONS.labels(self.kind, "opened").inc()
+        return client
+
+    async def _checked_address(self, destination: Destination) -> str:
+        """The address to connect to: the host's, resolved once and checked."""
+        try:
+            addresses = await self._resolve(destination.host, destination.port)
+        except OSError as exc:
+            raise SendError(
+                "ConnectError", f"cannot resolve {destination.host}: {error_text(exc)}", sent=False
+            ) from exc
+        if self._allow_private:
+            return addresses[0] if addresses else destination.host
+        for address in addresses:
+            reason = refusal(ipaddress.ip_address(address.partition("%")[0]))
+            if reason is not None:
+                raise SendError("ConnectError", f"refused: {reason}", sent=False)
+        if not addresses:
+            raise SendError("ConnectError", f"{destination.host} has no address", sent=False)
+        return addresses[0]
+
+    async def _trim(self) -> None:
+        while len(self._clients) > LINKS_KEPT:
+            _, oldest = self._clients.popitem(last=False)
+            await self._quietly_close(oldest)
+
+    async def _quietly_close(self, client: C) -> None:
+        try:
+            async with asyncio.timeout(5):
+                await self._close(client)
+        except Exception:
+            pass

@@ -1,0 +1,159 @@
+"""Publishing to NATS JetStream (``nats://host:port/SUBJECT``, ``nats+tls://``) with nats-py,
+behind the one seam (poller/deliver/wire.py); poller/deliver/sending.py routes a broker
+URL here.
+
+*Delivered* is JetStream's PubAck: the stream stored the message. The message carries
+the request's headers — ``webhook-id``, ``webhook-timestamp``, ``webhook-signature``,
+``traceparent``, the ordering key and sequence — and ``Nats-Msg-Id`` = ``webhook-id``,
+on which JetStream drops a second copy within the stream's duplicate window
+(``duplicate_window``, 2 minutes by default): a resend after an *unknown* outcome is
+acknowledged ``duplicate`` instead of stored twice. Past the window a resend is stored
+again, and a consumer dedupes on ``Nats-Msg-Id`` (docs/how-to/brokers.md says how long
+to make the window).
+
+==========================================================  ============================
+what happened                                               attempt
+==========================================================  ============================
+PubAck (``duplicate`` too)                                  delivered (Reply 200)
+no stream listens on the subject (no responders)            not sent (``NoStream``)
+the stream refused it (an API error: limits, sealed …)      not sent (``BrokerRefused``)
+no PubAck within the timeout, the connection lost after     unknown (``PublishTimeout``,
+publishing                                                  ``ConnectionLost``)
+==========================================================  ============================
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from poller.deliver.broker_links import Links
+from poller.deliver.wire import Reply, connect_budget, error_text
+from poller.endpoints.netguard import Resolve, system_resolve
+from poller.errors import SendError
+from poller.rules import destinations
+from poller.rules.destinations import Destination
+
+if TYPE_CHECKING:
+    from poller.endpoints.tls import TLSSettings
+
+MSG_ID = "Nats-Msg-Id"
+
+
+async def _ignore(*_: Any) -> None:
+    """nats-py's callbacks: its errors reach us as the publish's own."""
+
+
+class NatsSender:
+    """JetStream publishes, a connection per destination (poller/deliver/broker_links.py)."""
+
+    def __init__(
+        self,
+        *,
+        allow_private: bool = False,
+        connect_timeout: float = 5.0,
+        resolve: Resolve = system_resolve,
+        **_: Any,
+    ) -> None:
+        self._connect_timeout = connect_timeout
+        self._links: Links[Client] = Links(
+            "nats", self._open, self._close, allow_private=allow_private, resolve=resolve
+        )
+        self._destinations: dict[str, Destination] = {}
+
+    @staticmethod
+    async def _open(
+        destination: Destination, address: str, budget: float, tls: TLSSettings | None
+    ) -> Client:
+        host = destination.host if destination.tls else address
+        server = f"{'tls' if destination.tls else 'nats'}://{_bracketed(host)}:{destination.port}"
+        options: dict[str, Any] = {}
+        if destination.tls:
+            options["tls"] = ssl.create_default_context() if tls is None else tls.context()
+            options["tls_hostname"] = destination.host
+        if destination.username is not None and destination.password is None:
+            options["token"] = destination.username  # nats://TOKEN@host
+        elif destination.username is not None:
+            options["user"], options["password"] = destination.username, destination.password
+        return await nats.connect(
+            servers=[server],
+            connect_timeout=budget,
+            allow_reconnect=False,  # broker_links reconnects, bounded and counted
+            max_reconnect_attempts=0,
+            error_cb=_ignore,
+            disconnected_cb=_ignore,
+            closed_cb=_ignore,
+            name="webhook-poller",
+            **options,
+        )
+
+    @staticmethod
+    async def _close(client: Client) -> None:
+        await client.close()
+
+    def _destination(self, url: str) -> Destination:
+        found = self._destinations.get(url)
+        if found is None:
+            try:
+                found = destinations.parse(url)
+            except ValueError as exc:
+                raise SendError("InvalidURL", error_text(exc), sent=False) from None
+            self._destinations[url] = found
+        return found
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeout: float,
+        tls: TLSSettings | None = None,
+    ) -> Reply:
+        if method != "POST":
+            raise SendError("NotSupported", "a NATS destination has no lookup", sent=False)
+        destination = self._destination(url)
+        began = time.monotonic()
+        budget = connect_budget(self._connect_timeout, timeout)
+        client = await self._links.get(url, destination, budget, tls)
+        if not client.is_connected:  # closed since it was kept: open another, once
+            await self._links.drop(url, tls, client)
+            client = await self._links.get(url, destination, budget, tls)
+        left = max(timeout - (time.monotonic() - began), 0.001)
+        message_headers = {**headers, MSG_ID: headers["webhook-id"]}
+        try:
+            ack = await client.jetstream().publish(
+                destination.subject, body, timeout=left, headers=message_headers
+            )
+        except nats.js.errors.NoStreamResponseError:
+            raise SendError(
+                "NoStream", f"no JetStream stream takes subject {destination.subject!r}", sent=False
+            ) from None
+        except nats.js.errors.APIError as exc:
+            raise SendError(
+                "BrokerRefused", f"JetStream refused the message: {exc.description}", sent=False
+            ) from None
+        except (TimeoutError, nats.errors.TimeoutError):
+            raise SendError(
+                "PublishTimeout", f"no PubAck within {timeout:g}s: maybe stored", sent=True
+            ) from None
+        except nats.errors.Error as exc:  # closed, stale, draining: after the publish began
+            await self._links.drop(url, tls, client)
+            raise SendError("ConnectionLost", error_text(exc), sent=True) from None
+        answer = {"stream": ack.stream, "seq": ack.seq, "duplicate": bool(ack.duplicate)}
+        return Reply(200, None, json.dumps(answer).encode())
+
+    async def aclose(self) -> None:
+        await self._links.aclose()
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,211 @@
+"""Destinations beyond HTTP against real brokers (poller/deliver/nats_sender.py,
+amqp_sender.py, redis_sender.py): the delivery contract HTTP keeps — signed, traced,
+once, in order per key, the breaker, fan-out, an unknown outcome resolved — on
+JetStream, RabbitMQ and a Redis stream alike."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+from standardwebhooks import Webhook
+
+from poller import Message, enqueue_many, publish
+from poller.deliver.sending import make_sender
+from poller.endpoints.registry import create_endpoint, get_endpoint, new_secret
+from poller.endpoints.view import public
+from poller.errors import PrivateTarget, SendError
+from tests.integration.brokers import Place, place
+from tests.integration.health_helpers import health
+from tests.integration.helpers import attempts_of, wait_for
+from tests.integration.service_helpers import counts, fast_settings, running_poller
+
+KINDS = ("nats", "amqp", "redis")
+PARENT = f"00-{0x0AF7651916CD43DD8448EB211C80319C:032x}-{0xB7AD6B7169203331:016x}-01"
+
+
+@pytest.fixture(params=KINDS)
+async def where(request: pytest.FixtureRequest) -> AsyncIterator[Place]:
+    """A stream or queue of the test's own on the broker of this run's parameter."""
+    fixture = {"nats": "nats_url", "amqp": "amqp_url", "redis": "redis_url"}[request.param]
+    async with place(request.param, {request.param: request.getfixturevalue(fixture)}) as made:
+        yield made
+
+
+def _span() -> NonRecordingSpan:
+    context = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False, TraceFlags(1)
+    )
+    return NonRecordingSpan(context)
+
+
+def _arrived(where: Place, n: int) -> Any:
+    async def check() -> bool:
+        return len(await where.read()) >= n
+
+    return check
+
+
+async def test_messages_arrive_once_signed_and_traced_and_in_order_per_key(
+    engine: Engine, db_url: str, where: Place
+) -> None:
+    secret = new_secret()
+    with engine.begin() as conn:
+        create_endpoint(conn, "dest", where.url, secret=secret, allow_private=True)
+    messages = [
+        Message("dest", "order.updated", {"n": i}, f"m{i}", ordering_key=f"k{i % 3}")
+        for i in range(30)
+    ]
+    with Session(engine) as session, session.begin(), trace.use_span(_span()):
+        enqueue_many(session, messages)
+    async with running_poller(db_url, fast_settings(concurrency=8)):
+        await wait_for(lambda: counts(engine).get("delivered") == 30, timeout=20)
+    got = await where.read()
+    assert sorted(g.id for g in got) == sorted({g.id for g in got}) and len(got) == 30
+    with engine.connect() as conn:
+        ids = set(conn.execute(text("SELECT idempotency_key FROM poller_outbox")).scalars())
+    hook = Webhook(secret)
+    for g in got:  # a consumer verifies exactly as an HTTP receiver does
+        assert hook.verify(g.body, g.headers) == json.loads(g.body)
+        assert g.headers["traceparent"].split("-")[1] == PARENT.split("-")[1]
+    assert {g.id for g in got} == ids
+    for key in ("k0", "k1", "k2"):  # the key travels with the message, in its order
+        seen = [json.loads(g.body)["n"] for g in got if g.headers["webhook-ordering-key"] == key]
+        assert seen == sorted(seen) and len(seen) == 10
+
+
+async def test_a_published_event_fans_out_to_a_broker_and_to_another(
+    engine: Engine, db_url: str, where: Place, redis_url: str
+) -> None:
+    async with place("redis", {"redis": redis_url}) as other:
+        with engine.begin() as conn:
+            create_endpoint(conn, "one", where.url, event_types=["order.*"], allow_private=True)
+            create_endpoint(conn, "two", other.url, event_types=["*"], allow_private=True)
+        with Session(engine) as session, session.begin():
+            for i in range(5):
+                publish(session, event_type="order.paid", payload={"n": i}, idempotency_key=f"e{i}")
+        async with running_poller(db_url, fast_settings()):
+            await wait_for(_arrived(where, 5), timeout=20)
+            await wait_for(_arrived(other, 5), timeout=20)
+        assert len(await where.read()) == len(await other.read()) == 5
+
+
+async def _publish_ahead(where: Place, engine: Engine, name: str) -> None:
+    """Put the message in the stream or queue as a first attempt whose answer was lost
+    would have: the same id, headers and body, no outcome recorded."""
+    with engine.connect() as conn:
+        webhook_id, payload = conn.execute(
+            text("SELECT idempotency_key, payload::text FROM poller_outbox")
+        ).one()
+        endpoint = get_endpoint(conn, name)
+    sender = make_sender(fast_settings())
+    try:
+        headers = {"webhook-id": webhook_id, "webhook-timestamp": "1", "webhook-signature": "-"}
+        await sender.request("POST", endpoint.target, headers, payload.encode(), 5.0)
+    finally:
+        await sender.aclose()
+
+
+async def test_a_resend_after_a_lost_answer_is_deduplicated_or_explained(
+    engine: Engine, db_url: str, where: Place
+) -> None:
+    with engine.begin() as conn:
+        create_endpoint(conn, "dest", where.url, allow_private=True)
+    with Session(engine) as session, session.begin():
+        [msg_id] = enqueue_many(session, [Message("dest", "order.paid", {"n": 1}, "once")])
+    await _publish_ahead(where, engine, "dest")
+    async with running_poller(db_url, fast_settings()):
+        await wait_for(lambda: counts(engine).get("delivered") == 1, timeout=20)
+    got = await where.read()
+    [attempt] = attempts_of(engine, msg_id)
+    if where.kind == "amqp":  # no server-side dedupe: two copies, one message_id
+        assert len(got) == 2 and got[0].id == got[1].id
+        assert '"duplicate"' not in (attempt.response_excerpt or "")
+    else:  # JetStream's Nats-Msg-Id window, the Redis script's record: one copy
+        assert len(got) == 1
+        assert json.loads(attempt.response_excerpt)["duplicate"] is True
+
+
+async def test_failed_publishes_open_the_breaker_and_a_probe_closes_it(
+    engine: Engine, db_url: str, where: Place
+) -> None:
+    await where.remove()  # nowhere to publish: no stream, no queue
+    if where.kind == "redis":  # a key of the wrong type: the server refuses the XADD
+        async with redis.asyncio.Redis.from_url(where.server) as client:  # type: ignore[attr-defined]
+            await client.set(where.name, "not a stream")
+    with engine.begin() as conn:
+        create_endpoint(conn, "dest", where.url, allow_private=True, max_attempts=50)
+    with Session(engine) as session, session.begin():
+        enqueue_many(session, [Message("dest", "e", {"n": i}, f"b{i}") for i in range(10)])
+    settings = fast_settings(circuit_failures=3, circuit_cooldown=0.3, circuit_cooldown_max=0.3)
+    async with running_poller(db_url, settings):
+        await wait_for(lambda: health(engine, "dest").state in ("open", "half_open"), timeout=20)
+        reason = health(engine, "dest").last_error
+        assert reason in {"nats": ("NoStream",), "amqp": ("Unroutable",),
+                          "redis": ("BrokerRefused",)}[where.kind]  # fmt: skip
+        if where.kind == "redis":
+            async with redis.asyncio.Redis.from_url(where.server) as client:  # type: ignore[attr-defined]
+                await client.delete(where.name)
+        else:
+            await where.create()
+        await wait_for(lambda: counts(engine).get("delivered") == 10, timeout=20)
+    assert health(engine, "dest").state == "closed"
+    assert sorted(await where.ids()) == sorted(set(await where.ids()))
+
+
+async def test_broker_credentials_are_sealed_never_shown_and_checked(
+    engine: Engine, amqp_url: str
+) -> None:
+    url = f"{amqp_url}?routing_key=q"
+    with engine.begin() as conn:
+        created = create_endpoint(conn, "rabbit", url, allow_private=True)
+        stored = conn.execute(text("SELECT url, url_credentials FROM poller_endpoints")).one()
+    assert "guest" not in stored.url and stored.url_credentials.endswith("guest:guest")
+    assert created.endpoint.target == url
+    assert "guest" not in json.dumps(public(created.endpoint), default=str)
+    assert "guest" not in repr(created.endpoint)
+    wrong = created.endpoint.target.replace("guest:guest", "guest:wrong")
+    sender = make_sender(fast_settings())
+    try:
+        with pytest.raises(SendError) as refused:
+            await sender.request("POST", wrong, {"webhook-id": "x"}, b"{}", 5.0)
+    finally:
+        await sender.aclose()
+    assert refused.value.sent is False and "wrong" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nats://10.1.2.3:4222/orders",
+        "amqp://u:p@192.168.0.1/?routing_key=q",
+        "redis://localhost:6379/0?stream=s",
+        "rediss://[::1]/0?stream=s",
+    ],
+)
+def test_a_broker_on_a_private_address_is_refused_as_an_http_one_is(
+    engine: Engine, url: str
+) -> None:
+    with engine.begin() as conn, pytest.raises(PrivateTarget):
+        create_endpoint(conn, "inside", url, allow_private=False)
+
+
+async def test_a_broker_name_resolving_inside_is_refused_at_connect() -> None:
+    from poller.deliver.nats_sender import NatsSender
+
+    async def inside(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    sender = NatsSender(allow_private=False, resolve=inside)
+    with pytest.raises(SendError, match="refused: .*loopback") as refused:
+        await sender.request("POST", "nats://broker.example:4222/a", {"webhook-id": "x"}, b"", 1)
+    assert refused.value.sent is False
+    await asyncio.wait_for(sender.aclose(), 5)
