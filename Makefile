@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv upgrade browser node-door dist reference demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
+.PHONY: help venv upgrade browser brokers node-door dist reference demo test lint docs openapi format bench loadtest loadtest-ramp chaos clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ demo: $(STAMP) ## Run `poller demo` on embedded PostgreSQL + Redis
 browser: ## Install Debian's Chromium for the dashboard's browser tests (idempotent)
 	@tools/install-browser
 
+brokers: ## Install Debian's RabbitMQ for the broker destinations' tests (idempotent; NATS comes with the venv)
+	@tools/install-brokers
+
 # Three workers on two cores: most tests wait on servers, leases and timers, not the
 # CPU. A test that measures a rate never runs beside one that runs a fleet
 # (tests/conftest.py: a lock the workers share).
@@ -45,7 +48,7 @@ TEST_WORKERS ?= 3
 node-door: ## Install Node's pg for the doors' conformance suite (tests/doors/node; idempotent)
 	@tools/install-node-door
 
-test: $(STAMP) browser node-door ## Run the whole test suite (real PostgreSQL, Redis, HTTP on 127.0.0.1, Chromium)
+test: $(STAMP) browser brokers node-door ## Run the whole test suite (real PostgreSQL, Redis, NATS, RabbitMQ, HTTP on 127.0.0.1, Chromium)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 lint: $(STAMP) ## ruff (lint + format check), mypy --strict and the import layers

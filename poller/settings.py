@@ -210,6 +210,10 @@ class Settings(BaseSettings):
     portal); 0: no limit. An operator may make more for it. Each publish for a tenant
     writes a row per subscribed endpoint inside the application's transaction, and
     the portal's home page lists them all."""
+    tenant_destinations: tuple[Literal["http", "nats", "amqp", "redis"], ...] = ("http",)
+    """JSON list of the destinations a tenant may give its own endpoints (a tenant's API
+    token, the portal): ``http`` (http and https URLs), ``nats``, ``amqp``, ``redis``
+    (docs/how-to/brokers.md). An operator may give a tenant's endpoint any of them."""
     portal_key: SecretStr | None = None
     """Signs tenant portal links and sessions (32+ characters; poller/access/portal.py). Unset
     and no database URL: a key kept in the embedded server's data folder."""
@@ -438,6 +442,7 @@ class Settings(BaseSettings):
 LIST_EXAMPLES = {
     "retry_schedule": "[5, 300, 1800]",
     "permanent_statuses": "[400, 422]",
+    "tenant_destinations": '["http", "nats"]',
     "portal_embed_origins": '["https://app.example.com"]',
     "forwarded_allow_ips": '["10.0.0.5", "10.1.0.0/16"]',
 }

@@ -89,7 +89,12 @@ def add(
     **health: Any,
 ) -> None:
     """Create an endpoint; its signing secret (or, with --signing ed25519, its public key)
-    is printed once, here."""
+    is printed once, here.
+
+    URL is an http(s) URL, or a broker's: nats://HOST:PORT/SUBJECT (JetStream),
+    amqp(s)://USER:PASS@HOST/VHOST?exchange=E&routing_key=K (RabbitMQ),
+    redis(s)://HOST:PORT/DB?stream=NAME (a Redis stream); a broker URL's credentials
+    are stored sealed and never shown (docs/how-to/brokers.md)."""
     engine = command_engine()
     health = {k: (None if v is DEFAULT else v) for k, v in health.items()}
     subscription = {
@@ -121,7 +126,7 @@ def add(
             {**public(created.endpoint), **({} if public_keys else {"secret": created.secret})}
         )
         return
-    click.echo(f"endpoint {name} created → {url}")
+    click.echo(f"endpoint {name} created → {created.endpoint.url}")
     if public_keys:
         click.echo(f"public key (give it to the receiver; it verifies v1a): {public_keys[0]}")
     else:

@@ -3,6 +3,7 @@ and Redis streams, each with a stream or queue of the test's own."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -90,10 +91,8 @@ class NatsPlace(Place):
         await self.js.add_stream(config)
 
     async def remove(self) -> None:
-        try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
             await self.js.delete_stream(self.name)
-        except nats.js.errors.NotFoundError:
-            pass
 
     async def read(self) -> list[Got]:
         info = await self.js.stream_info(self.name)

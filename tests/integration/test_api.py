@@ -427,6 +427,22 @@ def test_a_tenant_makes_changes_and_removes_its_own_endpoints(
     assert _send(web, "GET", f"/api/v1/endpoints/{name}", acme)[0] == 404
 
 
+def test_a_tenant_names_only_the_destinations_the_operator_offers(
+    engine: Engine, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    web, made = api
+    rabbit = "amqp://app:s3cret@rabbit.example/?exchange=hooks&routing_key=acme"
+    status, refused = _send(web, "POST", "/api/v1/endpoints", made["tenant:acme"],
+                            {"url": rabbit, "event_types": ["order.*"]})  # fmt: skip
+    assert status == 422 and "amqp destinations are not offered" in str(refused["detail"])
+    status, shown = _send(web, "POST", "/api/v1/endpoints", made["admin"],
+                          {"name": "rabbit", "url": rabbit})  # fmt: skip
+    assert (
+        status == 201 and shown["url"] == "amqp://rabbit.example/?exchange=hooks&routing_key=acme"
+    )
+    assert "s3cret" not in json.dumps(_send(web, "GET", "/api/v1/endpoints/rabbit", made["admin"]))
+
+
 BAD_ENDPOINTS: list[dict[str, object]] = [
     {"url": "https://x.example/"},  # no name, for admin
     {"name": "x"},  # no url

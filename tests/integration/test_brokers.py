@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from cryptography.fernet import Fernet
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from sqlalchemy import Engine, text
@@ -205,7 +206,33 @@ async def test_a_broker_name_resolving_inside_is_refused_at_connect() -> None:
         return ["127.0.0.1"]
 
     sender = NatsSender(allow_private=False, resolve=inside)
-    with pytest.raises(SendError, match="refused: .*loopback") as refused:
+    with pytest.raises(SendError, match=r"refused: .*loopback") as refused:
         await sender.request("POST", "nats://broker.example:4222/a", {"webhook-id": "x"}, b"", 1)
     assert refused.value.sent is False
     await asyncio.wait_for(sender.aclose(), 5)
+
+
+def test_the_cli_takes_a_broker_url_and_never_prints_its_credentials(
+    db_url: str, engine: Engine
+) -> None:
+    from click.testing import CliRunner
+
+    from poller.cli import cli
+
+    env = {"POLLER_DATABASE_URL": db_url, "POLLER_SECRETS_KEY": Fernet.generate_key().decode()}
+    runner = CliRunner()
+    url = "amqp://app:s3cret@rabbit.example/orders?exchange=hooks&routing_key=acme"
+    for args in (
+        ["add", "rabbit", url],
+        ["show", "rabbit"],
+        ["list"],
+        ["show", "rabbit", "--json"],
+    ):
+        result = runner.invoke(cli, ["endpoints", *args], env=env)
+        assert result.exit_code == 0 and "rabbit.example" in result.output, result.output
+        assert "s3cret" not in result.output and "app:" not in result.output
+    with engine.connect() as conn:
+        sealed = conn.execute(text("SELECT url_credentials FROM poller_endpoints")).scalar_one()
+    assert sealed.startswith("fernet:") and "s3cret" not in sealed
+    bad = runner.invoke(cli, ["endpoints", "add", "x", "nats://n.example/orders.*"], env=env)
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "subject" in bad.output

@@ -29,6 +29,7 @@ from poller.operate.replay import replay
 from poller.outbox.enqueue import send_test_event
 from poller.rules import parse
 from poller.rules.signing import Scheme
+from poller.settings import Settings
 from poller.web.api import once, shapes
 from poller.web.api.rest import (
     PAGE,
@@ -100,6 +101,7 @@ async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
     url = body["url"]
 
     key = request.headers.get("idempotency-key")
+    kinds = _offered(board.settings, caller)
 
     def write() -> tuple[Endpoint, str, bool]:
         with board.engine.begin() as conn:
@@ -111,7 +113,7 @@ async def create(request: Request, caller: Caller, body: dict[str, Any]) -> Resp
                 return found, "", True
             if caller.scope.tenant is not None:
                 make_room(conn, caller.scope.tenant, board.settings.tenant_max_endpoints)
-            made = create_endpoint(conn, name, url, **fields)
+            made = create_endpoint(conn, name, url, kinds=kinds, **fields)
             return made.endpoint, made.secret, False
 
     made, secret, again = await run_in_threadpool(write)
@@ -134,9 +136,11 @@ async def change(request: Request, caller: Caller, fields: dict[str, Any]) -> Re
             raise InvalidInput(f"tenant: a {caller.scope} token's endpoints stay its")
         check_tenant_fields(fields, f"a {caller.scope} token")
 
+    kinds = _offered(board.settings, caller)
+
     def write() -> Endpoint:
         with board.engine.begin() as conn:
-            return update_endpoint(conn, found.name, **fields)
+            return update_endpoint(conn, found.name, kinds=kinds, **fields)
 
     return JSONResponse(
         as_json(public(seen_by(await run_in_threadpool(write), caller.scope.tenant)))
@@ -254,3 +258,8 @@ async def replay_since(request: Request, caller: Caller, body: dict[str, Any]) -
                        who=f"api:{caller.who}")
     )  # fmt: skip
     return JSONResponse(done.as_dict())
+
+
+def _offered(settings: Settings, caller: Caller) -> frozenset[str] | None:
+    """The destinations the caller may name: a tenant's token, POLLER_TENANT_DESTINATIONS'."""
+    return None if caller.scope.tenant is None else frozenset(settings.tenant_destinations)

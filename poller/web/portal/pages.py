@@ -256,7 +256,8 @@ async def add(request: Request, session: portal.Session) -> Response:
             make_room(conn, session.tenant, board.settings.tenant_max_endpoints)
             name = tenant_endpoint_name()
             return create_endpoint(conn, name, url, event_types=chosen, tenant=session.tenant,
-                                   payload_filter=payload_filter)  # fmt: skip
+                                   payload_filter=payload_filter,
+                                   kinds=frozenset(board.settings.tenant_destinations))  # fmt: skip
 
     made = await run_in_threadpool(write)
     return await _show(request, session, made.endpoint, secret=made.secret, status=201)
