@@ -324,35 +324,57 @@ def redis_url() -> Iterator[str]:
             server.stop()
 
 
-def _shared_broker(
-    request: pytest.FixtureRequest, kind: str, made: type[EmbeddedNats | EmbeddedRabbitMQ]
-) -> Iterator[str]:
-    """A broker the run's workers share: the first to ask starts it, and it stops when
-    the run's controller ends (poller/service/server_watch.py); without workers, when
-    this session ends. ``POLLER_TEST_{KIND}_URL`` names one to use instead."""
-    external = os.environ.get(f"POLLER_TEST_{kind.upper()}_URL")
-    if external:
-        yield external
-        return
-    run = getattr(request.config, "workerinput", {}).get("testrunuid")
+def _broker(
+    config: pytest.Config, kind: str, made: type[EmbeddedNats | EmbeddedRabbitMQ]
+) -> tuple[EmbeddedNats | EmbeddedRabbitMQ, bool]:
+    """The broker the run's workers share (and whether it is shared): the first to ask
+    has it stopped when the run's controller ends (poller/service/server_watch.py)."""
+    run = getattr(config, "workerinput", {}).get("testrunuid")
     if run is None:
-        folder = Path(tempfile.mkdtemp(prefix=f"poller-test-{kind}-"))
+        folder = Path(tempfile.gettempdir()) / f"poller-test-{kind}-{os.getpid()}"
     else:
         folder = Path(tempfile.gettempdir()) / f"poller-test-{kind}-{run}"
-        folder.mkdir(exist_ok=True)
+    folder.mkdir(exist_ok=True)
     server = made(folder)
     with _file_lock(folder / ".watched.lock"):
         if not (folder / ".watched").exists():
             stop_at_exit(server, remove=folder, pid=None if run is None else os.getppid())
             (folder / ".watched").touch()
+    return server, run is not None
+
+
+def _shared_broker(
+    request: pytest.FixtureRequest, kind: str, made: type[EmbeddedNats | EmbeddedRabbitMQ]
+) -> Iterator[str]:
+    """A broker's URL: ``POLLER_TEST_{KIND}_URL``'s, else the run's embedded one, started
+    by the first test that asks and stopped when the run ends."""
+    external = os.environ.get(f"POLLER_TEST_{kind.upper()}_URL")
+    if external:
+        yield external
+        return
+    server, shared = _broker(request.config, kind, made)
     try:
         url = server.start()
     except EmbeddedServerError as exc:
         pytest.skip(f"no {kind} broker here: {exc}")
     yield url
-    if run is None:
+    if not shared:
         server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _rabbitmq_early(request: pytest.FixtureRequest) -> None:
+    """RabbitMQ's boot takes seconds of CPU: when a test of this worker's will need it,
+    begin it now, while other tests run, instead of blocking every worker on it later."""
+    if os.environ.get("POLLER_TEST_RABBITMQ_URL"):
+        return
+    needs = ("amqp_url", "where")
+    if any(n in item.fixturenames for item in request.session.items for n in needs):
+        with contextlib.suppress(EmbeddedServerError, OSError):
+            server, _ = _broker(request.config, "rabbitmq", EmbeddedRabbitMQ)
+            assert isinstance(server, EmbeddedRabbitMQ)
+            server.launch()
 
 
 @pytest.fixture(scope="session")

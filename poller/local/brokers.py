@@ -172,7 +172,8 @@ class EmbeddedRabbitMQ:
 
     @property
     def pid(self) -> int | None:
-        return _read_pid(self.dir / "pid")
+        """The node's pid once it wrote it, else the launching script's while it boots."""
+        return _read_pid(self.dir / "node.pid") or _read_pid(self.dir / "launcher.pid")
 
     @property
     def port(self) -> int | None:
@@ -188,14 +189,32 @@ class EmbeddedRabbitMQ:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     def start(self) -> str:
-        """Start the server unless it runs already; return its URL (with guest's login)."""
+        """Start the server unless it runs already, and wait until it takes connections;
+        return its URL (with guest's login)."""
+        self.launch()
+        port = _port_in((self.dir / "port").read_text())
+        assert port is not None
+        _wait_for_port(port, lambda: self.pid, "rabbitmq-server", self.dir / "server.log")
+        with _file_lock(self.data_dir / ".rabbitmq.lock"):
+            if not (self.dir / "epmd.pid").exists():
+                epmd = _port_in(self._ports_kept().get("epmd", ""))
+                (self.dir / "epmd.pid").write_text(str((epmd and _epmd_on(epmd)) or ""))
+        return self.url()
+
+    def launch(self) -> None:
+        """Start the server unless it runs already, without waiting for it (its boot takes
+        seconds of CPU: a test run begins it early, and the tests that need it wait)."""
         with _file_lock(self.data_dir / ".rabbitmq.lock"):
             if self.pid is None:
                 self._launch()
-        return self.url()
+
+    def _ports_kept(self) -> dict[str, str]:
+        text = (self.dir / "ports").read_text()
+        return dict(line.partition("=")[::2] for line in text.splitlines())
 
     def _launch(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "epmd.pid").unlink(missing_ok=True)
         ports = _ports(self.dir, ("amqp", "dist", "epmd"))
         (self.dir / "port").write_text(str(ports["amqp"]))
         (self.dir / "enabled_plugins").write_text("[].\n")
@@ -213,30 +232,27 @@ class EmbeddedRabbitMQ:
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
             "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.dir / "log"),
-            "RABBITMQ_PID_FILE": str(self.dir / "pid"),
+            "RABBITMQ_PID_FILE": str(self.dir / "node.pid"),  # the node's: see pid
             "RABBITMQ_DIST_PORT": str(ports["dist"]),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
             "ERL_EPMD_PORT": str(ports["epmd"]),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
         }
-        log = self.dir / "server.log"
-        with open(log, "ab") as out:
+        with open(self.dir / "server.log", "ab") as out:
             process = subprocess.Popen(
                 [self.executable()], env=env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-        _CHILDREN[process.pid] = process  # the script execs the node: the same pid
-        deadline = time.monotonic() + START_TIMEOUT
-        while self.pid is None and time.monotonic() < deadline:  # its pid file comes first
-            time.sleep(0.05)
-        _wait_for_port(ports["amqp"], lambda: self.pid, "rabbitmq-server", log)
-        (self.dir / "epmd.pid").write_text(str(_epmd_on(ports["epmd"]) or ""))
+        _CHILDREN[process.pid] = process  # the script, which waits on the node
+        (self.dir / "node.pid").unlink(missing_ok=True)
+        (self.dir / "launcher.pid").write_text(str(process.pid))
 
     def stop(self) -> None:
         if not self.data_dir.exists():
             return
         with _file_lock(self.data_dir / ".rabbitmq.lock"):
-            _end(self.pid)
+            _end(_read_pid(self.dir / "node.pid"))
+            _end(_read_pid(self.dir / "launcher.pid"), grace=5)  # gone with its node
             _end(_read_pid(self.dir / "epmd.pid"), grace=5)
 
 

@@ -66,7 +66,7 @@ def test_endpoint_lifecycle_and_secrets_shown_only_once(run, engine: Engine) -> 
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (("endpoints", "add", "x", "file:///etc/passwd"), 2, "http or https"),
+        (("endpoints", "add", "x", "file:///etc/passwd"), 2, "http, https, nats"),
         (("endpoints", "add", "bad name!", "http://h.example/"), 2, "endpoint name"),
         (("endpoints", "add", "x", "http://h.example/", "--max-attempts", "0"), 2, "max-attempts"),
         (("endpoints", "show", "ghost"), 1, "unknown endpoint"),

@@ -19,12 +19,12 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from standardwebhooks import Webhook
 
+from loadtest.broker_places import Place, place
 from poller import Message, enqueue_many, publish
 from poller.deliver.sending import make_sender
 from poller.endpoints.registry import create_endpoint, get_endpoint, new_secret
 from poller.endpoints.view import public
 from poller.errors import PrivateTarget, SendError
-from tests.integration.brokers import Place, place
 from tests.integration.health_helpers import health
 from tests.integration.helpers import attempts_of, wait_for
 from tests.integration.service_helpers import counts, fast_settings, running_poller

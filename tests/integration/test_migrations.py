@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
@@ -67,19 +69,31 @@ def test_version_table_leaves_the_applications_alembic_alone(empty_db_url: str) 
     assert {"poller_alembic_version", "poller_outbox", "poller_endpoints"} <= tables
 
 
+def _endpoint_as_then(conn: Any, name: str) -> None:
+    """An endpoint made at an older revision: the columns every revision has (the code's
+    insert names the newest ones)."""
+    from sqlalchemy import text
+
+    from poller.endpoints.registry import bucket_for, new_secret
+
+    conn.execute(
+        text("INSERT INTO poller_endpoints (name, url, secret, bucket) VALUES (:n, :u, :s, :b)"),
+        {"n": name, "u": "https://example.com/hook", "s": new_secret(), "b": bucket_for(name)},
+    )
+
+
 def test_0022_raises_a_stored_rate_limit_to_the_floor(empty_db_url: str) -> None:
     """A rate the old check took (5e-324) failed every governed claim: the upgrade
     raises it to the floor, and the new check refuses it."""
     from sqlalchemy import text
 
-    from poller.endpoints.registry import create_endpoint
     from poller.rules.health import MIN_RATE
 
     migrate.upgrade(empty_db_url, "0021")
     engine = sync_engine(empty_db_url)
     try:
         with engine.begin() as conn:
-            create_endpoint(conn, "billing", "https://example.com/hook")
+            _endpoint_as_then(conn, "billing")
             conn.execute(text("UPDATE poller_endpoints SET rate_limit = 5e-324"))
         migrate.upgrade(empty_db_url)
         with engine.connect() as conn:
@@ -107,7 +121,7 @@ def test_0025_gives_every_health_row_its_endpoints_bucket(empty_db_url: str) -> 
     try:
         with engine.begin() as conn:
             for name in ("billing", "crm"):
-                create_endpoint(conn, name, "https://example.com/hook")
+                _endpoint_as_then(conn, name)
         migrate.upgrade(empty_db_url)
         with engine.begin() as conn:
             create_endpoint(conn, "orders", "https://example.com/hook")

@@ -1,5 +1,6 @@
-"""The brokers a test delivers to, read back as a consumer reads them: JetStream, RabbitMQ
-and Redis streams, each with a stream or queue of the test's own."""
+"""The brokers a test or the hunt delivers to, read back as a consumer reads them:
+JetStream, RabbitMQ and Redis streams, each with a stream or queue of the caller's own
+(tests/integration/test_brokers.py, loadtest/hunt_brokers.py, loadtest/brokers_bench.py)."""
 
 from __future__ import annotations
 
@@ -124,13 +125,14 @@ class AmqpPlace(Place):
         await self.connection.close()
 
     async def create(self) -> None:
-        self.queue = await self.channel.declare_queue(self.name, durable=True)
+        await self.channel.declare_queue(self.name, durable=True)
 
     async def remove(self) -> None:
         await self.channel.queue_delete(self.name)
 
     async def read(self) -> list[Got]:
-        while (message := await self.queue.get(no_ack=True, fail=False)) is not None:
+        queue = await self.channel.get_queue(self.name)  # on this connection's loop
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
             headers = {k: _text(v) for k, v in (message.headers or {}).items()}
             assert message.message_id == headers["webhook-id"]
             assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
