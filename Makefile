@@ -70,12 +70,13 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix poller tests loadtest db examples
 	$(BIN)/ruff format poller tests loadtest db examples
 
-bench: $(STAMP) ## Benchmarks (not tests): each HTTP client's cost per request, claims vs raw psycopg, the governed claim over 10,000 endpoints, the plain claim by a poller's share of the shards, deliveries per CPU s with each client vs raw aiohttp and raw pyreqwest, where commit→receipt goes, the poller's own CPU per delivery, ordered vs unordered, beside a dead endpoint, a tenant's fast endpoint beside another's slow ones, a key held open, publish vs enqueue, every door into the outbox vs a plain INSERT, a 1M backlog and the purge, the dashboard on 1M rows, tracing off/on/dead collector
+bench: $(STAMP) brokers ## Benchmarks (not tests): each HTTP client's cost per request, claims vs raw psycopg, the governed claim over 10,000 endpoints, the plain claim by a poller's share of the shards, deliveries per CPU s with each client vs raw aiohttp and raw pyreqwest, deliveries to NATS, RabbitMQ and Redis vs each raw client, where commit→receipt goes, the poller's own CPU per delivery, ordered vs unordered, beside a dead endpoint, a tenant's fast endpoint beside another's slow ones, a key held open, publish vs enqueue, every door into the outbox vs a plain INSERT, a 1M backlog and the purge, the dashboard on 1M rows, tracing off/on/dead collector
 	$(BIN)/python -m loadtest.clients
 	$(BIN)/python -m loadtest.claims
 	$(BIN)/python -m loadtest.governed
 	$(BIN)/python -m loadtest.scopes
 	$(BIN)/python -m loadtest.deliveries --processes 1,2
+	$(BIN)/python -m loadtest.brokers_bench
 	$(BIN)/python -m loadtest.latency
 	$(BIN)/python -m loadtest.overhead
 	$(BIN)/python -m loadtest.overhead --wire
