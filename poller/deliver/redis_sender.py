@@ -8,7 +8,9 @@ entry's fields are the request's headers (``webhook-id``, ``webhook-timestamp``,
 the payload; the key ``poller:webhook-id:{STREAM}:ID`` keeps the entry id for
 :data:`DEDUPE_WINDOW`. A resend of an id the stream has — after an *unknown* outcome —
 adds nothing and answers the entry it already is: the lookup and the resend are one
-round trip. ``maxlen=N`` trims the stream approximately (``XADD MAXLEN ~ N``).
+round trip. An id whose entry is no longer in the stream (trimmed, deleted, the stream
+recreated) is added again: an operator's replay after a loss puts it back.
+``maxlen=N`` trims the stream approximately (``XADD MAXLEN ~ N``).
 
 *Delivered* is the script's answer: the entry is in the stream, as durable as the
 server's persistence (AOF with ``appendfsync always`` for every write on disk).
@@ -55,7 +57,7 @@ BODY_FIELD = "body"
 
 PUBLISH = """
 local seen = redis.call('GET', KEYS[2])
-if seen then return {seen, 1} end
+if seen and #redis.call('XRANGE', KEYS[1], seen, seen) > 0 then return {seen, 1} end
 local id
 if ARGV[2] ~= '' then
   id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))

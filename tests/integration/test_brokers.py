@@ -236,3 +236,47 @@ def test_the_cli_takes_a_broker_url_and_never_prints_its_credentials(
     assert sealed.startswith("fernet:") and "s3cret" not in sealed
     bad = runner.invoke(cli, ["endpoints", "add", "x", "nats://n.example/orders.*"], env=env)
     assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "subject" in bad.output
+
+
+async def test_an_operators_tools_work_on_a_broker_as_on_http(
+    engine: Engine, db_url: str, redis_url: str
+) -> None:
+    """Pause, cancel, max_attempts and replay, on a Redis stream (the others are the same
+    code above the seam)."""
+    from datetime import UTC, datetime, timedelta
+
+    from poller.operate.cancel import cancel_messages, pause_endpoint, resume_endpoint
+    from poller.operate.replay import replay
+
+    async with (
+        place("redis", {"redis": redis_url}) as where,
+        place("redis", {"redis": redis_url}) as refusing,
+        redis.asyncio.Redis.from_url(redis_url) as client,
+    ):
+        await client.set(refusing.name, "not a stream")
+        with engine.begin() as conn:
+            create_endpoint(conn, "dest", where.url, event_types=["e.*"], allow_private=True)
+            create_endpoint(conn, "wrong", refusing.url, allow_private=True, max_attempts=2)
+            pause_endpoint(conn, "dest")
+        with Session(engine) as session, session.begin():
+            publish(session, event_type="e.one", payload={"n": 1}, idempotency_key="one")
+            later = datetime.now(UTC) + timedelta(hours=1)
+            [doomed, refused] = enqueue_many(session, [
+                Message("dest", "e.two", {"n": 2}, "two", deliver_after=later),
+                Message("wrong", "e.x", {"n": 3}, "three"),
+            ])  # fmt: skip
+        assert cancel_messages(engine, [doomed]).cancelled == [doomed]
+        async with running_poller(db_url, fast_settings()):
+            await wait_for(lambda: counts(engine).get("failed") == 1, timeout=20)
+            assert await where.read() == []  # paused: nothing published
+            with engine.begin() as conn:
+                resume_endpoint(conn, "dest")
+            await wait_for(lambda: counts(engine).get("delivered") == 1, timeout=20)
+            [first] = await client.xrange(where.name)
+            await client.xdel(where.name, first[0])  # the stream lost it
+            again = replay(engine, "dest", since=datetime.now(UTC) - timedelta(minutes=5))
+            assert again.resent == 1, again
+            await wait_for(_arrived(where, 1), timeout=20)
+        assert [g.id for g in await where.read()] == ["one"]  # put back, once
+    assert [a.outcome for a in attempts_of(engine, refused)] == ["retry", "failed"]
+    assert all(a.error_class == "BrokerRefused" for a in attempts_of(engine, refused))
