@@ -25,6 +25,7 @@ publishing                                                  ``ConnectionLost``)
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 import time
 from collections.abc import Mapping
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from poller.endpoints.tls import TLSSettings
 
 MSG_ID = "Nats-Msg-Id"
+log = logging.getLogger("poller.deliver.nats")
 
 
 async def _ignore(*_: Any) -> None:
@@ -61,6 +63,7 @@ class NatsSender:
         allow_private: bool = False,
         connect_timeout: float = 5.0,
         resolve: Resolve = system_resolve,
+        retry_span: float = 0.0,
         **_: Any,
     ) -> None:
         self._connect_timeout = connect_timeout
@@ -68,6 +71,8 @@ class NatsSender:
             "nats", self._open, self._close, allow_private=allow_private, resolve=resolve
         )
         self._destinations: dict[str, Destination] = {}
+        self._retry_span = retry_span
+        self._windows_checked: set[str] = set()
 
     @staticmethod
     async def _open(
@@ -148,8 +153,30 @@ class NatsSender:
         except nats.errors.Error as exc:  # closed, stale, draining: after the publish began
             await self._links.drop(url, tls, client)
             raise SendError("ConnectionLost", error_text(exc), sent=True) from None
+        if ack.stream not in self._windows_checked:
+            self._windows_checked.add(ack.stream)
+            await self._check_window(client, ack.stream)
         answer = {"stream": ack.stream, "seq": ack.seq, "duplicate": bool(ack.duplicate)}
         return Reply(200, None, json.dumps(answer).encode())
+
+    async def _check_window(self, client: Client, stream: str) -> None:
+        """Say once, at a stream's first PubAck, when its duplicate window is shorter than
+        the retry schedule: a resend after an unknown outcome past it is stored again."""
+        try:
+            info = await client.jetstream().stream_info(stream)
+        except (nats.errors.Error, TimeoutError):
+            return  # a courtesy: the next poller start asks again
+        window = info.config.duplicate_window or 0.0
+        if window < self._retry_span:
+            log.warning(
+                "JetStream stream %s drops a resend within %g s (its duplicate_window), but "
+                "the retry schedule runs %g s: a resend after an unknown outcome past the "
+                "window is stored again (consumers dedupe on Nats-Msg-Id); "
+                "docs/how-to/brokers.md",
+                stream,
+                window,
+                self._retry_span,
+            )
 
     async def aclose(self) -> None:
         await self._links.aclose()

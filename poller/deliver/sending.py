@@ -99,4 +99,11 @@ def make_sender(settings: Settings) -> Sender:
         "allow_private": settings.allow_private_targets,
         "connect_timeout": settings.connect_timeout,
     }
-    return Routes(sender(**options, proxy=settings.proxy), options)
+    brokers = {**options, "retry_span": retry_span(settings.retry_schedule, settings.max_attempts)}
+    return Routes(sender(**options, proxy=settings.proxy), brokers)
+
+
+def retry_span(schedule: tuple[float, ...], attempts: int) -> float:
+    """Seconds from a message's first attempt to its last on this schedule (no jitter):
+    how long a broker must recognise a resend (JetStream's duplicate window)."""
+    return float(sum(schedule[min(i, len(schedule) - 1)] for i in range(attempts - 1)))

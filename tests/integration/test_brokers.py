@@ -280,3 +280,21 @@ async def test_an_operators_tools_work_on_a_broker_as_on_http(
         assert [g.id for g in await where.read()] == ["one"]  # put back, once
     assert [a.outcome for a in attempts_of(engine, refused)] == ["retry", "failed"]
     assert all(a.error_class == "BrokerRefused" for a in attempts_of(engine, refused))
+
+
+async def test_a_jetstream_window_shorter_than_the_retry_schedule_is_said_once(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from loadtest.broker_places import NatsPlace
+    from poller.deliver.nats_sender import NatsSender
+
+    sender = NatsSender(allow_private=True, retry_span=3600)
+    try:
+        for window in (60, 7200):
+            async with NatsPlace(nats_url, window=window) as where:
+                for n in range(2):
+                    await sender.request("POST", where.url, {"webhook-id": f"w{n}"}, b"{}", 5)
+    finally:
+        await sender.aclose()
+    said = [r.getMessage() for r in caplog.records if "duplicate_window" in r.getMessage()]
+    assert len(said) == 1 and "within 60 s" in said[0] and "3600 s" in said[0]
