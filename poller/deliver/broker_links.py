@@ -16,6 +16,8 @@ keeps its clients here. What it shares with the HTTP senders (poller/deliver/wir
   is dropped, and the next send to the destination opens one more, once, within its
   connect budget. Every connection opened or failed is counted
   (``webhook_poller_broker_connections_total{kind,result}``), so a flapping broker shows.
+  (redis-py keeps a pool and replaces a connection it finds closed before it sends on
+  it — never a resend; the Redis sender counts each connection its pool opens.)
 
 The connections kept are capped (:data:`LINKS_KEPT`); the oldest unused ones close first.
 """
@@ -58,8 +60,10 @@ class Links(Generic[C]):
         *,
         allow_private: bool,
         resolve: Resolve = system_resolve,
+        counts_itself: bool = False,
     ) -> None:
         self.kind = kind
+        self._counted = not counts_itself  # a client that opens connections of its own
         self._open = open_
         self._close = close
         self._allow_private = allow_private
@@ -123,7 +127,8 @@ class Links(Generic[C]):
                 f"{error_text(exc)}",
                 sent=False,
             ) from exc
-        BROKER_CONNECTIONS.labels(self.kind, "opened").inc()
+        if self._counted:
+            BROKER_CONNECTIONS.labels(self.kind, "opened").inc()
         return client
 
     async def _checked_address(self, destination: Destination) -> str:

@@ -44,6 +44,7 @@ from poller.deliver.broker_links import Links
 from poller.deliver.wire import Reply, connect_budget, error_text
 from poller.endpoints.netguard import Resolve, system_resolve
 from poller.errors import SendError
+from poller.observe.metrics import BROKER_CONNECTIONS
 from poller.rules import destinations
 from poller.rules.destinations import Destination
 
@@ -70,6 +71,12 @@ return {id, 0}
 """KEYS: the stream, the id's key; ARGV: the window, MAXLEN (or ''), then field, value …"""
 
 
+async def _counted_connect(connection: Any) -> None:
+    """Every connection the pool opens (the first and each reconnect), counted."""
+    await connection.on_connect()
+    BROKER_CONNECTIONS.labels("redis", "opened").inc()
+
+
 def id_key(stream: str, message_id: str) -> str:
     """Where the id of a published message is kept (one hash slot with its stream)."""
     return f"poller:webhook-id:{{{stream}}}:{message_id}"
@@ -90,8 +97,9 @@ class RedisSender:
         self._connect_timeout = connect_timeout
         self._limit = limit or None
         self._links: Links[redis.asyncio.Redis] = Links(
-            "redis", self._open, self._close, allow_private=allow_private, resolve=resolve
-        )
+            "redis", self._open, self._close, allow_private=allow_private, resolve=resolve,
+            counts_itself=True,
+        )  # fmt: skip
         self._destinations: dict[str, Destination] = {}
         self._script: Any = None
 
@@ -117,6 +125,7 @@ class RedisSender:
             retry=Retry(NoBackoff(), 0),  # one publish, one send: retries are the poller's
             max_connections=self._limit,
             client_name="webhook-poller",
+            redis_connect_func=_counted_connect,
             **options,
         )
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -298,3 +299,31 @@ async def test_a_jetstream_window_shorter_than_the_retry_schedule_is_said_once(
         await sender.aclose()
     said = [r.getMessage() for r in caplog.records if "duplicate_window" in r.getMessage()]
     assert len(said) == 1 and "within 60 s" in said[0] and "3600 s" in said[0]
+
+
+async def test_connections_are_kept_and_a_lost_one_is_opened_again_and_counted(
+    redis_url: str,
+) -> None:
+    from poller.deliver.redis_sender import RedisSender
+    from poller.observe.metrics import BROKER_CONNECTIONS
+
+    def opened() -> float:
+        return BROKER_CONNECTIONS.labels("redis", "opened")._value.get()
+
+    before = opened()
+    sender = RedisSender(allow_private=True)
+    stream = f"kept-{uuid.uuid4().hex[:8]}"
+    url = f"{redis_url}?stream={stream}"
+    try:
+        for n in range(5):
+            await sender.request("POST", url, {"webhook-id": f"c{n}"}, b"{}", 5)
+        assert opened() == before + 1  # one connection, reused
+        async with redis.asyncio.Redis.from_url(redis_url) as admin:
+            await admin.client_kill_filter(_type="normal", skipme=True)
+        # the pool finds it closed before sending on it: one more connection, no resend
+        await sender.request("POST", url, {"webhook-id": "c5"}, b"{}", 5)
+        assert opened() == before + 2
+        async with redis.asyncio.Redis.from_url(redis_url) as admin:
+            assert await admin.xlen(stream) == 6
+    finally:
+        await sender.aclose()
