@@ -40,11 +40,10 @@ import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from poller.deliver.broker_links import Links
+from poller.deliver.broker_links import Links, destination_of
 from poller.deliver.wire import Reply, connect_budget, error_text
 from poller.endpoints.netguard import Resolve, system_resolve
 from poller.errors import SendError
-from poller.rules import destinations
 from poller.rules.destinations import Destination
 
 if TYPE_CHECKING:
@@ -90,7 +89,6 @@ class AmqpSender:
         self._links: Links[Link] = Links(
             "amqp", self._open, self._close, allow_private=allow_private, resolve=resolve
         )
-        self._destinations: dict[str, Destination] = {}
 
     @staticmethod
     async def _open(
@@ -121,16 +119,6 @@ class AmqpSender:
     async def _close(link: Link) -> None:
         await link.connection.close()
 
-    def _destination(self, url: str) -> Destination:
-        found = self._destinations.get(url)
-        if found is None:
-            try:
-                found = destinations.parse(url)
-            except ValueError as exc:
-                raise SendError("InvalidURL", error_text(exc), sent=False) from None
-            self._destinations[url] = found
-        return found
-
     async def request(
         self,
         method: str,
@@ -142,7 +130,7 @@ class AmqpSender:
     ) -> Reply:
         if method != "POST":
             raise SendError("NotSupported", "an AMQP destination has no lookup", sent=False)
-        destination = self._destination(url)
+        destination = destination_of(url)
         began = time.monotonic()
         budget = connect_budget(self._connect_timeout, timeout)
         link = await self._links.get(url, destination, budget, tls)

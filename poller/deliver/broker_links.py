@@ -25,15 +25,17 @@ The connections kept are capped (:data:`LINKS_KEPT`); the oldest unused ones clo
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from poller.deliver.wire import error_text
+from poller.deliver.wire import TARGETS_KEPT, error_text
 from poller.endpoints.netguard import Resolve, refusal, system_resolve
 from poller.errors import SendError
 from poller.observe.metrics import BROKER_CONNECTIONS
+from poller.rules import destinations
 from poller.rules.destinations import Destination
 
 if TYPE_CHECKING:
@@ -47,6 +49,15 @@ Key = tuple[str, "TLSSettings | None"]
 Close = Callable[[C], Awaitable[None]]
 
 LINKS_KEPT = 256
+
+
+@functools.lru_cache(maxsize=TARGETS_KEPT)
+def destination_of(url: str) -> Destination:
+    """A broker URL read once (poller/rules/destinations.py); SendError if it cannot be."""
+    try:
+        return destinations.parse(url)
+    except ValueError as exc:
+        raise SendError("InvalidURL", error_text(exc), sent=False) from None
 
 
 class Links(Generic[C]):

@@ -36,11 +36,10 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from poller.deliver.broker_links import Links
+from poller.deliver.broker_links import Links, destination_of
 from poller.deliver.wire import Reply, connect_budget, error_text
 from poller.endpoints.netguard import Resolve, system_resolve
 from poller.errors import SendError
-from poller.rules import destinations
 from poller.rules.destinations import Destination
 
 if TYPE_CHECKING:
@@ -70,7 +69,6 @@ class NatsSender:
         self._links: Links[Client] = Links(
             "nats", self._open, self._close, allow_private=allow_private, resolve=resolve
         )
-        self._destinations: dict[str, Destination] = {}
         self._retry_span = retry_span
         self._windows_checked: set[str] = set()
 
@@ -104,16 +102,6 @@ class NatsSender:
     async def _close(client: Client) -> None:
         await client.close()
 
-    def _destination(self, url: str) -> Destination:
-        found = self._destinations.get(url)
-        if found is None:
-            try:
-                found = destinations.parse(url)
-            except ValueError as exc:
-                raise SendError("InvalidURL", error_text(exc), sent=False) from None
-            self._destinations[url] = found
-        return found
-
     async def request(
         self,
         method: str,
@@ -125,7 +113,7 @@ class NatsSender:
     ) -> Reply:
         if method != "POST":
             raise SendError("NotSupported", "a NATS destination has no lookup", sent=False)
-        destination = self._destination(url)
+        destination = destination_of(url)
         began = time.monotonic()
         budget = connect_budget(self._connect_timeout, timeout)
         client = await self._links.get(url, destination, budget, tls)

