@@ -23,7 +23,7 @@ from standardwebhooks import Webhook
 from loadtest.broker_places import Place, place
 from poller import Message, enqueue_many, publish
 from poller.deliver.sending import make_sender
-from poller.endpoints.registry import create_endpoint, get_endpoint, new_secret
+from poller.endpoints.registry import create_endpoint, get_endpoint, new_secret, set_enabled
 from poller.endpoints.view import public
 from poller.errors import PrivateTarget, SendError
 from tests.integration.health_helpers import health
@@ -136,7 +136,7 @@ async def test_a_resend_after_a_lost_answer_is_deduplicated_or_explained(
         assert json.loads(attempt.response_excerpt)["duplicate"] is True
 
 
-async def test_failed_publishes_open_the_breaker_and_a_probe_closes_it(
+async def test_failed_publishes_open_the_breaker_disable_the_endpoint_and_a_probe_closes_it(
     engine: Engine, db_url: str, where: Place
 ) -> None:
     await where.remove()  # nowhere to publish: no stream, no queue
@@ -147,12 +147,19 @@ async def test_failed_publishes_open_the_breaker_and_a_probe_closes_it(
         create_endpoint(conn, "dest", where.url, allow_private=True, max_attempts=50)
     with Session(engine) as session, session.begin():
         enqueue_many(session, [Message("dest", "e", {"n": i}, f"b{i}") for i in range(10)])
-    settings = fast_settings(circuit_failures=3, circuit_cooldown=0.3, circuit_cooldown_max=0.3)
+    settings = fast_settings(
+        circuit_failures=3, circuit_cooldown=0.3, circuit_cooldown_max=0.3, disable_after=1.0
+    )
     async with running_poller(db_url, settings):
         await wait_for(lambda: health(engine, "dest").state in ("open", "half_open"), timeout=20)
         reason = health(engine, "dest").last_error
         assert reason in {"nats": ("NoStream",), "amqp": ("Unroutable",),
                           "redis": ("BrokerRefused",)}[where.kind]  # fmt: skip
+        await wait_for(lambda: not health(engine, "dest").enabled, timeout=20)  # auto-disabled
+        assert health(engine, "dest").disabled_reason.startswith("failing since ")
+        assert counts(engine) == {"pending": 10}  # nothing lost, nothing failed
+        with engine.begin() as conn:
+            set_enabled(conn, "dest", True)
         if where.kind == "redis":
             async with redis.asyncio.Redis.from_url(where.server) as client:  # type: ignore[attr-defined]
                 await client.delete(where.name)
@@ -327,3 +334,19 @@ async def test_connections_are_kept_and_a_lost_one_is_opened_again_and_counted(
             assert await admin.xlen(stream) == 6
     finally:
         await sender.aclose()
+
+
+async def test_a_rate_limit_paces_publishes_to_a_broker(
+    engine: Engine, db_url: str, redis_url: str
+) -> None:
+    async with place("redis", {"redis": redis_url}) as where:
+        with engine.begin() as conn:
+            create_endpoint(conn, "dest", where.url, allow_private=True, rate_limit=10,
+                            rate_burst=1)  # fmt: skip
+        with Session(engine) as session, session.begin():
+            enqueue_many(session, [Message("dest", "e", {"n": i}, f"r{i}") for i in range(12)])
+        async with running_poller(db_url, fast_settings()):
+            await wait_for(_arrived(where, 12), timeout=20)
+        async with redis.asyncio.Redis.from_url(redis_url) as client:
+            entries = [int(e.split(b"-")[0]) for e, _ in await client.xrange(where.name)]
+    assert (entries[-1] - entries[0]) / 1000 >= 11 / 10 * 0.9  # the stream's own clock
