@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -40,9 +39,8 @@ import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from poller.deliver.broker_links import Links, destination_of
-from poller.deliver.wire import Reply, connect_budget, error_text
-from poller.endpoints.netguard import Resolve, system_resolve
+from poller.deliver.broker_links import BrokerSender, LinkLost
+from poller.deliver.wire import Reply, error_text
 from poller.errors import SendError
 from poller.rules.destinations import Destination
 
@@ -73,26 +71,14 @@ class Link:
         return found
 
 
-class AmqpSender:
+class AmqpSender(BrokerSender[Link]):
     """Confirmed publishes to RabbitMQ, a connection per destination
     (poller/deliver/broker_links.py)."""
 
-    def __init__(
-        self,
-        *,
-        allow_private: bool = False,
-        connect_timeout: float = 5.0,
-        resolve: Resolve = system_resolve,
-        **_: Any,
-    ) -> None:
-        self._connect_timeout = connect_timeout
-        self._links: Links[Link] = Links(
-            "amqp", self._open, self._close, allow_private=allow_private, resolve=resolve
-        )
+    kind = "amqp"
 
-    @staticmethod
     async def _open(
-        destination: Destination, address: str, budget: float, tls: TLSSettings | None
+        self, destination: Destination, address: str, budget: float, tls: TLSSettings | None
     ) -> Link:
         options: dict[str, Any] = {}
         if destination.tls:
@@ -115,33 +101,25 @@ class AmqpSender:
             raise
         return Link(connection, channel)
 
-    @staticmethod
-    async def _close(link: Link) -> None:
+    async def _close(self, link: Link) -> None:
         await link.connection.close()
 
-    async def request(
+    def _usable(self, link: Link) -> bool:
+        return not (link.connection.is_closed or link.channel.is_closed)
+
+    async def _publish(
         self,
-        method: str,
-        url: str,
+        link: Link,
+        destination: Destination,
         headers: Mapping[str, str],
         body: bytes,
+        left: float,
         timeout: float,
-        tls: TLSSettings | None = None,
     ) -> Reply:
-        if method != "POST":
-            raise SendError("NotSupported", "an AMQP destination has no lookup", sent=False)
-        destination = destination_of(url)
-        began = time.monotonic()
-        budget = connect_budget(self._connect_timeout, timeout)
-        link = await self._links.get(url, destination, budget, tls)
-        if link.connection.is_closed or link.channel.is_closed:  # since kept: open another
-            await self._links.drop(url, tls, link)
-            link = await self._links.get(url, destination, budget, tls)
         try:
             exchange = await link.exchange(destination.exchange)
         except aiormq.exceptions.AMQPError as exc:
-            await self._links.drop(url, tls, link)
-            raise SendError("ConnectError", error_text(exc), sent=False) from None
+            raise LinkLost(SendError("ConnectError", error_text(exc), sent=False)) from None
         message = aio_pika.Message(
             body,
             headers={k: v for k, v in headers.items() if k.lower() not in _OWN_PROPERTIES},
@@ -150,7 +128,6 @@ class AmqpSender:
             timestamp=datetime.now(UTC),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-        left = max(timeout - (time.monotonic() - began), 0.001)
         try:
             await exchange.publish(message, destination.routing_key, mandatory=True, timeout=left)
         except aiormq.exceptions.PublishError as exc:
@@ -164,23 +141,17 @@ class AmqpSender:
         except aiormq.exceptions.DeliveryError:
             raise SendError("Nacked", "the broker nacked it: maybe queued", sent=True) from None
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            await self._links.drop(url, tls, link)
-            raise SendError("NoExchange", _reason(exc), sent=False) from None
+            raise LinkLost(SendError("NoExchange", _reason(exc), sent=False)) from None
         except aiormq.exceptions.ChannelAccessRefused as exc:
-            await self._links.drop(url, tls, link)
-            raise SendError("BrokerRefused", _reason(exc), sent=False) from None
+            raise LinkLost(SendError("BrokerRefused", _reason(exc), sent=False)) from None
         except TimeoutError:
             raise SendError(
                 "PublishTimeout", f"no confirm within {timeout:g}s: maybe queued", sent=True
             ) from None
         except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
-            await self._links.drop(url, tls, link)
-            raise SendError("ConnectionLost", error_text(exc), sent=True) from None
+            raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
         answer = {"exchange": destination.exchange, "routing_key": destination.routing_key}
         return Reply(200, None, json.dumps(answer).encode())
-
-    async def aclose(self) -> None:
-        await self._links.aclose()
 
 
 def _reason(exc: aiormq.exceptions.AMQPError) -> str:

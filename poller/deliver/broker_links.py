@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from poller.deliver.wire import TARGETS_KEPT, error_text
+from poller.deliver.wire import TARGETS_KEPT, Reply, connect_budget, error_text
 from poller.endpoints.netguard import Resolve, refusal, system_resolve
 from poller.errors import SendError
 from poller.observe.metrics import BROKER_CONNECTIONS
@@ -171,3 +172,89 @@ class Links(Generic[C]):
                 await self._close(client)
         except Exception:
             pass
+
+
+class LinkLost(Exception):
+    """Raised by a publish whose connection is no use any more: the sender drops it and
+    raises the :class:`SendError` it carries."""
+
+    def __init__(self, error: SendError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class BrokerSender(Generic[C]):
+    """The seam's ``request`` (poller/deliver/wire.py) for a broker: the destination read,
+    its connection got or opened within the connect budget, one publish with what is
+    left of the timeout. A broker's sender gives :meth:`_open`, :meth:`_close`,
+    :meth:`_usable` and :meth:`_publish` (which raises :class:`LinkLost` to have the
+    connection dropped)."""
+
+    kind = ""
+    counts_itself = False  # its client opens connections of its own and counts them
+
+    def __init__(
+        self,
+        *,
+        allow_private: bool = False,
+        connect_timeout: float = 5.0,
+        resolve: Resolve = system_resolve,
+        **_: object,
+    ) -> None:
+        self._connect_timeout = connect_timeout
+        self._links: Links[C] = Links(
+            self.kind, self._open, self._close, allow_private=allow_private, resolve=resolve,
+            counts_itself=self.counts_itself,
+        )  # fmt: skip
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeout: float,
+        tls: TLSSettings | None = None,
+    ) -> Reply:
+        if method != "POST":  # a broker answers no lookup: its resend is the lookup
+            raise SendError("NotSupported", f"a {self.kind} destination has no lookup URL",
+                            sent=False)  # fmt: skip
+        destination = destination_of(url)
+        began = time.monotonic()
+        budget = connect_budget(self._connect_timeout, timeout)
+        client = await self._links.get(url, destination, budget, tls)
+        if not self._usable(client):  # closed since it was kept: open another, once
+            await self._links.drop(url, tls, client)
+            client = await self._links.get(url, destination, budget, tls)
+        left = max(timeout - (time.monotonic() - began), 0.001)
+        try:
+            return await self._publish(client, destination, headers, body, left, timeout)
+        except LinkLost as lost:
+            await self._links.drop(url, tls, client)
+            raise lost.error from None
+
+    async def aclose(self) -> None:
+        await self._links.aclose()
+
+    async def _open(
+        self, destination: Destination, address: str, budget: float, tls: TLSSettings | None
+    ) -> C:
+        raise NotImplementedError
+
+    async def _close(self, client: C) -> None:
+        raise NotImplementedError
+
+    def _usable(self, client: C) -> bool:
+        return True
+
+    async def _publish(
+        self,
+        client: C,
+        destination: Destination,
+        headers: Mapping[str, str],
+        body: bytes,
+        left: float,
+        timeout: float,
+    ) -> Reply:
+        """Publish once within ``left`` seconds (``timeout``: the whole, for the words)."""
+        raise NotImplementedError

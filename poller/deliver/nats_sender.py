@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +35,8 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from poller.deliver.broker_links import Links, destination_of
-from poller.deliver.wire import Reply, connect_budget, error_text
-from poller.endpoints.netguard import Resolve, system_resolve
+from poller.deliver.broker_links import BrokerSender, LinkLost
+from poller.deliver.wire import Reply, error_text
 from poller.errors import SendError
 from poller.rules.destinations import Destination
 
@@ -53,28 +51,19 @@ async def _ignore(*_: Any) -> None:
     """nats-py's callbacks: its errors reach us as the publish's own."""
 
 
-class NatsSender:
-    """JetStream publishes, a connection per destination (poller/deliver/broker_links.py)."""
+class NatsSender(BrokerSender[Client]):
+    """JetStream publishes, a connection per destination (poller/deliver/broker_links.py);
+    ``retry_span``: how long a resend must be recognised (the retry schedule's span)."""
 
-    def __init__(
-        self,
-        *,
-        allow_private: bool = False,
-        connect_timeout: float = 5.0,
-        resolve: Resolve = system_resolve,
-        retry_span: float = 0.0,
-        **_: Any,
-    ) -> None:
-        self._connect_timeout = connect_timeout
-        self._links: Links[Client] = Links(
-            "nats", self._open, self._close, allow_private=allow_private, resolve=resolve
-        )
+    kind = "nats"
+
+    def __init__(self, *, retry_span: float = 0.0, **options: Any) -> None:
+        super().__init__(**options)
         self._retry_span = retry_span
         self._windows_checked: set[str] = set()
 
-    @staticmethod
     async def _open(
-        destination: Destination, address: str, budget: float, tls: TLSSettings | None
+        self, destination: Destination, address: str, budget: float, tls: TLSSettings | None
     ) -> Client:
         host = destination.host if destination.tls else address
         server = f"{'tls' if destination.tls else 'nats'}://{_bracketed(host)}:{destination.port}"
@@ -98,29 +87,21 @@ class NatsSender:
             **options,
         )
 
-    @staticmethod
-    async def _close(client: Client) -> None:
+    async def _close(self, client: Client) -> None:
         await client.close()
 
-    async def request(
+    def _usable(self, client: Client) -> bool:
+        return bool(client.is_connected)
+
+    async def _publish(
         self,
-        method: str,
-        url: str,
+        client: Client,
+        destination: Destination,
         headers: Mapping[str, str],
         body: bytes,
+        left: float,
         timeout: float,
-        tls: TLSSettings | None = None,
     ) -> Reply:
-        if method != "POST":
-            raise SendError("NotSupported", "a NATS destination has no lookup", sent=False)
-        destination = destination_of(url)
-        began = time.monotonic()
-        budget = connect_budget(self._connect_timeout, timeout)
-        client = await self._links.get(url, destination, budget, tls)
-        if not client.is_connected:  # closed since it was kept: open another, once
-            await self._links.drop(url, tls, client)
-            client = await self._links.get(url, destination, budget, tls)
-        left = max(timeout - (time.monotonic() - began), 0.001)
         message_headers = {**headers, MSG_ID: headers["webhook-id"]}
         try:
             ack = await client.jetstream().publish(
@@ -134,13 +115,15 @@ class NatsSender:
             raise SendError(
                 "BrokerRefused", f"JetStream refused the message: {exc.description}", sent=False
             ) from None
+        except (nats.errors.MaxPayloadError, nats.errors.OutboundBufferLimitError) as exc:
+            # refused by the client before a byte was written: known not sent
+            raise SendError("BrokerRefused", f"{exc} ({len(body):,} bytes)", sent=False) from None
         except (TimeoutError, nats.errors.TimeoutError):
             raise SendError(
                 "PublishTimeout", f"no PubAck within {timeout:g}s: maybe stored", sent=True
             ) from None
         except nats.errors.Error as exc:  # closed, stale, draining: after the publish began
-            await self._links.drop(url, tls, client)
-            raise SendError("ConnectionLost", error_text(exc), sent=True) from None
+            raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
         if ack.stream not in self._windows_checked:
             self._windows_checked.add(ack.stream)
             await self._check_window(client, ack.stream)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +39,8 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from poller.deliver.broker_links import Links, destination_of
-from poller.deliver.wire import Reply, connect_budget, error_text
-from poller.endpoints.netguard import Resolve, system_resolve
+from poller.deliver.broker_links import BrokerSender, LinkLost
+from poller.deliver.wire import Reply, error_text
 from poller.errors import SendError
 from poller.observe.metrics import BROKER_CONNECTIONS
 from poller.rules.destinations import Destination
@@ -81,24 +79,15 @@ def id_key(stream: str, message_id: str) -> str:
     return f"poller:webhook-id:{{{stream}}}:{message_id}"
 
 
-class RedisSender:
+class RedisSender(BrokerSender[redis.asyncio.Redis]):
     """Stream publishes, a connection pool per destination (poller/deliver/broker_links.py)."""
 
-    def __init__(
-        self,
-        *,
-        limit: int = 0,
-        allow_private: bool = False,
-        connect_timeout: float = 5.0,
-        resolve: Resolve = system_resolve,
-        **_: Any,
-    ) -> None:
-        self._connect_timeout = connect_timeout
+    kind = "redis"
+    counts_itself = True  # the pool opens connections: redis_connect_func counts each
+
+    def __init__(self, *, limit: int = 0, **options: Any) -> None:
+        super().__init__(**options)
         self._limit = limit or None
-        self._links: Links[redis.asyncio.Redis] = Links(
-            "redis", self._open, self._close, allow_private=allow_private, resolve=resolve,
-            counts_itself=True,
-        )  # fmt: skip
         self._script: Any = None
 
     async def _open(
@@ -133,25 +122,18 @@ class RedisSender:
             raise
         return client
 
-    @staticmethod
-    async def _close(client: redis.asyncio.Redis) -> None:
+    async def _close(self, client: redis.asyncio.Redis) -> None:
         await client.aclose()
 
-    async def request(
+    async def _publish(
         self,
-        method: str,
-        url: str,
+        client: redis.asyncio.Redis,
+        destination: Destination,
         headers: Mapping[str, str],
         body: bytes,
+        left: float,
         timeout: float,
-        tls: TLSSettings | None = None,
     ) -> Reply:
-        if method != "POST":
-            raise SendError("NotSupported", "a Redis stream has no lookup URL", sent=False)
-        destination = destination_of(url)
-        began = time.monotonic()
-        budget = connect_budget(self._connect_timeout, timeout)
-        client = await self._links.get(url, destination, budget, tls)
         if self._script is None:
             self._script = client.register_script(PUBLISH)
         message_id = headers["webhook-id"]
@@ -161,7 +143,6 @@ class RedisSender:
         fields += (BODY_FIELD, body)
         keys = [destination.stream, id_key(destination.stream, message_id)]
         args = [DEDUPE_WINDOW, destination.maxlen or "", *fields]
-        left = max(timeout - (time.monotonic() - began), 0.001)
         try:
             async with asyncio.timeout(left):
                 entry, duplicate = await self._script(keys, args, client=client)
@@ -172,14 +153,10 @@ class RedisSender:
         except redis.exceptions.ResponseError as exc:
             raise SendError("BrokerRefused", error_text(exc), sent=False) from None
         except (redis.exceptions.RedisError, OSError) as exc:
-            await self._links.drop(url, tls, client)
-            raise SendError("ConnectionLost", error_text(exc), sent=True) from None
+            raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
         answer = {
             "stream": destination.stream,
             "entry": entry.decode() if isinstance(entry, bytes) else str(entry),
             "duplicate": bool(duplicate),
         }
         return Reply(200, None, json.dumps(answer).encode())
-
-    async def aclose(self) -> None:
-        await self._links.aclose()
