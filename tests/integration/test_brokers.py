@@ -350,3 +350,19 @@ async def test_a_rate_limit_paces_publishes_to_a_broker(
         async with redis.asyncio.Redis.from_url(redis_url) as client:
             entries = [int(e.split(b"-")[0]) for e, _ in await client.xrange(where.name)]
     assert (entries[-1] - entries[0]) / 1000 >= 11 / 10 * 0.9  # the stream's own clock
+
+
+async def test_a_payload_over_the_nats_servers_limit_is_refused_unsent(nats_url: str) -> None:
+    from loadtest.broker_places import NatsPlace
+    from poller.deliver.nats_sender import NatsSender
+
+    sender = NatsSender(allow_private=True)
+    try:
+        async with NatsPlace(nats_url) as where:
+            with pytest.raises(SendError, match="maximum payload") as refused:
+                await sender.request("POST", where.url, {"webhook-id": "big"}, b"x" * 2**21, 5)
+            assert refused.value.sent is False and refused.value.error_class == "BrokerRefused"
+            await sender.request("POST", where.url, {"webhook-id": "small"}, b"{}", 5)  # kept
+            assert await where.ids() == ["small"]
+    finally:
+        await sender.aclose()
