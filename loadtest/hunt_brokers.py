@@ -16,7 +16,11 @@ published as events to the endpoint's subscription):
   end *unknown* and are resent;
 * **stream or queue deleted and recreated** (what was in it is gone: the operator's
   doing);
-* **a poller killed** (SIGKILL) and restarted: its claims expire and are resent.
+* **a poller killed** (SIGKILL) and restarted: its claims expire and are resent;
+* **the operator** pauses the endpoint for 1.5 s and resumes it, and replays every event
+  published so far, through the functions the CLI calls;
+* **the extreme budget**: a third of the seeds give the endpoint ``max_attempts`` 2, so
+  messages end ``failed`` under the faults.
 
 When all is settled (loadtest/hunt_check.py's counterpart for brokers, :func:`check`):
 
@@ -24,7 +28,8 @@ When all is settled (loadtest/hunt_check.py's counterpart for brokers, :func:`ch
   and nothing rolled back was stored;
 * on JetStream and Redis no message id appears twice in the stream; on RabbitMQ every
   id queued twice belongs to a message with an outcome that explains it (``unknown``,
-  ``lease_expired``, or a fenced-out attempt);
+  ``lease_expired``, an operator's ``replayed``, or a fenced-out attempt);
+* no send began while the operator's pause held;
 * no message has more copies than sends recorded for it (every send is counted);
 * per ordering key, the messages in the stream or queue are in the order committed;
 * every message whose delivering attempt began after the last recreate is there.
@@ -44,6 +49,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +63,18 @@ from poller import Event, Message, enqueue_many, publish_many
 from poller.endpoints.registry import create_endpoint
 from poller.local.brokers import EmbeddedNats, EmbeddedRabbitMQ
 from poller.local.embedded import EmbeddedPostgres, EmbeddedRedis
+from poller.operate.cancel import pause_endpoint, resume_endpoint
+from poller.operate.replay import replay
 from poller.service.server_watch import stop_at_exit
 from poller.store import migrate
 from poller.store.db import sync_engine
 
 KINDS = ("nats", "amqp", "redis")
-FACES = ("restart", "withhold", "recreate", "kill")
+FACES = ("restart", "withhold", "recreate", "kill", "pause", "replay")
+PAUSED = 1.5  # seconds the operator holds the endpoint
 KEYS = 8
 REQUEST_TIMEOUT = 1.0
 WITHHELD = 2.5  # seconds a confirm is withheld: past the request timeout
-EXPLAINED = ("unknown", "lease_expired")
 
 
 @dataclass
@@ -75,6 +83,7 @@ class Plan:
     kind: str
     pollers: int
     faults: list[tuple[float, str]]
+    max_attempts: int = 200
 
     @classmethod
     def draw(cls, seed: int, kind: str | None = None, duration: float = 8.0) -> Plan:
@@ -82,7 +91,9 @@ class Plan:
         kind = kind or rng.choice(KINDS)
         faces = [rng.choice(FACES) for _ in range(rng.randint(2, 4))]
         times = sorted(rng.uniform(0.5, duration) for _ in faces)
-        return cls(seed, kind, rng.choice((2, 3)), list(zip(times, faces, strict=True)))
+        faults = list(zip(times, faces, strict=True))
+        # the extreme budget: a message may end failed, never unsettled
+        return cls(seed, kind, rng.choice((2, 3)), faults, rng.choice((200, 200, 2)))
 
 
 @dataclass
@@ -91,6 +102,7 @@ class Run:
     committed: set[str] = field(default_factory=set)
     rolled_back: set[str] = field(default_factory=set)
     recreated_at: float = 0.0  # time.time() when the stream or queue last came back
+    paused: list[tuple[float, float]] = field(default_factory=list)  # held, released
     faults_done: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -177,15 +189,22 @@ def check(engine: Engine, run: Run, got: list[Got]) -> list[str]:
             "(SELECT count(*) FROM poller_delivery_attempts a WHERE a.message_id = o.id "
             " AND a.kind = 'send') AS sends, "
             "(SELECT count(*) FROM poller_delivery_attempts a WHERE a.message_id = o.id "
-            " AND (a.outcome IN ('unknown', 'lease_expired') OR a.stale)) AS explained, "
+            " AND (a.outcome IN ('unknown', 'lease_expired', 'replayed') OR a.stale))"
+            " AS explained, "
             "(SELECT max(extract(epoch FROM a.started_at)) FROM poller_delivery_attempts a "
             " WHERE a.message_id = o.id AND a.outcome = 'delivered') AS delivered_started "
             "FROM poller_outbox o"
         ))}  # fmt: skip
+        held = [conn.execute(text(
+            "SELECT count(*) FROM poller_delivery_attempts WHERE kind = 'send' "
+            "AND extract(epoch FROM started_at) BETWEEN :a AND :b"
+        ), {"a": began + 0.2, "b": ended}).scalar_one() for began, ended in run.paused]  # fmt: skip
     copies: dict[str, int] = {}
     for g in got:
         copies[g.id] = copies.get(g.id, 0) + 1
-    return [*_settled(run, rows), *_copies(run, rows, copies), *_in_order(rows, got)]
+    sent_while_paused = [f"{n} sends began while the operator's pause held" for n in held if n]
+    return [*_settled(run, rows), *_copies(run, rows, copies), *_in_order(rows, got),
+            *sent_while_paused]  # fmt: skip
 
 
 def _settled(run: Run, rows: dict[str, Any]) -> list[str]:
@@ -260,7 +279,10 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path, kind: str | None 
         where = place(plan.kind, {plan.kind: server})  # JetStream's window: an hour
         asyncio.run(_made(where))
         with engine.begin() as conn:
-            create_endpoint(conn, "dest", where.url, allow_private=True, max_attempts=200,
+            create_endpoint(conn, "dest", where.url, allow_private=True,
+                            max_attempts=plan.max_attempts,
+                            # a key whose head failed would wait for an operator: skip it
+                            on_failed_head="skip" if plan.max_attempts < 10 else "block",
                             event_types=["hunt.*"])  # fmt: skip
         env = clean_env(
             POLLER_DATABASE_URL=db_url,
@@ -286,7 +308,7 @@ def hunt(seed: int, messages: int, deadline: float, tmp: Path, kind: str | None 
         feeder.start()
         for at, face in plan.faults:
             time.sleep(max(0.0, began + at - time.monotonic()))
-            _fault(face, broker, where, fleet, run)
+            _fault(face, broker, where, fleet, run, engine)
         feeder.join()
         end = time.monotonic() + deadline
         while _open_rows(engine) and time.monotonic() < end:
@@ -314,8 +336,20 @@ async def _made(where: Place) -> None:
         await where.close()
 
 
-def _fault(face: str, broker: Broker, where: Place, fleet: list[Proc], run: Run) -> None:
-    if face == "restart":
+def _fault(
+    face: str, broker: Broker, where: Place, fleet: list[Proc], run: Run, engine: Engine
+) -> None:
+    if face == "pause":  # the operator's pause and resume, as the CLI runs them
+        with engine.begin() as conn:
+            pause_endpoint(conn, "dest", who="hunt")
+        held = time.time()
+        time.sleep(PAUSED)
+        with engine.begin() as conn:
+            resume_endpoint(conn, "dest")
+        run.paused.append((held, time.time()))
+    elif face == "replay":  # every event published so far, sent again
+        replay(engine, "dest", since=datetime.now(UTC) - timedelta(minutes=10), who="hunt")
+    elif face == "restart":
         broker.restart()
     elif face == "withhold":
         broker.withhold()
@@ -343,6 +377,7 @@ def summary(run: Run, seconds: float) -> str:
     plan = run.plan
     verdict = "ok" if not run.problems else "FAILED"
     head = (f"seed {plan.seed}: {verdict} — {plan.kind}, {plan.pollers} pollers, "
+            f"max_attempts {plan.max_attempts}, "
             f"faults {', '.join(run.faults_done) or 'none'}, {len(run.committed)} committed, "
             f"{seconds:.0f} s")  # fmt: skip
     return "\n".join([head, *(f"  - {p}" for p in run.problems[:20])])
