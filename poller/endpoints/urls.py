@@ -86,11 +86,10 @@ def check_url(url: object, *, what: str = "url", allow_private: bool = False) ->
     """
     if not isinstance(url, str) or not url:
         raise InvalidEndpoint(f"{what} must be a non-empty http(s) URL")
-    if len(url) > MAX_URL:
-        raise InvalidEndpoint(f"{what} is {len(url):,} characters; at most {MAX_URL:,} are allowed")
+    _check_text(url, what)
     try:
         parts = urlsplit(url)
-        port = parts.port
+        parts.port  # noqa: B018 - raises ValueError on a port out of range
     except ValueError as exc:
         raise InvalidEndpoint(f"{what} {url!r} is not a valid URL: {exc}") from None
     if parts.scheme not in ("http", "https"):
@@ -99,11 +98,24 @@ def check_url(url: object, *, what: str = "url", allow_private: bool = False) ->
         raise InvalidEndpoint(f"{what} {url!r} has no host")
     if parts.username or parts.password:
         raise InvalidEndpoint(f"{what} must not carry credentials (user:password@)")
+    return _stored_host(url, what, allow_private)
+
+
+def _check_text(url: str, what: str) -> None:
+    """Not too long, and no spaces, control characters or lone surrogates."""
+    if len(url) > MAX_URL:
+        raise InvalidEndpoint(f"{what} is {len(url):,} characters; at most {MAX_URL:,} are allowed")
     if any(ch.isspace() or ord(ch) < 0x20 or "\ud800" <= ch <= "\udfff" for ch in url):
         raise InvalidEndpoint(
             f"{what} must not contain spaces, control characters or lone surrogates"
         )
-    if port == 0:
+
+
+def _stored_host(url: str, what: str, allow_private: bool) -> str:
+    """The URL with its host as it is connected to (ASCII, a canonical address), checked
+    against the private-target guard."""
+    parts = urlsplit(url)
+    if parts.port == 0:
         raise InvalidEndpoint(f"{what} has port 0")
     url, parts = _ascii_host(url, parts, what)
     url = _canonical_host(url, parts, what)
@@ -134,21 +146,10 @@ def check_destination(
         raise InvalidEndpoint(f"url: {kind} destinations are not offered here (offered: {offered})")
     if kind == "http":
         return check_url(url, allow_private=allow_private), None
-    if len(url) > MAX_URL:
-        raise InvalidEndpoint(f"url is {len(url):,} characters; at most {MAX_URL:,} are allowed")
-    if any(ch.isspace() or ord(ch) < 0x20 or "\ud800" <= ch <= "\udfff" for ch in url):
-        raise InvalidEndpoint("url must not contain spaces, control characters or lone surrogates")
+    _check_text(url, "url")
     destinations.parse(url)  # what it publishes to, and its parameters
     stored, userinfo = destinations.split_credentials(url)
-    parts = urlsplit(stored)
-    if parts.port == 0:
-        raise InvalidEndpoint("url has port 0")
-    stored, parts = _ascii_host(stored, parts, "url")
-    stored = _canonical_host(stored, parts, "url")
-    reason = host_refusal(urlsplit(stored).hostname or "")
-    if not allow_private and reason is not None:
-        raise PrivateTarget(f"url points at a private, loopback or link-local address ({reason})")
-    return stored, userinfo
+    return _stored_host(stored, "url", allow_private), userinfo
 
 
 def check_lookup_url(url: object, *, allow_private: bool = False) -> str:
