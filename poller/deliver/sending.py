@@ -60,7 +60,8 @@ class Routes:
         timeout: float,
         tls: TLSSettings | None = None,
     ) -> Reply:
-        if url.startswith("http"):  # http:// and https://: no broker's scheme starts so
+        # http:// and https:// (no broker's scheme starts so), in any case (HTTPS://)
+        if url.startswith("http") or url[:4].lower() == "http":
             return await self._http.request(method, url, headers, body, timeout, tls)
         sender = self._broker(url.partition("://")[0].lower())
         return await sender.request(method, url, headers, body, timeout, tls)

@@ -366,3 +366,16 @@ async def test_a_payload_over_the_nats_servers_limit_is_refused_unsent(nats_url:
             assert await where.ids() == ["small"]
     finally:
         await sender.aclose()
+
+
+async def test_an_http_url_in_capitals_still_goes_to_the_http_sender() -> None:
+    from tests.integration.service_helpers import running_receiver
+
+    sender = make_sender(fast_settings())
+    try:
+        async with running_receiver() as (_, url):
+            reply = await sender.request("POST", url.replace("http://", "HTTP://") + "/x",
+                                         {"webhook-id": "caps"}, b"{}", 5)  # fmt: skip
+        assert reply.status != 0
+    finally:
+        await sender.aclose()
