@@ -97,8 +97,9 @@ loadtest: $(STAMP) ## Locust load test (bounded) + report in loadtest/out; FAULT
 loadtest-ramp: $(STAMP) ## Raise the order rate step by step until p99 commit→receipt passes 1 s; report the knee
 	$(BIN)/python -m loadtest.ramp $(RAMP_ARGS)
 
-chaos: $(STAMP) brokers ## Full chaos run (20,000 messages, every fault at once) + long fault hunts, HTTP and brokers (SEEDS=30 each)
+chaos: $(STAMP) brokers ## Full chaos run (20,000 messages, every fault at once), the single-fault scenarios the suite leaves out + long fault hunts, HTTP and brokers (SEEDS=30 each)
 	$(BIN)/python -m loadtest.chaos --scenario chaos --messages 20000 --deadline 300
+	$(BIN)/python -m loadtest.chaos --scenario kill --scenario freeze --scenario receiver-faults --messages 5000 --deadline 180
 	$(BIN)/python -m loadtest.hunt --seeds $(or $(SEEDS),30) --messages 1000
 	$(BIN)/python -m loadtest.hunt_brokers --seeds $(or $(SEEDS),30) --messages 400
 

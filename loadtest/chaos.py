@@ -21,8 +21,9 @@ committed message is settled, and audits:
 
 One line per scenario: messages, faults injected, delivered, failed
 (expected: the endpoint that turns 410), lost, duplicate effects, wire
-duplicates explained. ``make chaos`` runs the full chaos scenario; the test
-suite runs every other scenario small (tests/faults/).
+duplicates explained. ``make chaos`` runs the full chaos scenario and the
+single-fault ones the test suite leaves out; the suite runs the others small
+(tests/faults/test_scenarios.py says which).
 """
 
 from __future__ import annotations
