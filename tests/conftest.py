@@ -135,16 +135,17 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
 # a load test too slow to lose the message it was told to lose, three fleets whose
 # pollers' claims expired and sent messages twice. (xdist's `--dist loadgroup` does
 # not group under pytest 9's node ids.)
-FLEETS = (
-    "tests/faults/test_scenarios.py",
+FLEETS = (  # files, or the tests of a file that are fleets (as for MEASURING)
+    "tests/faults/test_scenarios.py::test_scenario_loses_nothing_and_explains_every_duplicate",
     "tests/acceptance/test_demo.py",
     "tests/acceptance/test_failover.py",
     "tests/acceptance/test_processes.py",
     "tests/acceptance/test_run.py",
     "tests/integration/test_concurrency.py",
-    "tests/integration/test_election.py",
+    "tests/integration/test_election.py::test_no_loss_no_double_flight_without_a_single_leader",
+    "tests/integration/test_election.py::test_three_pollers_balance_eight_shards",
     "tests/integration/test_election_redis.py",
-    "tests/integration/test_service_faults.py",
+    "tests/integration/test_service_faults.py::test_postgres_restart_under_load_loses_nothing",
 )
 MEASURING = (  # files, or one test of a file (its checker tests beside it are light)
     # no live poller's claim may expire: its heartbeats must run
@@ -163,17 +164,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests left for the end ran alone while the other workers idled; fleets at the end
     blocked a worker on the lock while the measuring ones ran (6:17 in all, 2:30 idle)."""
     root = repo_root()
-    order = {}
+    order: dict[str, tuple[int, int]] = {}
     for item in items:
-        where = item.path.relative_to(root).as_posix()
-        if f"{where}::{item.name}".startswith(MEASURING):
+        where = f"{item.path.relative_to(root).as_posix()}::{item.name}"
+        measuring = [n for n, prefix in enumerate(MEASURING) if where.startswith(prefix)]
+        fleet = [n for n, prefix in enumerate(FLEETS) if where.startswith(prefix)]
+        if measuring:
             item.add_marker(pytest.mark.serial(exclusive=True))
-            order[item.nodeid] = 0
-        elif where.startswith(FLEETS):
+            order[item.nodeid] = (0, measuring[0])
+        elif fleet:  # in FLEETS's order: the longest first, none of them last
             item.add_marker(pytest.mark.serial(exclusive=False))
-            order[item.nodeid] = 1
+            order[item.nodeid] = (1, fleet[0])
         else:
-            order[item.nodeid] = 2
+            order[item.nodeid] = (2, 0)
     items.sort(key=lambda item: order[item.nodeid])  # stable: the same in every worker
 
 
