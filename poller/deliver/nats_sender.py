@@ -28,12 +28,13 @@ import json
 import logging
 import ssl
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from poller.deliver.broker_links import BrokerSender, LinkLost
 from poller.deliver.wire import Reply, error_text
@@ -51,7 +52,15 @@ async def _ignore(*_: Any) -> None:
     """nats-py's callbacks: its errors reach us as the publish's own."""
 
 
-class NatsSender(BrokerSender[Client]):
+class _Link(NamedTuple):
+    """A connection and its JetStream context, made once (nats-py's ``jetstream()``
+    builds a new one a call)."""
+
+    client: Client
+    js: JetStreamContext
+
+
+class NatsSender(BrokerSender[_Link]):
     """JetStream publishes, a connection per destination (poller/deliver/broker_links.py);
     ``retry_span``: how long a resend must be recognised (the retry schedule's span)."""
 
@@ -64,7 +73,7 @@ class NatsSender(BrokerSender[Client]):
 
     async def _open(
         self, destination: Destination, address: str, budget: float, tls: TLSSettings | None
-    ) -> Client:
+    ) -> _Link:
         host = destination.host if destination.tls else address
         server = f"{'tls' if destination.tls else 'nats'}://{_bracketed(host)}:{destination.port}"
         options: dict[str, Any] = {}
@@ -75,7 +84,7 @@ class NatsSender(BrokerSender[Client]):
             options["token"] = destination.username  # nats://TOKEN@host
         elif destination.username is not None:
             options["user"], options["password"] = destination.username, destination.password
-        return await nats.connect(
+        client = await nats.connect(
             servers=[server],
             connect_timeout=budget,
             allow_reconnect=False,  # broker_links reconnects, bounded and counted
@@ -86,16 +95,17 @@ class NatsSender(BrokerSender[Client]):
             name="webhook-poller",
             **options,
         )
+        return _Link(client, client.jetstream())
 
-    async def _close(self, client: Client) -> None:
-        await client.close()
+    async def _close(self, link: _Link) -> None:
+        await link.client.close()
 
-    def _usable(self, client: Client) -> bool:
-        return bool(client.is_connected)
+    def _usable(self, link: _Link) -> bool:
+        return bool(link.client.is_connected)
 
     async def _publish(
         self,
-        client: Client,
+        link: _Link,
         destination: Destination,
         headers: Mapping[str, str],
         body: bytes,
@@ -104,7 +114,7 @@ class NatsSender(BrokerSender[Client]):
     ) -> Reply:
         message_headers = {**headers, MSG_ID: headers["webhook-id"]}
         try:
-            ack = await client.jetstream().publish(
+            ack = await link.js.publish(
                 destination.subject, body, timeout=left, headers=message_headers
             )
         except nats.js.errors.NoStreamResponseError:
@@ -126,15 +136,16 @@ class NatsSender(BrokerSender[Client]):
             raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
         if ack.stream not in self._windows_checked:
             self._windows_checked.add(ack.stream)
-            await self._check_window(client, ack.stream)
-        answer = {"stream": ack.stream, "seq": ack.seq, "duplicate": bool(ack.duplicate)}
-        return Reply(200, None, json.dumps(answer).encode())
+            await self._check_window(link.js, ack.stream)
+        stream, duplicate = json.dumps(ack.stream), "true" if ack.duplicate else "false"
+        answer = f'{{"stream": {stream}, "seq": {ack.seq}, "duplicate": {duplicate}}}'
+        return Reply(200, None, answer.encode())
 
-    async def _check_window(self, client: Client, stream: str) -> None:
+    async def _check_window(self, js: JetStreamContext, stream: str) -> None:
         """Say once, at a stream's first PubAck, when its duplicate window is shorter than
         the retry schedule: a resend after an unknown outcome past it is stored again."""
         try:
-            info = await client.jetstream().stream_info(stream)
+            info = await js.stream_info(stream)
         except (nats.errors.Error, TimeoutError):
             return  # a courtesy: the next poller start asks again
         window = info.config.duplicate_window or 0.0
