@@ -379,3 +379,26 @@ async def test_an_http_url_in_capitals_still_goes_to_the_http_sender() -> None:
         assert reply.status != 0
     finally:
         await sender.aclose()
+
+
+async def test_a_pubacks_answer_is_json_whatever_the_streams_name(nats_url: str) -> None:
+    """JetStream takes a stream name with a quote or a bidi control: the answer recorded for
+    the attempt stays JSON and names it."""
+    import nats
+    from nats.js.api import StreamConfig
+
+    from poller.deliver.nats_sender import NatsSender
+
+    name, subject = f'odd"\u202e{uuid.uuid4().hex[:8]}', f"odd{uuid.uuid4().hex[:8]}"
+    client = await nats.connect(nats_url)
+    sender = NatsSender(allow_private=True)
+    try:
+        await client.jetstream().add_stream(StreamConfig(name=name, subjects=[subject]))
+        reply = await sender.request("POST", f"{nats_url}/{subject}", {"webhook-id": "q"}, b"{}", 5)
+        again = await sender.request("POST", f"{nats_url}/{subject}", {"webhook-id": "q"}, b"{}", 5)
+        assert json.loads(reply.body) == {"stream": name, "seq": 1, "duplicate": False}
+        assert json.loads(again.body) == {"stream": name, "seq": 1, "duplicate": True}
+    finally:
+        await sender.aclose()
+        await client.jetstream().delete_stream(name)
+        await client.close()
