@@ -60,8 +60,7 @@ class Routes:
         timeout: float,
         tls: TLSSettings | None = None,
     ) -> Reply:
-        # http:// and https:// (no broker's scheme starts so), in any case (HTTPS://)
-        if url.startswith("http") or url[:4].lower() == "http":
+        if url[:4].lower() == "http":  # http(s):// in any case; no broker's scheme starts so
             return await self._http.request(method, url, headers, body, timeout, tls)
         sender = self._broker(url.partition("://")[0].lower())
         return await sender.request(method, url, headers, body, timeout, tls)
