@@ -160,9 +160,6 @@ class NatsSender(BrokerSender[_Link]):
                 self._retry_span,
             )
 
-    async def aclose(self) -> None:
-        await self._links.aclose()
-
 
 def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host

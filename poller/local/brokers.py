@@ -203,7 +203,8 @@ class EmbeddedRabbitMQ(_Broker):
         return its URL (with guest's login)."""
         self.launch()
         port = _port_in((self.dir / "port").read_text())
-        assert port is not None
+        if port is None:
+            raise EmbeddedServerError(f"{self.dir / 'port'} holds no port: remove {self.dir}")
         _wait_for_port(port, lambda: self.pid, "rabbitmq-server", self.dir / "server.log")
         with _file_lock(self.data_dir / ".rabbitmq.lock"):
             if not (self.dir / "epmd.pid").exists():
