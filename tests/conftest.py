@@ -408,8 +408,13 @@ def _rabbitmq_early(request: pytest.FixtureRequest) -> None:
     begin it now, while other tests run, instead of blocking every worker on it later."""
     if os.environ.get("POLLER_TEST_RABBITMQ_URL"):
         return
-    needs = ("amqp_url", "where")
-    if any(n in item.fixturenames for item in request.session.items for n in needs):
+
+    def needs(item: pytest.Item) -> bool:
+        params = getattr(item, "callspec", None)
+        where = params.params.get("where") if params is not None else None
+        return "amqp_url" in item.fixturenames or where == "amqp"  # type: ignore[attr-defined]
+
+    if any(needs(item) for item in request.session.items):
         with contextlib.suppress(EmbeddedServerError, OSError):
             server, _ = _broker(request.config, "rabbitmq", EmbeddedRabbitMQ)
             assert isinstance(server, EmbeddedRabbitMQ)

@@ -264,7 +264,16 @@ class EmbeddedRabbitMQ(_Broker):
         with _file_lock(self.data_dir / ".rabbitmq.lock"):
             _end(_read_pid(self.dir / "node.pid"))
             _end(_read_pid(self.dir / "launcher.pid"), grace=5)  # gone with its node
-            _end(_read_pid(self.dir / "epmd.pid"), grace=5)
+            _end(_read_pid(self.dir / "epmd.pid") or self._epmd(), grace=5)
+
+    def _epmd(self) -> int | None:
+        """The node's epmd found by its port: start() records its pid once the node is up,
+        and a node launched but never waited for (a test run's early boot) has none."""
+        try:
+            port = _port_in(self._ports_kept().get("epmd", ""))
+        except OSError:
+            return None
+        return _epmd_on(port) if port is not None else None
 
 
 def _epmd_on(port: int) -> int | None:
