@@ -25,19 +25,33 @@ no answer within the timeout, the connection lost           unknown (``PublishTi
 ==========================================================  ============================
 
 redis-py's own retries are off: every publish is one send, counted.
+
+**Publishes share a round trip.** The publishes of one turn of the event loop to a
+destination — a claim's batch starts its deliveries together — go as one redis-py
+pipeline (no transaction: each script call is atomic on its own, and its answer or
+error is its delivery's alone). A pipeline costs one write and one read for all of
+them where single calls cost a pooled connection, a write and a read each: at 64 in
+flight, about half the poller's CPU per Redis delivery (docs/explanation/performance.md).
+Each delivery still waits with its own timeout; a pipeline whose answers do not come
+within the longest of them is cut (its connection closed), and whoever still waits is
+told *unknown*. A server that lost the script (restarted, ``SCRIPT FLUSH``) answers
+``NOSCRIPT`` without running it: the script is loaded and those calls sent once more —
+the one resend that is not an attempt, as redis-py's own ``Script`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
 
 from poller.deliver.broker_links import BrokerSender, LinkLost
 from poller.deliver.wire import Reply, error_text
@@ -66,6 +80,7 @@ redis.call('SET', KEYS[2], id, 'EX', ARGV[1])
 return {id, 0}
 """
 """KEYS: the stream, the id's key; ARGV: the window, MAXLEN (or ''), then field, value …"""
+PUBLISH_SHA = hashlib.sha1(PUBLISH.encode()).hexdigest()
 
 
 async def _counted_connect(connection: Any) -> None:
@@ -79,7 +94,72 @@ def id_key(stream: str, message_id: str) -> str:
     return f"poller:webhook-id:{{{stream}}}:{message_id}"
 
 
-class RedisSender(BrokerSender[redis.asyncio.Redis]):
+class _Pipeline:
+    """The publishes of one loop turn to one client, sent as one pipeline."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self.client = client
+        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any], float]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def publish(self, args: tuple[Any, ...], left: float) -> asyncio.Future[Any]:
+        """The script's answer to ``args`` (EVALSHA's), sent with this turn's others; the
+        pipeline waits ``left`` seconds at least."""
+        future = asyncio.get_running_loop().create_future()
+        if not self._queued:  # the first of this turn: the send runs once the turn ends
+            task = asyncio.create_task(self._send())
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        self._queued.append((args, future, left))
+        return future
+
+    async def _send(self) -> None:
+        batch, self._queued = self._queued, []
+        try:
+            async with asyncio.timeout(max(left for _, _, left in batch)):
+                answers = await self._run([args for args, _, _ in batch])
+                lost = [n for n, a in enumerate(answers) if isinstance(a, NoScriptError)]
+                if lost:  # not run: the server lost the script
+                    await self.client.script_load(PUBLISH)
+                    again = await self._run([batch[n][0] for n in lost])
+                    for n, answer in zip(lost, again, strict=True):
+                        answers[n] = answer
+        except Exception as exc:  # the whole pipeline: every publish in it
+            for _, future, _ in batch:
+                if not future.done():
+                    future.set_exception(TimeoutError() if isinstance(exc, TimeoutError) else exc)
+            return
+        except BaseException:  # closed (aclose): nobody waits for an answer any more
+            for _, future, _ in batch:
+                future.cancel()
+            raise
+        for (_, future, _), answer in zip(batch, answers, strict=True):
+            if future.done():  # its delivery stopped waiting
+                continue
+            if isinstance(answer, Exception):
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
+
+    async def _run(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for args in calls:
+            pipe.execute_command("EVALSHA", PUBLISH_SHA, 2, *args)
+        async with pipe:
+            return await pipe.execute(raise_on_error=False)
+
+    async def aclose(self) -> None:
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
+
+
+class _Link(NamedTuple):
+    client: redis.asyncio.Redis
+    pipeline: _Pipeline
+
+
+class RedisSender(BrokerSender[_Link]):
     """Stream publishes, a connection pool per destination (poller/deliver/broker_links.py)."""
 
     kind = "redis"
@@ -88,11 +168,10 @@ class RedisSender(BrokerSender[redis.asyncio.Redis]):
     def __init__(self, *, limit: int = 0, **options: Any) -> None:
         super().__init__(**options)
         self._limit = limit or None
-        self._script: Any = None
 
     async def _open(
         self, destination: Destination, address: str, budget: float, tls: TLSSettings | None
-    ) -> redis.asyncio.Redis:
+    ) -> _Link:
         options: dict[str, Any] = {}
         if destination.tls:
             options["ssl"] = True
@@ -120,32 +199,30 @@ class RedisSender(BrokerSender[redis.asyncio.Redis]):
         except BaseException:
             await client.aclose()
             raise
-        return client
+        return _Link(client, _Pipeline(client))
 
-    async def _close(self, client: redis.asyncio.Redis) -> None:
-        await client.aclose()
+    async def _close(self, link: _Link) -> None:
+        await link.pipeline.aclose()
+        await link.client.aclose()
 
     async def _publish(
         self,
-        client: redis.asyncio.Redis,
+        link: _Link,
         destination: Destination,
         headers: Mapping[str, str],
         body: bytes,
         left: float,
         timeout: float,
     ) -> Reply:
-        if self._script is None:
-            self._script = client.register_script(PUBLISH)
-        message_id = headers["webhook-id"]
-        fields: list[Any] = []
+        stream = destination.stream
+        args: list[Any] = [stream, id_key(stream, headers["webhook-id"]), DEDUPE_WINDOW,
+                           destination.maxlen or ""]  # fmt: skip
         for name, value in headers.items():
-            fields += (name, value)
-        fields += (BODY_FIELD, body)
-        keys = [destination.stream, id_key(destination.stream, message_id)]
-        args = [DEDUPE_WINDOW, destination.maxlen or "", *fields]
+            args += (name, value)
+        args += (BODY_FIELD, body)
         try:
             async with asyncio.timeout(left):
-                entry, duplicate = await self._script(keys, args, client=client)
+                entry, duplicate = await link.pipeline.publish(tuple(args), left)
         except TimeoutError:
             raise SendError(
                 "PublishTimeout", f"no answer within {timeout:g}s: maybe added", sent=True
@@ -154,9 +231,6 @@ class RedisSender(BrokerSender[redis.asyncio.Redis]):
             raise SendError("BrokerRefused", error_text(exc), sent=False) from None
         except (redis.exceptions.RedisError, OSError) as exc:
             raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
-        answer = {
-            "stream": destination.stream,
-            "entry": entry.decode() if isinstance(entry, bytes) else str(entry),
-            "duplicate": bool(duplicate),
-        }
+        entry = entry.decode() if isinstance(entry, bytes) else str(entry)
+        answer = {"stream": stream, "entry": entry, "duplicate": bool(duplicate)}
         return Reply(200, None, json.dumps(answer).encode())
