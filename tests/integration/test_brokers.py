@@ -336,6 +336,45 @@ async def test_connections_are_kept_and_a_lost_one_is_opened_again_and_counted(
         await sender.aclose()
 
 
+async def test_a_burst_to_a_redis_stream_shares_a_round_trip_and_each_answer_is_its_own(
+    redis_url: str,
+) -> None:
+    """One loop turn's publishes go as one pipeline (one connection, where single calls
+    took one each); a refusal is its publish's alone; a server that lost the script has
+    it again and adds each entry once."""
+    from poller.deliver.redis_sender import RedisSender, id_key
+    from poller.observe.metrics import BROKER_CONNECTIONS
+
+    def opened() -> float:
+        return BROKER_CONNECTIONS.labels("redis", "opened")._value.get()
+
+    before = opened()
+    sender = RedisSender(allow_private=True)
+    stream = f"burst-{uuid.uuid4().hex[:8]}"
+    url = f"{redis_url}?stream={stream}"
+
+    async def burst(ids: list[str]) -> list[Any]:
+        sends = [sender.request("POST", url, {"webhook-id": i}, b"{}", 5) for i in ids]
+        return await asyncio.gather(*sends, return_exceptions=True)
+
+    try:
+        async with redis.asyncio.Redis.from_url(redis_url) as admin:
+            await admin.hset(id_key(stream, "b3"), "not", "an id")  # its script call fails
+            first = await burst([f"b{n}" for n in range(20)])
+            assert opened() == before + 1  # 20 at once: one connection, one round trip
+            refused = first.pop(3)
+            assert isinstance(refused, SendError) and refused.error_class == "BrokerRefused"
+            assert refused.sent is False and "WRONGTYPE" in str(refused)
+            assert all(reply.status == 200 for reply in first)
+            await admin.script_flush()
+            again = await burst([f"b{n}" for n in range(5, 25)])  # 15 again, 5 new
+            duplicate = [json.loads(reply.body)["duplicate"] for reply in again]
+            assert duplicate == [True] * 15 + [False] * 5
+            assert await admin.xlen(stream) == 24
+    finally:
+        await sender.aclose()
+
+
 async def test_a_rate_limit_paces_publishes_to_a_broker(
     engine: Engine, db_url: str, redis_url: str
 ) -> None:
@@ -401,4 +440,61 @@ async def test_a_pubacks_answer_is_json_whatever_the_streams_name(nats_url: str)
     finally:
         await sender.aclose()
         await client.jetstream().delete_stream(name)
+        await client.close()
+
+
+async def test_jetstreams_refusal_an_answer_that_is_no_puback_and_a_lost_connection(
+    nats_url: str,
+) -> None:
+    """The sender reads PubAcks itself: a stream at its limit refuses (not sent), a core
+    NATS responder's answer is no PubAck (maybe had: unknown), and a connection lost
+    while a publish waits answers it at once as unknown, not at its timeout."""
+    import nats
+    from nats.js.api import DiscardPolicy, StreamConfig
+
+    from poller.deliver.nats_sender import NatsSender
+
+    tag = uuid.uuid4().hex[:8]
+    client = await nats.connect(nats_url)
+    js = client.jetstream()
+    sender = NatsSender(allow_private=True)
+
+    async def answer_hello(msg: Any) -> None:
+        await msg.respond(b"hello")
+
+    async def send(subject: str, webhook_id: str, timeout: float = 5) -> Any:
+        return await sender.request("POST", f"{nats_url}/{subject}", {"webhook-id": webhook_id},
+                                    b"{}", timeout)  # fmt: skip
+
+    try:
+        await js.add_stream(StreamConfig(name=f"FULL{tag}", subjects=[f"full{tag}"], max_msgs=1,
+                                         discard=DiscardPolicy.NEW))  # fmt: skip
+        await send(f"full{tag}", "one")
+        with pytest.raises(SendError, match="maximum messages") as full:
+            await send(f"full{tag}", "two")
+        assert full.value.error_class == "BrokerRefused" and full.value.sent is False
+        await client.subscribe(f"core{tag}", cb=answer_hello)
+        await client.flush()
+        with pytest.raises(SendError, match="not a JetStream PubAck") as core:
+            await send(f"core{tag}", "three")
+        assert core.value.error_class == "NotJetStream" and core.value.sent is True
+        heard = asyncio.Event()
+
+        async def never_answer(msg: Any) -> None:
+            heard.set()
+
+        await client.subscribe(f"mute{tag}", cb=never_answer)
+        await client.flush()
+        waiting = asyncio.create_task(send(f"mute{tag}", "four", timeout=30))
+        await asyncio.wait_for(heard.wait(), 5)
+        link = sender._links._clients[(f"{nats_url}/mute{tag}", None)]
+        await link.client.close()  # as a broker's restart would
+        async with asyncio.timeout(5):  # at once, not in 30 s
+            with pytest.raises(SendError) as lost:
+                await waiting
+        assert lost.value.error_class == "ConnectionLost" and lost.value.sent is True
+        await send(f"full{tag}", "one")  # a new connection; the duplicate window has it
+    finally:
+        await sender.aclose()
+        await js.delete_stream(f"FULL{tag}")
         await client.close()
