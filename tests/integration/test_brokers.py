@@ -308,28 +308,31 @@ async def test_a_jetstream_window_shorter_than_the_retry_schedule_is_said_once(
     assert len(said) == 1 and "within 60 s" in said[0] and "3600 s" in said[0]
 
 
+def _redis_opened() -> float:
+    """Connections the Redis sender opened so far (its counter)."""
+    from poller.observe.metrics import BROKER_CONNECTIONS
+
+    return BROKER_CONNECTIONS.labels("redis", "opened")._value.get()
+
+
 async def test_connections_are_kept_and_a_lost_one_is_opened_again_and_counted(
     redis_url: str,
 ) -> None:
     from poller.deliver.redis_sender import RedisSender
-    from poller.observe.metrics import BROKER_CONNECTIONS
 
-    def opened() -> float:
-        return BROKER_CONNECTIONS.labels("redis", "opened")._value.get()
-
-    before = opened()
+    before = _redis_opened()
     sender = RedisSender(allow_private=True)
     stream = f"kept-{uuid.uuid4().hex[:8]}"
     url = f"{redis_url}?stream={stream}"
     try:
         for n in range(5):
             await sender.request("POST", url, {"webhook-id": f"c{n}"}, b"{}", 5)
-        assert opened() == before + 1  # one connection, reused
+        assert _redis_opened() == before + 1  # one connection, reused
         async with redis.asyncio.Redis.from_url(redis_url) as admin:
             await admin.client_kill_filter(_type="normal", skipme=True)
         # the pool finds it closed before sending on it: one more connection, no resend
         await sender.request("POST", url, {"webhook-id": "c5"}, b"{}", 5)
-        assert opened() == before + 2
+        assert _redis_opened() == before + 2
         async with redis.asyncio.Redis.from_url(redis_url) as admin:
             assert await admin.xlen(stream) == 6
     finally:
@@ -343,12 +346,8 @@ async def test_a_burst_to_a_redis_stream_shares_a_round_trip_and_each_answer_is_
     took one each); a refusal is its publish's alone; a server that lost the script has
     it again and adds each entry once."""
     from poller.deliver.redis_sender import RedisSender, id_key
-    from poller.observe.metrics import BROKER_CONNECTIONS
 
-    def opened() -> float:
-        return BROKER_CONNECTIONS.labels("redis", "opened")._value.get()
-
-    before = opened()
+    before = _redis_opened()
     sender = RedisSender(allow_private=True)
     stream = f"burst-{uuid.uuid4().hex[:8]}"
     url = f"{redis_url}?stream={stream}"
@@ -361,7 +360,7 @@ async def test_a_burst_to_a_redis_stream_shares_a_round_trip_and_each_answer_is_
         async with redis.asyncio.Redis.from_url(redis_url) as admin:
             await admin.hset(id_key(stream, "b3"), "not", "an id")  # its script call fails
             first = await burst([f"b{n}" for n in range(20)])
-            assert opened() == before + 1  # 20 at once: one connection, one round trip
+            assert _redis_opened() == before + 1  # 20 at once: one connection, one round trip
             refused = first.pop(3)
             assert isinstance(refused, SendError) and refused.error_class == "BrokerRefused"
             assert refused.sent is False and "WRONGTYPE" in str(refused)
