@@ -4,7 +4,8 @@ Requests follow Standard Webhooks: ``webhook-id`` (the idempotency key, the
 same on every attempt), ``webhook-timestamp`` and ``webhook-signature``
 (``v1,`` HMAC-SHA256 or ``v1a,`` ed25519 of ``"{id}.{timestamp}.{body}"``,
 one per active key during rotation: poller/rules/signing.py), plus
-``Idempotency-Key``, ``Content-Type`` and ``User-Agent``; ordered messages
+``Idempotency-Key``, ``Content-Type`` and ``User-Agent`` (a broker's message has
+neither ``Idempotency-Key`` nor ``User-Agent``); ordered messages
 add ``webhook-ordering-key`` and ``webhook-ordering-seq`` (poller/rows/ordering.py).
 Redirects are never followed.
 
@@ -40,6 +41,7 @@ from poller.endpoints.registry import Endpoint
 from poller.endpoints.urls import LOOKUP_PLACEHOLDER
 from poller.errors import SendError
 from poller.rules import outcomes
+from poller.rules.destinations import is_broker
 from poller.rules.outcomes import Attempt, ClaimedMessage, LookupAnswer, Outcome, Verdict
 from poller.rules.retry import parse_retry_after, retry_delay
 from poller.rules.signing import sign
@@ -58,15 +60,28 @@ def webhook_headers(
     body: bytes,
     user_agent: str,
     now: datetime | None = None,
+    *,
+    http: bool = True,
 ) -> dict[str, str]:
-    """The headers of a request, signed at ``now`` (default: the clock's)."""
+    """The headers of a request, signed at ``now`` (default: the clock's). A broker's
+    message (``http=False``) has no ``Idempotency-Key`` and ``User-Agent``: HTTP's own
+    headers, the first a third copy of ``webhook-id`` beside the broker's message id."""
     now = now or datetime.now(UTC)
     timestamp = int(now.timestamp())
+    signature = sign(endpoint.signing_secrets(now), idempotency_key, timestamp, body)
+    if not http:
+        return {
+            **dict(endpoint.headers),
+            "webhook-id": idempotency_key,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature,
+            "Content-Type": "application/json",
+        }
     return {
         **dict(endpoint.headers),  # the endpoint's own (poller/endpoints/headers.py): never ours
         "webhook-id": idempotency_key,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(endpoint.signing_secrets(now), idempotency_key, timestamp, body),
+        "webhook-signature": signature,
         "Idempotency-Key": idempotency_key,
         "Content-Type": "application/json",
         "User-Agent": user_agent,
@@ -129,7 +144,14 @@ async def send(
     ``traceparent`` headers to send (poller/rules/tracing.py)."""
     body = msg.payload.encode("utf-8")
     started_at = datetime.now(UTC)  # the attempt's start, and the signature's time
-    headers = webhook_headers(endpoint, msg.idempotency_key, body, user_agent, started_at)
+    headers = webhook_headers(
+        endpoint,
+        msg.idempotency_key,
+        body,
+        user_agent,
+        started_at,
+        http=not is_broker(endpoint.url),
+    )
     if trace:
         headers.update(trace)
     if msg.ordering_key is not None:  # poller/rows/ordering.py: a receiver can check the order

@@ -78,6 +78,7 @@ async def test_messages_arrive_once_signed_and_traced_and_in_order_per_key(
     for g in got:  # a consumer verifies exactly as an HTTP receiver does
         assert hook.verify(g.body, g.headers) == json.loads(g.body)
         assert g.headers["traceparent"].split("-")[1] == PARENT.split("-")[1]
+        assert not {"idempotency-key", "user-agent"} & {k.lower() for k in g.headers}  # HTTP's
     assert {g.id for g in got} == ids
     for key in ("k0", "k1", "k2"):  # the key travels with the message, in its order
         seen = [json.loads(g.body)["n"] for g in got if g.headers["webhook-ordering-key"] == key]
