@@ -26,7 +26,7 @@ request: a random inbox token (a ``getrandom`` call), a future and ``wait_for``'
 second future and timer, then a dataclass built from the answer — about 30 µs of its
 70–80 per publish here. The sender publishes with a reply subject of its own
 (``_INBOX.<nuid>.<n>``) through nats-py's ``publish`` and takes the answers on one
-wildcard subscription, with one timer per publish; it reads the PubAck JSON itself
+wildcard subscription, with one timer for all their deadlines; it reads the PubAck JSON itself
 (the fields JetStream documents: ``stream``, ``seq``, ``duplicate``, ``error``). A 503
 status answer is JetStream's "no stream takes this subject". A connection lost while
 publishes wait answers each of them at once as *unknown* instead of at its timeout.
@@ -38,6 +38,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import ssl
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 MSG_ID = "Nats-Msg-Id"
 STATUS, NO_RESPONDERS = "Status", "503"  # the server's answer when nothing listens
 log = logging.getLogger("poller.deliver.nats")
+_decode = json.JSONDecoder().raw_decode
+CLOCK_SLACK = 0.001  # the loop's timers fire up to a millisecond early: then is due
 
 
 async def _ignore(*_: Any) -> None:
@@ -67,42 +70,70 @@ async def _ignore(*_: Any) -> None:
 
 class _Acks:
     """The answers to one connection's publishes: a reply subject and a future each,
-    resolved by one wildcard subscription."""
+    resolved by one wildcard subscription; one timer for all their deadlines.
+
+    A timer a publish (``call_later`` and its cancel) cost more than the rest of the
+    waiting together. The one timer is set for the earliest deadline of the publishes
+    still unanswered; when it fires it fails those past theirs and is set for the next.
+    Answered publishes leave the table at once, so it holds only those in flight."""
 
     def __init__(self) -> None:
         self.prefix = ""
-        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._loop = asyncio.get_running_loop()
+        self._waiting: dict[str, tuple[asyncio.Future[Msg], float]] = {}
         self._numbers = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
     async def listen(self, client: Client) -> None:
         self.prefix = client.new_inbox() + "."
         await client.subscribe(self.prefix + "*", cb=self._answered)
 
     async def _answered(self, msg: Msg) -> None:
-        future = self._waiting.pop(msg.subject, None)
-        if future is not None and not future.done():
-            future.set_result(msg)
+        waiting = self._waiting.pop(msg.subject, None)
+        if waiting is not None and not waiting[0].done():
+            waiting[0].set_result(msg)
 
-    def expect(self) -> tuple[str, asyncio.Future[Msg]]:
-        """A reply subject and the future its answer resolves."""
+    def expect(self, within: float) -> tuple[str, asyncio.Future[Msg]]:
+        """A reply subject and the future its answer resolves, or TimeoutError after
+        ``within`` seconds."""
         reply = f"{self.prefix}{next(self._numbers)}"
-        future = self._waiting[reply] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        future = loop.create_future()
+        deadline = loop.time() + within
+        self._waiting[reply] = (future, deadline)
+        if deadline < self._timer_at:
+            self._arm(deadline)
         return reply, future
 
     def forget(self, reply: str) -> None:
         self._waiting.pop(reply, None)
 
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = self._loop.call_at(at, self._expire), at
+
+    def _expire(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        now = self._loop.time() + CLOCK_SLACK
+        gone = [reply for reply, (_, deadline) in self._waiting.items() if deadline <= now]
+        for reply in gone:
+            future = self._waiting.pop(reply)[0]
+            if not future.done():
+                future.set_exception(TimeoutError())
+        if self._waiting:
+            self._arm(min(deadline for _, deadline in self._waiting.values()))
+
     async def lost(self) -> None:
         """The connection is gone (nats-py's disconnected callback): no answer will come."""
         waiting, self._waiting = self._waiting, {}
-        for future in waiting.values():
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+        for future, _ in waiting.values():
             if not future.done():
                 future.set_exception(nats.errors.ConnectionClosedError())
-
-
-def _expire(future: asyncio.Future[Msg]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
 
 
 class _Link(NamedTuple):
@@ -122,7 +153,7 @@ class NatsSender(BrokerSender[_Link]):
     def __init__(self, *, retry_span: float = 0.0, **options: Any) -> None:
         super().__init__(**options)
         self._retry_span = retry_span
-        self._windows_checked: set[str] = set()
+        self._streams: dict[str, str] = {}  # a stream's name → as JSON (its window checked)
 
     async def _open(
         self, destination: Destination, address: str, budget: float, tls: TLSSettings | None
@@ -172,7 +203,7 @@ class NatsSender(BrokerSender[_Link]):
         timeout: float,
     ) -> Reply:
         message_headers = {**headers, MSG_ID: headers["webhook-id"]}
-        reply, answer = link.acks.expect()
+        reply, answer = link.acks.expect(left)
         try:
             await link.client.publish(
                 destination.subject, body, reply=reply, headers=message_headers
@@ -184,7 +215,6 @@ class NatsSender(BrokerSender[_Link]):
         except nats.errors.Error as exc:  # closed, stale, draining: maybe written
             link.acks.forget(reply)
             raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
-        timer = asyncio.get_running_loop().call_later(left, _expire, answer)
         try:
             msg = await answer
         except TimeoutError:
@@ -194,17 +224,17 @@ class NatsSender(BrokerSender[_Link]):
         except nats.errors.Error as exc:  # the connection was lost after the publish
             raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
         finally:
-            timer.cancel()
             link.acks.forget(reply)
         if msg.headers and msg.headers.get(STATUS) == NO_RESPONDERS:
             raise SendError(
                 "NoStream", f"no JetStream stream takes subject {destination.subject!r}", sent=False
             )
         stream, seq, duplicate = _pub_ack(msg.data)
-        if stream not in self._windows_checked:
-            self._windows_checked.add(stream)
+        quoted = self._streams.get(stream)
+        if quoted is None:
+            quoted = self._streams[stream] = json.dumps(stream)
             await self._check_window(link.js, stream)
-        said = f'{{"stream": {json.dumps(stream)}, "seq": {seq}, "duplicate": {duplicate}}}'
+        said = f'{{"stream": {quoted}, "seq": {seq}, "duplicate": {duplicate}}}'
         return Reply(200, None, said.encode())
 
     async def _check_window(self, js: JetStreamContext, stream: str) -> None:
@@ -231,9 +261,9 @@ def _pub_ack(data: bytes) -> tuple[str, int, str]:
     """A PubAck's stream, sequence and ``duplicate`` (as JSON); SendError for JetStream's
     refusal, or for an answer that is no PubAck: something else than JetStream answered
     on the subject (a core NATS responder), which may have had the message, unstored."""
-    try:
-        ack = json.loads(data)
-    except ValueError:
+    try:  # json.loads(bytes) spent half its time guessing the encoding JetStream states
+        ack = _decode(data.decode())[0]
+    except ValueError:  # UnicodeDecodeError too
         ack = None
     if isinstance(ack, dict) and isinstance(error := ack.get("error"), dict):
         said = error.get("description", error)

@@ -498,3 +498,46 @@ async def test_jetstreams_refusal_an_answer_that_is_no_puback_and_a_lost_connect
         await sender.aclose()
         await js.delete_stream(f"FULL{tag}")
         await client.close()
+
+
+async def test_each_publish_waits_its_own_timeout_on_a_shared_connection(nats_url: str) -> None:
+    """The publishes of a connection share one timer: each still ends at its own deadline,
+    whatever order they were made in, and an answer meanwhile changes none of them."""
+    import nats
+
+    from poller.deliver.nats_sender import NatsSender
+
+    subject = f"mute{uuid.uuid4().hex[:8]}"
+    client = await nats.connect(nats_url)
+    sender = NatsSender(allow_private=True)
+    loop = asyncio.get_running_loop()
+
+    async def answer_one(msg: Any) -> None:
+        """Answers the publish named "answered" as JetStream would; hears the others."""
+        if msg.headers["webhook-id"] == "answered":
+            await msg.respond(b'{"stream":"MUTE","seq":1}')
+
+    async def send(webhook_id: str, timeout: float) -> Any:
+        return await sender.request("POST", f"{nats_url}/{subject}", {"webhook-id": webhook_id},
+                                    b"{}", timeout)  # fmt: skip
+
+    async def timed_out_after(timeout: float) -> float:
+        began = loop.time()
+        with pytest.raises(SendError) as late:
+            await send(str(timeout), timeout)
+        assert late.value.error_class == "PublishTimeout" and late.value.sent is True
+        return loop.time() - began
+
+    timeouts = (0.8, 0.2, 1.2, 0.5)
+    try:
+        await client.subscribe(subject, cb=answer_one)
+        await client.flush()
+        waits = [asyncio.create_task(timed_out_after(t)) for t in timeouts]
+        assert (await send("answered", 5)).status == 200
+        async with asyncio.timeout(10):
+            took = await asyncio.gather(*waits)
+        for timeout, spent in zip(timeouts, took, strict=True):
+            assert timeout - 0.01 <= spent < timeout + 0.4, (timeout, spent)
+    finally:
+        await sender.aclose()
+        await client.close()
