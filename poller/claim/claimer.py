@@ -116,8 +116,8 @@ class Claimer:
         transactions of 10, more than half the claims came back empty. Messages past
         max_age that a governed claim took are the exception: their outcomes' writes
         may free room for more of them (:meth:`_govern_every`)."""
-        if self._drained and not self._aged:
-            return
+        if self.wake.is_set() or (self._drained and not self._aged):
+            return  # set: the loop is on its way, and reads the room itself
         dispatcher = self.dispatcher
         if not dispatcher.tasks or min(dispatcher.room, self.settings.batch_size) >= self.low_water:
             self.wake.set()

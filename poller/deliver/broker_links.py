@@ -88,11 +88,10 @@ class Links(Generic[C]):
     ) -> C:
         """The client for ``url``: the kept one, else one opened within ``budget`` seconds
         (SendError ``sent=False`` when it cannot be)."""
-        key = (url, tls)
-        client = self._clients.get(key)
+        client = self.kept(url, tls)
         if client is not None:
-            self._clients.move_to_end(key)
             return client
+        key = (url, tls)
         pending = self._opening.get(key)
         if pending is None:  # one connect a destination at a time; the others wait on it
             pending = asyncio.ensure_future(self._connect(destination, budget, tls))
@@ -103,6 +102,15 @@ class Links(Generic[C]):
             self._clients[key] = client
             await self._trim()
         return self._clients[key]
+
+    def kept(self, url: str, tls: TLSSettings | None) -> C | None:
+        """The client kept for ``url``, if there is one (without a coroutine: every
+        publish asks)."""
+        key = (url, tls)
+        client = self._clients.get(key)
+        if client is not None:
+            self._clients.move_to_end(key)
+        return client
 
     async def drop(self, url: str, tls: TLSSettings | None, client: C) -> None:
         """Forget a client that failed (the next send opens another) and close it."""
@@ -222,7 +230,9 @@ class BrokerSender(Generic[C]):
         destination = destination_of(url)
         began = time.monotonic()
         budget = connect_budget(self._connect_timeout, timeout)
-        client = await self._links.get(url, destination, budget, tls)
+        client = self._links.kept(url, tls)
+        if client is None:
+            client = await self._links.get(url, destination, budget, tls)
         if not self._usable(client):  # closed since it was kept: open another, once
             await self._links.drop(url, tls, client)
             client = await self._links.get(url, destination, budget, tls)

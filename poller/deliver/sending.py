@@ -16,7 +16,7 @@ docs/explanation/performance.md.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from poller.deliver.wire import Reply, Sender
@@ -51,7 +51,7 @@ class Routes:
         self._options = options
         self._brokers: dict[str, Sender] = {}
 
-    async def request(
+    def request(
         self,
         method: str,
         url: str,
@@ -59,11 +59,13 @@ class Routes:
         body: bytes,
         timeout: float,
         tls: TLSSettings | None = None,
-    ) -> Reply:
+    ) -> Coroutine[Any, Any, Reply]:
+        """The routed sender's ``request`` (the seam's), handed back to be awaited: no
+        coroutine of its own between the caller and the sender."""
         if url[:4].lower() == "http":  # http(s):// in any case; no broker's scheme starts so
-            return await self._http.request(method, url, headers, body, timeout, tls)
+            return self._http.request(method, url, headers, body, timeout, tls)
         sender = self._broker(url.partition("://")[0].lower())
-        return await sender.request(method, url, headers, body, timeout, tls)
+        return sender.request(method, url, headers, body, timeout, tls)
 
     def _broker(self, scheme: str) -> Sender:
         if scheme not in BROKER_SCHEMES:
