@@ -60,9 +60,15 @@ class Proc:
     does the end of this process, however it ends (:func:`_reap_with_harness`)."""
 
     def __init__(
-        self, args: list[str], env: dict[str, str], log: Path, module: str = "poller"
+        self,
+        args: list[str],
+        env: dict[str, str],
+        log: Path,
+        module: str = "poller",
+        cwd: Path | None = None,
     ) -> None:
-        self.args, self.env, self.log, self.module = args, env, log, module
+        """``cwd``: where it runs — another tree's ``poller`` is imported there first."""
+        self.args, self.env, self.log, self.module, self.cwd = args, env, log, module, cwd
         self.handle = open(log, "a")  # noqa: SIM115 - closed in stop()
         self.popen = self._spawn()
 
@@ -73,6 +79,7 @@ class Proc:
             stdout=self.handle,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            cwd=self.cwd,
         )
         _reap_with_harness(popen.pid)
         return popen
