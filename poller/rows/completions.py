@@ -199,7 +199,9 @@ class Completions:
         if busy and not self._busy_outage:
             log.warning(
                 "%d outcomes wait for rows someone else holds locked (an open transaction "
-                "on poller_outbox): written when the lock goes, others go on: %s",
+                "on poller_outbox, or for an instant another poller's claim: a row it "
+                "locked, re-checked and passed over stays locked until it commits): "
+                "written when the lock goes, others go on: %s",
                 len(busy),
                 sorted(busy)[:10],
             )
