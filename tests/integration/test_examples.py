@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sqlite3
+import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -115,3 +118,40 @@ def test_the_flask_page_frames_a_link_that_opens_its_tenants_portal(
         assert opened.status_code == 303
         assert "frame-ancestors http://127.0.0.1:5000" in opened.headers["content-security-policy"]
         assert "partitioned" in opened.headers["set-cookie"].lower()  # kept inside the frame
+
+
+async def test_the_rabbitmq_consumer_verifies_applies_once_and_rejects_a_forgery(
+    amqp_url: str, tmp_path: Path
+) -> None:
+    """What the poller publishes, twice as after an unknown outcome, and a forgery: the
+    consumer applies the first, acknowledges the copy without applying it, rejects the
+    forgery — and leaves nothing in the queue."""
+    import aio_pika
+    from standardwebhooks import Webhook
+
+    from poller.deliver.amqp_sender import AmqpSender
+
+    consumer = _example("rabbitmq_consumer")
+    name = f"orders{uuid.uuid4().hex[:8]}"
+    connection = await aio_pika.connect(amqp_url)
+    sender = AmqpSender(allow_private=True)
+    try:
+        queue = await (await connection.channel()).declare_queue(name, durable=True)
+        body = json.dumps({"order": 7, "status": "paid"}).encode()
+        headers = webhook_headers(_endpoint(), "order:7:paid", body, "t", http=False)
+        for _ in range(2):
+            await sender.request("POST", f"{amqp_url}?routing_key={name}", headers, body, 5)
+        forged = {**headers, "webhook-id": "order:7:refunded", "webhook-signature": "v1,AAAA"}
+        await sender.request("POST", f"{amqp_url}?routing_key={name}", forged,
+                             b'{"order": 7, "status": "refunded"}', 5)  # fmt: skip
+        db = sqlite3.connect(tmp_path / "orders.db")
+        db.executescript(consumer.SCHEMA)
+        said = [
+            await consumer.handle(await queue.get(timeout=5), Webhook(SECRET), db) for _ in range(3)
+        ]
+        assert said == ["applied", "duplicate", "rejected"]
+        assert db.execute("SELECT id, status FROM orders").fetchall() == [(7, "paid")]
+        assert await queue.get(fail=False) is None
+    finally:
+        await sender.aclose()
+        await connection.close()
