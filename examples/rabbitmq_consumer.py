@@ -6,11 +6,10 @@
 The endpoint publishes to the queue (``amqp://…/?routing_key=orders``). RabbitMQ may
 hold a message twice — the poller sends it again after an *unknown* outcome, a confirm
 that never came — and both copies carry the same ``webhook-id`` (also the message's
-``message_id``). So the consumer applies the event and records its id in one
-transaction, skips an id it has recorded, and acknowledges only after the commit: a
-crash between the two redelivers the message, and the record makes that a no-op. A
+``message_id``); a consumer that dies before acknowledging gets it again too. So the
+event is applied once per id (examples/ledger.py) and acknowledged after the commit. A
 message whose signature does not verify is rejected without requeueing (to a
-dead-letter exchange if the queue has one). SQLite stands in for your database.
+dead-letter exchange if the queue has one).
 """
 
 from __future__ import annotations
@@ -19,31 +18,10 @@ import asyncio
 import os
 import sqlite3
 import sys
-from typing import Any
 
 import aio_pika
+from ledger import apply_once, open_ledger
 from standardwebhooks import Webhook, WebhookVerificationError
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS processed (webhook_id TEXT PRIMARY KEY);
-CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL);
-"""
-
-
-def apply_once(db: sqlite3.Connection, webhook_id: str, event: dict[str, Any]) -> bool:
-    """Apply ``event`` unless ``webhook_id`` was applied before; whether it was applied now."""
-    with db:  # one transaction: the effect and the record of its id
-        added = db.execute(
-            "INSERT INTO processed (webhook_id) VALUES (?) ON CONFLICT DO NOTHING", (webhook_id,)
-        )
-        if added.rowcount == 0:
-            return False  # a copy of one already applied
-        db.execute(
-            "INSERT INTO orders (id, status) VALUES (?, ?) "
-            "ON CONFLICT (id) DO UPDATE SET status = excluded.status",
-            (event["order"], event["status"]),
-        )
-        return True
 
 
 async def handle(
@@ -62,7 +40,6 @@ async def handle(
 
 
 async def consume(url: str, queue_name: str, webhook: Webhook, db: sqlite3.Connection) -> None:
-    db.executescript(SCHEMA)
     connection = await aio_pika.connect_robust(url)
     async with connection:
         channel = await connection.channel()
@@ -75,8 +52,5 @@ async def consume(url: str, queue_name: str, webhook: Webhook, db: sqlite3.Conne
 
 if __name__ == "__main__":
     url, queue_name = sys.argv[1], sys.argv[2]
-    asyncio.run(
-        consume(
-            url, queue_name, Webhook(os.environ["WEBHOOK_SECRET"]), sqlite3.connect("orders.db")
-        )
-    )
+    webhook = Webhook(os.environ["WEBHOOK_SECRET"])
+    asyncio.run(consume(url, queue_name, webhook, open_ledger("orders.db")))

@@ -12,7 +12,7 @@ ordering key and sequence) as AMQP headers.
 
 RabbitMQ cannot drop a second copy: a resend after an *unknown* outcome may be
 queued twice, and a consumer dedupes on ``message_id`` as a Standard Webhooks receiver
-does on ``webhook-id`` (docs/how-to/brokers.md).
+does on ``webhook-id`` (docs/how-to/rabbitmq.md).
 
 ==========================================================  ============================
 what happened                                               attempt

@@ -8,7 +8,7 @@ the request's headers — ``webhook-id``, ``webhook-timestamp``, ``webhook-signa
 on which JetStream drops a second copy within the stream's duplicate window
 (``duplicate_window``, 2 minutes by default): a resend after an *unknown* outcome is
 acknowledged ``duplicate`` instead of stored twice. Past the window a resend is stored
-again, and a consumer dedupes on ``Nats-Msg-Id`` (docs/how-to/brokers.md says how long
+again, and a consumer dedupes on ``Nats-Msg-Id`` (docs/how-to/nats.md says how long
 to make the window).
 
 ==========================================================  ============================
@@ -250,7 +250,7 @@ class NatsSender(BrokerSender[_Link]):
                 "JetStream stream %s drops a resend within %g s (its duplicate_window), but "
                 "the retry schedule runs %g s: a resend after an unknown outcome past the "
                 "window is stored again (consumers dedupe on Nats-Msg-Id); "
-                "docs/how-to/brokers.md",
+                "docs/how-to/nats.md",
                 stream,
                 window,
                 self._retry_span,

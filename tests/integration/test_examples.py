@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import sqlite3
+import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -17,11 +18,15 @@ from sqlalchemy import Engine, text
 from poller.deliver.delivery import webhook_headers
 from poller.endpoints.registry import Endpoint
 from tests.conftest import make_endpoint, repo_root
+from tests.integration.helpers import wait_for
 
 SECRET = "whsec_" + "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"
 
 
 def _example(name: str) -> ModuleType:
+    folder = str(repo_root() / "examples")
+    if folder not in sys.path:  # as `python examples/x.py` has it: the consumers' ledger
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(name, repo_root() / "examples" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -123,9 +128,10 @@ def test_the_flask_page_frames_a_link_that_opens_its_tenants_portal(
 async def test_the_rabbitmq_consumer_verifies_applies_once_and_rejects_a_forgery(
     amqp_url: str, tmp_path: Path
 ) -> None:
-    """What the poller publishes, twice as after an unknown outcome, and a forgery: the
-    consumer applies the first, acknowledges the copy without applying it, rejects the
-    forgery — and leaves nothing in the queue."""
+    """What the poller publishes — a message twice as after an unknown outcome, a
+    forgery, another message: RabbitMQ queues both copies, the consumer applies the
+    first, acknowledges the copy without applying it, rejects the forgery — and leaves
+    nothing in the queue."""
     import aio_pika
     from standardwebhooks import Webhook
 
@@ -137,21 +143,121 @@ async def test_the_rabbitmq_consumer_verifies_applies_once_and_rejects_a_forgery
     sender = AmqpSender(allow_private=True)
     try:
         queue = await (await connection.channel()).declare_queue(name, durable=True)
-        body = json.dumps({"order": 7, "status": "paid"}).encode()
-        headers = webhook_headers(_endpoint(), "order:7:paid", body, "t", http=False)
-        for _ in range(2):
-            await sender.request("POST", f"{amqp_url}?routing_key={name}", headers, body, 5)
-        forged = {**headers, "webhook-id": "order:7:refunded", "webhook-signature": "v1,AAAA"}
-        await sender.request("POST", f"{amqp_url}?routing_key={name}", forged,
-                             b'{"order": 7, "status": "refunded"}', 5)  # fmt: skip
-        db = sqlite3.connect(tmp_path / "orders.db")
-        db.executescript(consumer.SCHEMA)
+        await _publish_story(sender, f"{amqp_url}?routing_key={name}")
+        db = _example("ledger").open_ledger(str(tmp_path / "orders.db"))
         said = [
-            await consumer.handle(await queue.get(timeout=5), Webhook(SECRET), db) for _ in range(3)
+            await consumer.handle(await queue.get(timeout=5), Webhook(SECRET), db) for _ in range(4)
         ]
-        assert said == ["applied", "duplicate", "rejected"]
-        assert db.execute("SELECT id, status FROM orders").fetchall() == [(7, "paid")]
+        assert said == ["applied", "duplicate", "rejected", "applied"]  # no dedupe in RabbitMQ
+        assert db.execute("SELECT id, status FROM orders").fetchall() == [(7, "shipped")]
         assert await queue.get(fail=False) is None
     finally:
         await sender.aclose()
         await connection.close()
+
+
+def _signed(webhook_id: str, status: str) -> tuple[dict[str, str], bytes]:
+    """What the poller publishes for an order's event to a broker."""
+    body = json.dumps({"order": 7, "status": status}).encode()
+    return webhook_headers(_endpoint(), webhook_id, body, "t", http=False), body
+
+
+async def _publish_story(sender: Any, url: str) -> None:
+    """Through the poller's own sender: order 7 paid (twice, as a resend after an unknown
+    outcome), a forged refund, then shipped."""
+    headers, body = _signed("order:7:paid", "paid")
+    for _ in range(2):
+        await sender.request("POST", url, headers, body, 5)
+    forged, _ = _signed("order:7:refunded", "refunded")
+    await sender.request("POST", url, {**forged, "webhook-signature": "v1,AAAA"},
+                         b'{"order": 7, "status": "refunded"}', 5)  # fmt: skip
+    shipped, body = _signed("order:7:shipped", "shipped")
+    await sender.request("POST", url, shipped, body, 5)
+
+
+async def test_the_nats_consumer_applies_once_terminates_a_forgery_and_survives_a_redelivery(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """JetStream keeps one of the poller's two publishes; a forgery is terminated; a
+    message applied by a consumer that died before its ack comes back after ack_wait and
+    is acknowledged unapplied."""
+    import nats
+    from nats.js.api import ConsumerConfig, StreamConfig
+    from standardwebhooks import Webhook
+
+    from poller.deliver.nats_sender import NatsSender
+
+    consumer, ledger = _example("nats_consumer"), _example("ledger")
+    tag = uuid.uuid4().hex[:8]
+    subject, url = f"orders{tag}", f"{nats_url}/orders{tag}"
+    client = await nats.connect(nats_url)
+    js = client.jetstream()
+    sender = NatsSender(allow_private=True)
+    try:
+        await js.add_stream(StreamConfig(name=f"ORDERS{tag}", subjects=[subject]))
+        await _publish_story(sender, url)
+        subscription = await js.pull_subscribe(
+            subject, f"c{tag}", config=ConsumerConfig(ack_wait=1)
+        )
+        db, webhook = ledger.open_ledger(str(tmp_path / "orders.db")), Webhook(SECRET)
+        first, second, third = await subscription.fetch(3, timeout=5)
+        assert [await consumer.handle(m, webhook, db) for m in (first, second)] == [
+            "applied", "rejected"
+        ]  # fmt: skip
+        assert ledger.apply_once(db, third.headers["webhook-id"], json.loads(third.data))
+        # ... and the consumer died before its ack: JetStream hands it out again
+        [again] = await subscription.fetch(1, timeout=10)
+        assert await consumer.handle(again, webhook, db) == "duplicate"
+        assert db.execute("SELECT id, status FROM orders").fetchall() == [(7, "shipped")]
+
+        async def all_settled() -> bool:  # acknowledged or terminated, none left to hand out
+            info = await js.consumer_info(f"ORDERS{tag}", f"c{tag}")
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await wait_for(all_settled, timeout=10)
+    finally:
+        await sender.aclose()
+        await js.delete_stream(f"ORDERS{tag}")
+        await client.close()
+
+
+async def test_the_redis_consumer_applies_once_and_reads_its_own_pending_entries_first(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The poller's script keeps one of two publishes; a forgery is acknowledged unapplied;
+    an entry applied by a consumer that died before XACK is read again at its next start
+    (its own pending entries first) and acknowledged unapplied."""
+    import redis.asyncio
+    from standardwebhooks import Webhook
+
+    from poller.deliver.redis_sender import RedisSender
+
+    consumer, ledger = _example("redis_consumer"), _example("ledger")
+    stream = f"orders{uuid.uuid4().hex[:8]}"
+    base = redis_url.rsplit("/", 1)[0]
+    url = f"{base}/0?stream={stream}"
+    client = redis.asyncio.Redis.from_url(f"{base}/0")
+    sender = RedisSender(allow_private=True)
+    try:
+        await client.xgroup_create(stream, "billing", id="0", mkstream=True)
+        await _publish_story(sender, url)
+        db, webhook = ledger.open_ledger(str(tmp_path / "orders.db")), Webhook(SECRET)
+        [(_, entries)] = await client.xreadgroup("billing", "w1", {stream: ">"}, count=10)
+        first, second, third = entries
+        said = [await consumer.handle(client, stream, "billing", e, webhook, db)
+                for e in (first, second)]  # fmt: skip
+        assert said == ["applied", "rejected"]
+        fields = {k.decode(): v for k, v in third[1].items()}
+        assert ledger.apply_once(db, fields["webhook-id"].decode(), json.loads(fields["body"]))
+        # ... and the consumer died before XACK: at its next start it reads its pending first
+        [(_, pending)] = await client.xreadgroup("billing", "w1", {stream: "0"}, count=10)
+        assert [e[0] for e in pending] == [third[0]]
+        assert await consumer.handle(client, stream, "billing", pending[0], webhook, db) == (
+            "duplicate"
+        )
+        assert db.execute("SELECT id, status FROM orders").fetchall() == [(7, "shipped")]
+        assert (await client.xpending(stream, "billing"))["pending"] == 0
+    finally:
+        await sender.aclose()
+        await client.delete(stream)
+        await client.aclose()
