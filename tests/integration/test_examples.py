@@ -25,7 +25,7 @@ SECRET = "whsec_" + "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"
 
 def _example(name: str) -> ModuleType:
     folder = str(repo_root() / "examples")
-    if folder not in sys.path:  # as `python examples/x.py` has it: the consumers' ledger
+    if folder not in sys.path:  # as running a script in it has it: the consumers' ledger
         sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(name, repo_root() / "examples" / f"{name}.py")
     assert spec is not None and spec.loader is not None
