@@ -106,8 +106,15 @@ class _Acks:
             self._arm(deadline)
         return reply, future
 
-    def forget(self, reply: str) -> None:
+    def forget(self, reply: str, answer: asyncio.Future[Msg]) -> None:
+        """The publish is over, however it ended: its entry goes, and its future is
+        cancelled, or its expiry marked seen when nobody awaited it (a publish that failed
+        after its deadline), so asyncio never reports an exception nobody retrieved."""
         self._waiting.pop(reply, None)
+        if not answer.done():
+            answer.cancel()
+        elif not answer.cancelled():
+            answer.exception()
 
     def _arm(self, at: float) -> None:
         if self._timer is not None:
@@ -205,26 +212,27 @@ class NatsSender(BrokerSender[_Link]):
         message_headers = {**headers, MSG_ID: headers["webhook-id"]}
         reply, answer = link.acks.expect(left)
         try:
-            await link.client.publish(
-                destination.subject, body, reply=reply, headers=message_headers
-            )
-        except (nats.errors.MaxPayloadError, nats.errors.OutboundBufferLimitError) as exc:
-            # refused by the client before a byte was written: known not sent
-            link.acks.forget(reply)
-            raise SendError("BrokerRefused", f"{exc} ({len(body):,} bytes)", sent=False) from None
-        except nats.errors.Error as exc:  # closed, stale, draining: maybe written
-            link.acks.forget(reply)
-            raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
-        try:
-            msg = await answer
-        except TimeoutError:
-            raise SendError(
-                "PublishTimeout", f"no PubAck within {timeout:g}s: maybe stored", sent=True
-            ) from None
-        except nats.errors.Error as exc:  # the connection was lost after the publish
-            raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
-        finally:
-            link.acks.forget(reply)
+            try:
+                await link.client.publish(
+                    destination.subject, body, reply=reply, headers=message_headers
+                )
+            except (nats.errors.MaxPayloadError, nats.errors.OutboundBufferLimitError) as exc:
+                # refused by the client before a byte was written: known not sent
+                raise SendError(
+                    "BrokerRefused", f"{exc} ({len(body):,} bytes)", sent=False
+                ) from None
+            except nats.errors.Error as exc:  # closed, stale, draining: maybe written
+                raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
+            try:
+                msg = await answer
+            except TimeoutError:
+                raise SendError(
+                    "PublishTimeout", f"no PubAck within {timeout:g}s: maybe stored", sent=True
+                ) from None
+            except nats.errors.Error as exc:  # the connection was lost after the publish
+                raise LinkLost(SendError("ConnectionLost", error_text(exc), sent=True)) from None
+        finally:  # whatever ended it, a cancellation or a crash included
+            link.acks.forget(reply, answer)
         if msg.headers and msg.headers.get(STATUS) == NO_RESPONDERS:
             raise SendError(
                 "NoStream", f"no JetStream stream takes subject {destination.subject!r}", sent=False

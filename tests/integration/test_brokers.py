@@ -541,3 +541,19 @@ async def test_each_publish_waits_its_own_timeout_on_a_shared_connection(nats_ur
     finally:
         await sender.aclose()
         await client.close()
+
+
+async def test_a_publish_that_crashes_leaves_nothing_waiting(nats_url: str) -> None:
+    """A publish that fails in the client with no NATS error of its own (here a header
+    value that is not text) takes its reply subject and future with it: nothing is left
+    for the connection's timer to fail unseen later."""
+    from poller.deliver.nats_sender import NatsSender
+
+    url = f"{nats_url}/crash{uuid.uuid4().hex[:8]}"
+    sender = NatsSender(allow_private=True)
+    try:
+        with pytest.raises(AttributeError):
+            await sender.request("POST", url, {"webhook-id": "x", "n": 5}, b"{}", 5)
+        assert sender._links._clients[(url, None)].acks._waiting == {}
+    finally:
+        await sender.aclose()
