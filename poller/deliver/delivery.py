@@ -68,24 +68,17 @@ def webhook_headers(
     headers, the first a third copy of ``webhook-id`` beside the broker's message id."""
     now = now or datetime.now(UTC)
     timestamp = int(now.timestamp())
-    signature = sign(endpoint.signing_secrets(now), idempotency_key, timestamp, body)
-    if not http:
-        return {
-            **dict(endpoint.headers),
-            "webhook-id": idempotency_key,
-            "webhook-timestamp": str(timestamp),
-            "webhook-signature": signature,
-            "Content-Type": "application/json",
-        }
-    return {
+    headers = {
         **dict(endpoint.headers),  # the endpoint's own (poller/endpoints/headers.py): never ours
         "webhook-id": idempotency_key,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature,
-        "Idempotency-Key": idempotency_key,
+        "webhook-signature": sign(endpoint.signing_secrets(now), idempotency_key, timestamp, body),
         "Content-Type": "application/json",
-        "User-Agent": user_agent,
     }
+    if http:
+        headers["Idempotency-Key"] = idempotency_key
+        headers["User-Agent"] = user_agent
+    return headers
 
 
 def classify_status(status: int, permanent: Sequence[int] = ()) -> Verdict:
